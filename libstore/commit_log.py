@@ -1,0 +1,636 @@
+"""CommitLog: the single writer of the message log (spec sheet §1, §5, §6).
+
+Lifecycle (RocketMQ's): :meth:`load` (lock the store, detect the abort file, map segments) →
+:meth:`recover` (normal or abnormal, see :mod:`libstore.recovery`) → :meth:`start` (flush
+services, pre-allocation, abort file) → :meth:`shutdown` (stop intake, drain flushes, checkpoint,
+snapshot, remove the abort file). :meth:`CommitLog.open` does the first three.
+
+Write path: :meth:`put_messages` validates and encodes the whole batch outside the lock
+(:class:`~libstore.record_codec.RecordEncoder`), then, under one lock per batch, assigns each
+message its physical offset and queue offset, stamps the store time and copies contiguous runs of
+records into the current segment, rolling to the next segment with a blank END record when a
+record does not fit. Then the flush policy applies: SYNC_FLUSH waits for the group commit to
+cover the batch (FLUSH_DISK_TIMEOUT after ``syncFlushTimeout``), ASYNC_FLUSH returns at once.
+
+Errors: bad input raises MessageIllegalError (subclasses) or TopicNotFoundError and writes
+nothing; a shut-down or unwriteable store raises ServiceNotAvailableError, a SLAVE
+NotMasterError, a stalled put lock OSPageCacheBusyError. A failure while appending (no space for
+a new segment) is a per-message status (CREATE_MAPPED_FILE_FAILED) for the messages not
+written; those written before it keep their results. An OSError while writing or flushing is
+fail-stop: the store stops taking writes.
+
+Watermarks: ``max_offset`` (readable end) ≥ ``flushed_offset``; ``confirm_offset`` is what
+consumers may see: ``flushed_offset`` under SYNC_FLUSH, ``max_offset`` under ASYNC_FLUSH.
+Listeners added with :meth:`add_confirm_listener` are called (on the writer or flush thread)
+whenever it moves; they must not block.
+
+Thread-safety: every public method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from libstore._files import StoreLock
+from libstore.allocate_mapped_file import AllocateMappedFileService
+from libstore.config import BrokerRole, FlushDiskType, StoreConfig
+from libstore.errors import (
+    CorruptRecordError,
+    DiskFullError,
+    NotMasterError,
+    OffsetOutOfRangeError,
+    OSPageCacheBusyError,
+    ServiceNotAvailableError,
+    StoreIOError,
+)
+from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitRequest, GroupCommitService
+from libstore.log_scanner import scan_log
+from libstore.mapped_file_queue import MappedFileQueue
+from libstore.message import Message, MessageRecord
+from libstore.message_id import encode_host
+from libstore.queue_offset_table import QueueKey, load_snapshot, save_snapshot
+from libstore.record_codec import (
+    END_FILE_MIN_BLANK_LENGTH,
+    QUEUE_OFFSET_POSITION,
+    QUEUE_OFFSET_AND_PHY_OFFSET,
+    STORE_TIMESTAMP,
+    DispatchRequest,
+    EncodedBatch,
+    RecordEncoder,
+    decode_record,
+    encode_blank,
+    record_size_of,
+)
+from libstore.recovery import RecoveryReport, rebuild_queue_offsets, recover_commit_log
+from libstore.results import PutMessageResult, PutMessageStatus
+from libstore.service_thread import ServiceThread
+from libstore.store_checkpoint import StoreCheckpoint
+from libstore.store_paths import (
+    abort_path,
+    checkpoint_path,
+    lock_path,
+    queue_offset_table_path,
+    topics_path,
+)
+from libstore.topic_config import TopicConfigManager
+from libstore.transient_store_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+
+class AppendResult:
+    """Outcome of :meth:`CommitLog.append_messages`: per-message results before any flush wait.
+
+    ``next_offset`` is the CommitLog offset just past the last appended record (the group
+    commit target); ``wait_store`` is False when every message said WAIT=false.
+    """
+
+    __slots__ = ("next_offset", "results", "wait_store")
+
+    def __init__(self, results: list[PutMessageResult], next_offset: int, wait_store: bool) -> None:
+        self.results = results
+        self.next_offset = next_offset
+        self.wait_store = wait_store
+
+
+class CommitLog:
+    """The message log of one store (see module docstring).
+
+    ``config`` gives paths, sizes and policies; ``topic_config`` the topic table used for queue
+    id checks (created under ``<root>/config`` when omitted).
+    """
+
+    def __init__(self, config: StoreConfig, *, topic_config: TopicConfigManager | None = None) -> None:
+        self.config = config
+        self.root = config.root_dir
+        self._store_host = encode_host(*config.store_host_address)
+        self._encoder = RecordEncoder(self._store_host, config.max_message_size, config.max_topic_length)
+        self._topic_config = topic_config
+        self._put_lock = threading.Lock()
+        self._begin_time_in_lock = 0.0
+        self._queue_offsets: dict[QueueKey, int] = {}
+        self._pool: TransientStorePool | None = None
+        self._allocator: AllocateMappedFileService | None = None
+        self.queue: MappedFileQueue | None = None
+        self.checkpoint: StoreCheckpoint | None = None
+        self._lock_file: StoreLock | None = None
+        self._services: list[ServiceThread] = []
+        self._group_commit: GroupCommitService | None = None
+        self._flush_service: ServiceThread | None = None
+        self._commit_service: CommitRealTimeService | None = None
+        self._snapshot_service: _SnapshotService | None = None
+        self._listeners: list[Callable[[int], None]] = []
+        self._running = False
+        self._writeable = True
+        self._loaded = False
+        self.last_exit_ok = True
+        self.recovery_report: RecoveryReport | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, config: StoreConfig, *, topic_config: TopicConfigManager | None = None) -> CommitLog:
+        """load() → recover() → start(); raises StoreLockedError, StoreIOError, ConfigError."""
+        commit_log = cls(config, topic_config=topic_config)
+        try:
+            commit_log.load()
+            commit_log.recover()
+            commit_log.start()
+        except BaseException:
+            commit_log._release_after_failed_open()
+            raise
+        return commit_log
+
+    def load(self) -> bool:
+        """Lock the store, read the checkpoint and map the segments. Returns whether the last
+        shutdown was clean (no abort file)."""
+        cfg = self.config
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = StoreLock(lock_path(self.root))
+        self.last_exit_ok = not abort_path(self.root).exists()
+        self.checkpoint = StoreCheckpoint(checkpoint_path(self.root))
+        if self._topic_config is None:
+            self._topic_config = TopicConfigManager(
+                topics_path(self.root),
+                auto_create=cfg.auto_create_topic_enable,
+                default_queue_nums=cfg.default_topic_queue_nums,
+                max_queue_nums=cfg.max_queue_nums_per_topic,
+                max_topic_length=cfg.max_topic_length,
+            )
+        if cfg.transient_store_pool_enable:
+            self._pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commit_log)
+            self._pool.init()
+        self._allocator = AllocateMappedFileService(
+            preload=cfg.preload_mapped_file_enable,
+            warm=cfg.warm_mapped_file_enable,
+            warm_flush_pages=(
+                cfg.flush_least_pages_when_warm_mapped_file if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH else 0
+            ),
+            transient_store_pool=self._pool,
+            fast_fail_if_no_buffer=cfg.fast_fail_if_no_buffer_in_store_pool,
+        )
+        self.queue = MappedFileQueue(cfg.commit_log_dir, cfg.mapped_file_size_commit_log, self._allocator)
+        self.queue.load()
+        if not cfg.data_read_ahead_enable:
+            for mf in self.queue.mapped_files:
+                mf.advise_random()
+        self._loaded = True
+        return self.last_exit_ok
+
+    def recover(self) -> RecoveryReport:
+        """Normal or abnormal recovery, then rebuild the queue-offset table (see libstore.recovery)."""
+        assert self.queue is not None and self.checkpoint is not None, "load() first"
+        report = recover_commit_log(
+            self.queue,
+            normal=self.last_exit_ok,
+            recover_timestamp=self.checkpoint.commit_log_recover_timestamp,
+            check_crc=self.config.check_crc_on_recover,
+        )
+        snapshot_file = queue_offset_table_path(self.root)
+        snapshot = load_snapshot(snapshot_file)
+        offsets, scanned, used = rebuild_queue_offsets(self.queue, snapshot, report.end_offset)
+        report.queue_offset_records_scanned = scanned
+        report.queue_offset_snapshot_used = used
+        self._queue_offsets = offsets
+        save_snapshot(snapshot_file, report.end_offset, offsets)
+        self.recovery_report = report
+        return report
+
+    def start(self) -> None:
+        """Start pre-allocation and the flush services; create the abort file."""
+        assert self.queue is not None, "load() first"
+        cfg = self.config
+        assert self._allocator is not None
+        self._allocator.start()
+        self._services.append(self._allocator)
+        if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._group_commit = GroupCommitService(
+                self.queue,
+                self._on_flushed,
+                self._on_io_error,
+                commit_first=self._pool is not None,
+            )
+            self._flush_service = self._group_commit
+        else:
+            self._flush_service = FlushRealTimeService(
+                self.queue,
+                self._on_flushed,
+                self._on_io_error,
+                interval_ms=cfg.flush_interval_commit_log,
+                least_pages=cfg.flush_commit_log_least_pages,
+                thorough_interval_ms=cfg.flush_commit_log_thorough_interval,
+                timed=cfg.flush_commit_log_timed,
+            )
+            if self._pool is not None:
+                self._commit_service = CommitRealTimeService(
+                    self.queue,
+                    self._flush_service,
+                    self._on_io_error,
+                    interval_ms=cfg.commit_interval_commit_log,
+                    least_pages=cfg.commit_commit_log_least_pages,
+                    thorough_interval_ms=cfg.commit_commit_log_thorough_interval,
+                    on_committed=self._on_committed,
+                )
+        self._snapshot_service = _SnapshotService(self, cfg.queue_offset_snapshot_interval)
+        for svc in (self._commit_service, self._flush_service, self._snapshot_service):
+            if svc is not None:
+                svc.start()
+                self._services.append(svc)
+        abort_path(self.root).touch()
+        self._running = True
+
+    def shutdown(self) -> None:
+        """Stop intake, drain commit and flush, write checkpoint and snapshot, remove the abort
+        file (only when the store is still writeable), unmap and unlock. Idempotent."""
+        if not self._loaded:
+            return
+        self._running = False
+        with self._put_lock:  # let an in-flight append finish
+            pass
+        for svc in (self._snapshot_service, self._commit_service, self._flush_service, self._allocator):
+            if svc is not None:
+                svc.shutdown()
+        assert self.queue is not None and self.checkpoint is not None
+        clean = self._writeable
+        try:
+            if clean:
+                if self.queue.store_timestamp:
+                    self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
+                self.checkpoint.flush()
+                self.save_queue_offset_snapshot()
+        except StoreIOError as exc:
+            log.error("shutdown could not persist state: %s", exc)
+            clean = False
+        if clean and self.queue.flushed_where >= self.queue.get_max_offset():
+            try:
+                abort_path(self.root).unlink()
+            except FileNotFoundError:
+                pass
+        self._close_files()
+
+    def _close_files(self) -> None:
+        if self.queue is not None:
+            self.queue.shutdown()
+        if self._pool is not None:
+            self._pool.destroy()
+        if self.checkpoint is not None:
+            try:
+                self.checkpoint.shutdown()
+            except StoreIOError as exc:
+                log.error("%s", exc)
+        if self._lock_file is not None:
+            self._lock_file.release()
+        self._loaded = False
+
+    def _release_after_failed_open(self) -> None:
+        self._running = False
+        for svc in self._services:
+            svc.shutdown()
+        self._close_files()
+
+    # ------------------------------------------------------------------------------------------
+    # write path
+    # ------------------------------------------------------------------------------------------
+    def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
+        """Append ``messages`` as one batch and apply the flush policy; one result per message.
+
+        Blocks under SYNC_FLUSH until the group commit covers the batch (at most
+        ``syncFlushTimeout`` ms, then FLUSH_DISK_TIMEOUT). Raises as described in the module
+        docstring; a raised exception means nothing of the batch was written.
+        """
+        appended = self.append_messages(messages)
+        if not appended.results or appended.next_offset < 0:
+            return appended.results
+        status = self._wait_flush(appended)
+        if status is not PutMessageStatus.PUT_OK:
+            for r in appended.results:
+                if r.status is PutMessageStatus.PUT_OK:
+                    r.status = status
+        return appended.results
+
+    def _wait_flush(self, appended: AppendResult) -> PutMessageStatus:
+        if self.config.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            return PutMessageStatus.PUT_OK
+        future = self.submit_flush_request(appended.next_offset, appended.wait_store)
+        if future is None:
+            return PutMessageStatus.PUT_OK
+        try:
+            return future.result(self.config.sync_flush_timeout / 1000.0)
+        except FutureTimeout:
+            return PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def submit_flush_request(self, next_offset: int, wait_store: bool = True) -> Future[PutMessageStatus] | None:
+        """SYNC_FLUSH: a future resolved once ``flushed_offset >= next_offset`` (PUT_OK) or with
+        FLUSH_DISK_TIMEOUT. None under ASYNC_FLUSH, or when ``wait_store`` is False (the flusher
+        is only woken). For asyncio callers: ``asyncio.wrap_future``."""
+        gc = self._group_commit
+        if gc is None:
+            return None
+        if not wait_store:
+            gc.wakeup()
+            return None
+        req = GroupCommitRequest(next_offset, self.config.sync_flush_timeout)
+        gc.put_request(req)
+        return req.future
+
+    def append_messages(self, messages: Sequence[Message]) -> AppendResult:
+        """Validate, encode and append ``messages`` without waiting for any flush.
+
+        Results carry PUT_OK for appended messages and CREATE_MAPPED_FILE_FAILED for those that
+        found no segment to go to; raises like :meth:`put_messages`.
+        """
+        if not self._running:
+            raise ServiceNotAvailableError("the store is not running")
+        if self.config.broker_role is BrokerRole.SLAVE:
+            raise NotMasterError("this store is a SLAVE and does not take puts")
+        if not self._writeable:
+            raise ServiceNotAvailableError("the store is not writeable after an I/O error")
+        if not messages:
+            return AppendResult([], -1, False)
+        if self.is_os_page_cache_busy():
+            raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
+        assert self._topic_config is not None
+        batch = self._encoder.encode_batch(messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums)
+        with self._put_lock:
+            if not self._running:
+                raise ServiceNotAvailableError("the store is shutting down")
+            self._begin_time_in_lock = time.monotonic()
+            try:
+                results, next_offset = self._append_locked(batch)
+            finally:
+                self._begin_time_in_lock = 0.0
+        if next_offset > 0:
+            self._after_append(next_offset)
+        return AppendResult(results, next_offset, batch.wait_store)
+
+    def _append_locked(self, batch: EncodedBatch) -> tuple[list[PutMessageResult], int]:
+        queue = self.queue
+        assert queue is not None
+        store_ts = time.time_ns() // 1_000_000
+        buf = batch.buf
+        positions = batch.positions
+        sizes = batch.sizes
+        keys = batch.queue_keys
+        ts_positions = batch.store_ts_positions
+        table = self._queue_offsets
+        store_host = self._store_host
+        pack_offsets = QUEUE_OFFSET_AND_PHY_OFFSET.pack_into
+        pack_ts = STORE_TIMESTAMP.pack_into
+        ok = PutMessageStatus.PUT_OK
+        n = len(positions)
+        results: list[PutMessageResult] = []
+        append_result = results.append
+        next_offset = -1
+        i = 0
+        while i < n:
+            try:
+                mf = queue.get_last_mapped_file_or_create(0)
+            except DiskFullError as exc:
+                log.error("cannot create a CommitLog segment: %s", exc)
+                mf = None
+            except StoreIOError as exc:
+                self._on_io_error(exc)
+                mf = None
+            if mf is None:
+                failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+                results.extend(PutMessageResult(failed) for _ in range(n - i))
+                break
+            base = mf.file_from_offset + mf.wrote_position
+            room = mf.remaining - END_FILE_MIN_BLANK_LENGTH
+            first = positions[i]
+            used = 0
+            j = i
+            while j < n:
+                size = sizes[j]
+                if used + size > room:
+                    break
+                pos = positions[j]
+                key = keys[j]
+                if key is None:
+                    queue_offset = 0
+                else:
+                    queue_offset = table.get(key, 0)
+                    table[key] = queue_offset + 1
+                phy = base + used
+                pack_offsets(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, phy)
+                pack_ts(buf, pos + ts_positions[j], store_ts)
+                append_result(PutMessageResult(ok, phy, size, queue_offset, store_ts, store_host))
+                used += size
+                j += 1
+            if j > i:
+                try:
+                    with memoryview(buf) as view:
+                        mf.append_records(view[first : first + used])
+                except (OSError, ValueError) as exc:
+                    # The records never reached the segment; the log is unchanged.
+                    self._rollback_queue_offsets(results, keys, i, j)
+                    del results[i:]
+                    self._on_io_error(StoreIOError(f"append failed: {exc}"))
+                    results.extend(PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in range(n - i))
+                    break
+                mf.store_timestamp = store_ts
+                next_offset = base + used
+            if j < n:
+                # Record j does not fit: close this segment with a blank and roll.
+                mf.fill_to_end(encode_blank(mf.remaining))
+            i = j
+        return results, next_offset
+
+    def _rollback_queue_offsets(
+        self, results: list[PutMessageResult], keys: list[QueueKey | None], start: int, stop: int
+    ) -> None:
+        for idx in range(stop - 1, start - 1, -1):
+            key = keys[idx]
+            if key is not None:
+                self._queue_offsets[key] = results[idx].queue_offset
+
+    def _after_append(self, next_offset: int) -> None:
+        if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            if self._commit_service is not None:
+                self._commit_service.wakeup()
+            elif self._flush_service is not None and not self.config.flush_commit_log_timed:
+                self._flush_service.wakeup()
+            if self._pool is None:
+                self._notify_confirm(next_offset)
+
+    def is_os_page_cache_busy(self) -> bool:
+        """True when a put has held the lock longer than ``osPageCacheBusyTimeOutMills``."""
+        begin = self._begin_time_in_lock
+        return begin != 0.0 and (time.monotonic() - begin) * 1000 > self.config.os_page_cache_busy_time_out_mills
+
+    # ------------------------------------------------------------------------------------------
+    # watermarks and listeners
+    # ------------------------------------------------------------------------------------------
+    def _on_flushed(self, flushed_where: int) -> None:
+        assert self.checkpoint is not None and self.queue is not None
+        if self.queue.store_timestamp:
+            self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._notify_confirm(flushed_where)
+
+    def _on_committed(self, committed_where: int) -> None:
+        if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            self._notify_confirm(committed_where)
+
+    def _on_io_error(self, exc: StoreIOError) -> None:
+        if self._writeable:
+            log.error("store at %s is no longer writeable: %s", self.root, exc)
+        self._writeable = False
+
+    def _notify_confirm(self, offset: int) -> None:
+        for listener in self._listeners:
+            try:
+                listener(offset)
+            except Exception:
+                log.exception("confirm-offset listener failed")
+
+    def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(confirm_offset)`` whenever the confirm offset moves (must not block)."""
+        self._listeners.append(listener)
+
+    def remove_confirm_listener(self, listener: Callable[[int], None]) -> None:
+        try:
+            self._listeners.remove(listener)
+        except ValueError:
+            pass
+
+    @property
+    def writeable(self) -> bool:
+        return self._writeable
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def store_host(self) -> bytes:
+        """The encoded store host (8 or 20 bytes) used in records and message ids."""
+        return self._store_host
+
+    @property
+    def topic_config(self) -> TopicConfigManager:
+        assert self._topic_config is not None
+        return self._topic_config
+
+    @property
+    def min_offset(self) -> int:
+        """First offset still on disk (0 for an empty log)."""
+        assert self.queue is not None
+        return max(self.queue.get_min_offset(), 0)
+
+    @property
+    def max_offset(self) -> int:
+        """Offset just past the last readable byte."""
+        assert self.queue is not None
+        return self.queue.get_max_offset()
+
+    @property
+    def flushed_offset(self) -> int:
+        """Offset up to which the log is durable (fdatasync'ed)."""
+        assert self.queue is not None
+        return self.queue.flushed_where
+
+    @property
+    def confirm_offset(self) -> int:
+        """What consumers may see: flushed under SYNC_FLUSH, readable under ASYNC_FLUSH."""
+        if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            return self.flushed_offset
+        return self.max_offset
+
+    def queue_offset_of(self, topic: str, queue_id: int) -> int:
+        """Next queue offset the CommitLog will assign in (topic, queue_id)."""
+        return self._queue_offsets.get((topic, queue_id), 0)
+
+    def queue_offset_table(self) -> dict[QueueKey, int]:
+        """A copy of the queue-offset table."""
+        with self._put_lock:
+            return dict(self._queue_offsets)
+
+    def save_queue_offset_snapshot(self) -> None:
+        """Persist the queue-offset table with the offset it is valid at."""
+        with self._put_lock:
+            assert self.queue is not None
+            offset = self.queue.get_max_wrote_position()
+            offsets = dict(self._queue_offsets)
+        save_snapshot(queue_offset_table_path(self.root), offset, offsets)
+
+    # ------------------------------------------------------------------------------------------
+    # read path
+    # ------------------------------------------------------------------------------------------
+    def get_message(self, phy_offset: int, size: int) -> bytes:
+        """The raw bytes of the record at ``phy_offset`` (``size`` bytes, as put results give).
+
+        Raises OffsetOutOfRangeError when the range is not inside one segment's readable bytes.
+        """
+        assert self.queue is not None
+        if size <= 0:
+            raise OffsetOutOfRangeError(f"size must be > 0, got {size}")
+        mf = self.queue.find_mapped_file_by_offset(phy_offset)
+        if mf is None:
+            raise OffsetOutOfRangeError(
+                f"offset {phy_offset} is outside the log [{self.min_offset}, {self.max_offset})"
+            )
+        try:
+            return mf.read(phy_offset - mf.file_from_offset, size)
+        except ValueError as exc:  # segment unmapped concurrently
+            raise OffsetOutOfRangeError(f"offset {phy_offset} is no longer in the log") from exc
+
+    def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:
+        """Decode the record at ``phy_offset``; raises OffsetOutOfRangeError or CorruptRecordError."""
+        if size is None:
+            head = self.get_message(phy_offset, 8)
+            size = record_size_of(head, 0)
+            if size <= 0:
+                raise CorruptRecordError(f"no record starts at offset {phy_offset}")
+        raw = self.get_message(phy_offset, size)
+        record = decode_record(raw, 0)
+        if record.phy_offset != phy_offset:
+            raise CorruptRecordError(f"record at {phy_offset} claims offset {record.phy_offset}")
+        return record
+
+    def iter_records(
+        self,
+        from_offset: int,
+        end_offset: int | None = None,
+        *,
+        check_crc: bool = False,
+        decode_properties: bool = True,
+    ) -> Iterator[DispatchRequest]:
+        """Records from ``from_offset`` (a record boundary) to ``end_offset`` (default: the
+        confirm offset when called). Raises CorruptRecordError on bytes that are not a record."""
+        assert self.queue is not None
+        end = self.confirm_offset if end_offset is None else end_offset
+        start = max(from_offset, self.min_offset)
+        for req in scan_log(self.queue, start, end, check_crc=check_crc, decode_properties=decode_properties):
+            if not req.success:
+                raise CorruptRecordError(f"invalid record at offset {req.commit_log_offset}")
+            yield req
+
+
+class _SnapshotService(ServiceThread):
+    """Every ``interval_ms``: flush the checkpoint and save the queue-offset snapshot."""
+
+    def __init__(self, commit_log: CommitLog, interval_ms: int) -> None:
+        super().__init__("CommitLogSnapshotService")
+        self.commit_log = commit_log
+        self.interval_ms = interval_ms
+
+    def run_loop(self) -> None:
+        self._stopped.wait(self.interval_ms / 1000.0)
+        if self.stopped:
+            return
+        cl = self.commit_log
+        if not cl.writeable:
+            return
+        try:
+            assert cl.checkpoint is not None
+            cl.checkpoint.flush()
+            cl.save_queue_offset_snapshot()
+        except StoreIOError as exc:
+            cl._on_io_error(exc)

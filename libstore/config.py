@@ -1,0 +1,306 @@
+"""StoreConfig: one flat, frozen configuration object for the message store.
+
+Field names are the snake_case of Apache RocketMQ's ``MessageStoreConfig`` (and a few
+``BrokerConfig``) keys; each field's metadata carries the RocketMQ key (typos included, e.g.
+``warmMapedFileEnable``) so a ``broker.conf`` loads unchanged, and the unit of the value.
+Defaults are RocketMQ's (rocketmq-store-format spec sheet §8).
+
+Precedence when building a config with :meth:`StoreConfig.from_sources`:
+explicit overrides (CLI) > environment (``MQSTORE_<FIELD_NAME_UPPER>``) > properties file
+(``key=value`` lines, RocketMQ or snake_case keys) > defaults. Unknown keys and bad values raise
+:class:`libstore.errors.ConfigError`. No module reads ``os.environ`` itself: callers pass it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from libstore.errors import ConfigError
+
+
+class FlushDiskType(enum.Enum):
+    """When an append counts as durable: after fsync (SYNC_FLUSH) or after the page-cache copy."""
+
+    SYNC_FLUSH = "SYNC_FLUSH"
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+
+
+class BrokerRole(enum.Enum):
+    """Replication role of the store (spec §7)."""
+
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+def _f(default: Any, key: str, unit: str = "", doc: str = "") -> Any:
+    return field(default=default, metadata={"key": key, "unit": unit, "doc": doc})
+
+
+ENV_PREFIX = "MQSTORE_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreConfig:
+    """Configuration of one store (CommitLog, queues, index, flush, HA).
+
+    Sizes are bytes, intervals and timeouts milliseconds. Build with keyword arguments,
+    :meth:`from_sources`, or :meth:`replace`; values are validated in ``__post_init__``
+    (``ConfigError`` on a bad value).
+    """
+
+    store_path_root_dir: str = _f(
+        str(Path.home() / "store"), "storePathRootDir", doc="root folder of the store (spec §0)"
+    )
+    store_path_commit_log: str = _f(
+        "", "storePathCommitLog", doc="CommitLog folder; empty = <root>/commitlog"
+    )
+    mapped_file_size_commit_log: int = _f(
+        1024 * 1024 * 1024, "mappedFileSizeCommitLog", "bytes", "size of one CommitLog file"
+    )
+    mapped_file_size_consume_queue: int = _f(
+        300_000 * 20, "mappedFileSizeConsumeQueue", "bytes", "size of one ConsumeQueue file"
+    )
+    flush_disk_type: FlushDiskType = _f(FlushDiskType.ASYNC_FLUSH, "flushDiskType")
+    broker_role: BrokerRole = _f(BrokerRole.ASYNC_MASTER, "brokerRole")
+    flush_interval_commit_log: int = _f(500, "flushIntervalCommitLog", "ms", "ASYNC_FLUSH period")
+    flush_commit_log_least_pages: int = _f(
+        4, "flushCommitLogLeastPages", "pages", "ASYNC_FLUSH: flush only when this many 4 KiB pages are dirty"
+    )
+    flush_commit_log_thorough_interval: int = _f(
+        10_000, "flushCommitLogThoroughInterval", "ms", "ASYNC_FLUSH: flush everything at least this often"
+    )
+    flush_commit_log_timed: bool = _f(True, "flushCommitLogTimed", doc="ASYNC_FLUSH sleeps a fixed period")
+    commit_interval_commit_log: int = _f(
+        200, "commitIntervalCommitLog", "ms", "transient store pool: commit period"
+    )
+    commit_commit_log_least_pages: int = _f(4, "commitCommitLogLeastPages", "pages")
+    commit_commit_log_thorough_interval: int = _f(200, "commitCommitLogThoroughInterval", "ms")
+    sync_flush_timeout: int = _f(
+        5000, "syncFlushTimeout", "ms", "SYNC_FLUSH: FLUSH_DISK_TIMEOUT after this wait"
+    )
+    max_message_size: int = _f(4 * 1024 * 1024, "maxMessageSize", "bytes", "largest accepted body")
+    check_crc_on_recover: bool = _f(True, "checkCRCOnRecover")
+    warm_mapped_file_enable: bool = _f(
+        False, "warmMapedFileEnable", doc="write zeros to new CommitLog files, then mlock them"
+    )
+    flush_least_pages_when_warm_mapped_file: int = _f(
+        4096, "flushLeastPagesWhenWarmMapedFile", "pages"
+    )
+    preload_mapped_file_enable: bool = _f(
+        True,
+        "preloadMapedFileEnable",
+        doc="mqstore: read new CommitLog files into the page cache while pre-allocating them, "
+        "so appends take no major page faults (no disk writes, unlike the warm-up)",
+    )
+    data_read_ahead_enable: bool = _f(True, "dataReadAheadEnable", doc="false = madvise(MADV_RANDOM)")
+    transient_store_pool_enable: bool = _f(False, "transientStorePoolEnable")
+    transient_store_pool_size: int = _f(5, "transientStorePoolSize", "buffers")
+    fast_fail_if_no_buffer_in_store_pool: bool = _f(False, "fastFailIfNoBufferInStorePool")
+    os_page_cache_busy_time_out_mills: int = _f(1000, "osPageCacheBusyTimeOutMills", "ms")
+    store_host: str = _f(
+        "127.0.0.1:10911", "storeHost", doc="ip:port recorded as STOREHOST and in message ids (spec §2)"
+    )
+    auto_create_topic_enable: bool = _f(True, "autoCreateTopicEnable")
+    default_topic_queue_nums: int = _f(8, "defaultTopicQueueNums", "queues")
+    max_topic_length: int = _f(127, "maxTopicLength", "bytes")
+    max_queue_nums_per_topic: int = _f(
+        1024, "maxQueueNumsPerTopic", "queues", "mqstore: upper bound of a topic's queue count"
+    )
+    queue_offset_snapshot_interval: int = _f(
+        10_000,
+        "queueOffsetSnapshotInterval",
+        "ms",
+        "mqstore: how often the queue-offset table is saved so a crash recovery rescans only the tail",
+    )
+
+    def __post_init__(self) -> None:
+        positive = (
+            "mapped_file_size_commit_log",
+            "mapped_file_size_consume_queue",
+            "flush_interval_commit_log",
+            "flush_commit_log_thorough_interval",
+            "commit_interval_commit_log",
+            "sync_flush_timeout",
+            "max_message_size",
+            "transient_store_pool_size",
+            "os_page_cache_busy_time_out_mills",
+            "default_topic_queue_nums",
+            "max_topic_length",
+            "max_queue_nums_per_topic",
+            "queue_offset_snapshot_interval",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        non_negative = (
+            "flush_commit_log_least_pages",
+            "commit_commit_log_least_pages",
+            "commit_commit_log_thorough_interval",
+            "flush_least_pages_when_warm_mapped_file",
+        )
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.mapped_file_size_commit_log % 4096:
+            raise ConfigError("mapped_file_size_commit_log must be a multiple of 4096 bytes")
+        if self.mapped_file_size_commit_log < 64 * 1024:
+            raise ConfigError("mapped_file_size_commit_log must be at least 65536 bytes")
+        if self.max_message_size + 64 * 1024 > self.mapped_file_size_commit_log:
+            raise ConfigError(
+                "mapped_file_size_commit_log must hold the largest record: "
+                f"max_message_size ({self.max_message_size}) + 64 KiB > {self.mapped_file_size_commit_log}"
+            )
+        if self.default_topic_queue_nums > self.max_queue_nums_per_topic:
+            raise ConfigError("default_topic_queue_nums exceeds max_queue_nums_per_topic")
+        if self.transient_store_pool_enable and self.broker_role is BrokerRole.SLAVE:
+            raise ConfigError("transient_store_pool_enable is not allowed on a SLAVE (RocketMQ rule)")
+        _parse_host(self.store_host)
+
+    # -- derived paths -----------------------------------------------------------------------
+    @property
+    def commit_log_dir(self) -> Path:
+        """Folder of the CommitLog files."""
+        return Path(self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog"))
+
+    @property
+    def root_dir(self) -> Path:
+        return Path(self.store_path_root_dir)
+
+    @property
+    def store_host_address(self) -> tuple[str, int]:
+        """``store_host`` as (ip, port)."""
+        return _parse_host(self.store_host)
+
+    def replace(self, **changes: Any) -> StoreConfig:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- loading -----------------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> dict[str, str]:
+        """Map every accepted key (RocketMQ camelCase and snake_case field name) to the field name."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(cls):
+            out[f.name] = f.name
+            out[f.metadata["key"]] = f.name
+        return out
+
+    @classmethod
+    def from_sources(
+        cls,
+        *,
+        conf_file: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> StoreConfig:
+        """Build a config from a properties file, ``MQSTORE_*`` environment variables and overrides.
+
+        ``conf_file`` lines are ``key=value`` (``#`` comments), keys in RocketMQ spelling or
+        snake_case. Raises ConfigError on an unknown key, a value that does not parse, or a missing
+        file.
+        """
+        values: dict[str, Any] = {}
+        if conf_file is not None:
+            values.update(_read_properties(Path(conf_file)))
+        if env:
+            fields = {f.name.upper(): f.name for f in dataclasses.fields(cls)}
+            for name, raw in env.items():
+                if not name.startswith(ENV_PREFIX):
+                    continue
+                key = name[len(ENV_PREFIX) :]
+                if key in fields:
+                    values[fields[key]] = raw
+        if overrides:
+            for key, raw in overrides.items():
+                if raw is not None:
+                    values[key] = raw
+        return cls.from_mapping(values)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> StoreConfig:
+        """Build from ``{key: value}``; string values are parsed to the field's type."""
+        keys = cls.keys()
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            name = keys.get(key)
+            if name is None:
+                raise ConfigError(f"unknown config key {key!r}")
+            kwargs[name] = _coerce(name, types[name], raw)
+        return cls(**kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        """The config as ``{rocketmq_key: value}`` (enums as their names)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.metadata["key"]] = v.value if isinstance(v, enum.Enum) else v
+        return out
+
+
+def _parse_host(text: str) -> tuple[str, int]:
+    import ipaddress
+
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"store host {text!r} must be ip:port")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        port_num = int(port)
+    except ValueError as exc:
+        raise ConfigError(f"store host {text!r} must be a numeric ip:port") from exc
+    if not 0 <= port_num <= 65535:
+        raise ConfigError(f"store host port out of range in {text!r}")
+    return host, port_num
+
+
+def _coerce(name: str, typ: Any, raw: Any) -> Any:
+    typ_name = typ if isinstance(typ, str) else getattr(typ, "__name__", str(typ))
+    try:
+        if typ_name == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if typ_name == "int":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(raw) if not isinstance(raw, str) else int(raw.strip().replace("_", ""))
+        if typ_name == "str":
+            return str(raw)
+        if typ_name == "FlushDiskType":
+            return raw if isinstance(raw, FlushDiskType) else FlushDiskType(str(raw).strip().upper())
+        if typ_name == "BrokerRole":
+            return raw if isinstance(raw, BrokerRole) else BrokerRole(str(raw).strip().upper())
+    except ValueError as exc:
+        raise ConfigError(f"bad value for {name}: {raw!r}") from exc
+    raise ConfigError(f"unsupported config type for {name}: {typ_name}")
+
+
+def _read_properties(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ConfigError(f"{path}:{lineno}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out

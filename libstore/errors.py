@@ -1,0 +1,90 @@
+"""The StoreError tree: every failure libstore raises.
+
+Outcomes (a flush that timed out, an empty pull) are status values in results, not exceptions;
+see :mod:`libstore.results`. Exceptions mean nothing was done (bad input) or the store stopped.
+
+::
+
+    StoreError
+    ├── ConfigError                      bad configuration, raised at start
+    ├── MessageIllegalError              bad message; nothing of its batch was written
+    │   ├── IllegalTopicError            empty, too long, or characters outside [A-Za-z0-9_%|-]
+    │   ├── PropertiesSizeExceededError  serialized properties over 32767 bytes
+    │   └── QueueIdOutOfRangeError       queue id outside the topic's queues
+    ├── InvalidArgumentError             a malformed request parameter (message id, offset, count)
+    ├── TopicNotFoundError               unknown topic and auto-create is off
+    ├── OffsetOutOfRangeError            a physical range outside what the log holds
+    ├── CorruptRecordError               bytes that do not decode as a CommitLog record
+    ├── StoreLockedError                 another process holds the store's lock file
+    ├── ServiceNotAvailableError         store shut down or not writeable
+    │   ├── NotMasterError               a put reached a SLAVE
+    │   └── OSPageCacheBusyError         the put lock has been held too long (page cache stall)
+    └── StoreIOError                     an OSError in the store's files (fail-stop)
+        └── DiskFullError                no space for a new file
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Root of libstore's exceptions."""
+
+
+class ConfigError(StoreError):
+    """A configuration key or value is invalid."""
+
+
+class MessageIllegalError(StoreError):
+    """A message violates a store limit (RocketMQ MESSAGE_ILLEGAL). Nothing was written."""
+
+
+class IllegalTopicError(MessageIllegalError):
+    """The topic name is empty, too long or holds characters outside ``[A-Za-z0-9_%|-]``."""
+
+
+class PropertiesSizeExceededError(MessageIllegalError):
+    """Serialized properties exceed 32767 bytes (RocketMQ PROPERTIES_SIZE_EXCEEDED)."""
+
+
+class QueueIdOutOfRangeError(MessageIllegalError):
+    """The queue id is negative or not below the topic's write queue count."""
+
+
+class InvalidArgumentError(StoreError):
+    """A request parameter is malformed (a message id that does not decode, a negative count...)."""
+
+
+class TopicNotFoundError(StoreError):
+    """The topic does not exist and auto-creation is disabled."""
+
+
+class OffsetOutOfRangeError(StoreError):
+    """A physical offset or range lies outside the log's readable bytes."""
+
+
+class CorruptRecordError(StoreError):
+    """Bytes at an offset are not a valid CommitLog record."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's ``lock`` file."""
+
+
+class ServiceNotAvailableError(StoreError):
+    """The store cannot take the request now (shut down, not writeable, or a slave)."""
+
+
+class NotMasterError(ServiceNotAvailableError):
+    """The store is a SLAVE: it takes bytes from its master, not puts."""
+
+
+class OSPageCacheBusyError(ServiceNotAvailableError):
+    """The put lock has been held longer than ``osPageCacheBusyTimeOutMills`` (RocketMQ OS_PAGE_CACHE_BUSY)."""
+
+
+class StoreIOError(StoreError):
+    """An OSError hit the store's files; the store stops accepting writes (fail-stop)."""
+
+
+class DiskFullError(StoreIOError):
+    """No space left to allocate a new file."""

@@ -1,0 +1,244 @@
+"""CommitLog flush services (spec sheet §6): group commit, periodic flush, transient-pool commit.
+
+* :class:`GroupCommitService` (SYNC_FLUSH): producers hand in (next offset, deadline) requests;
+  each round swaps the request list, flushes once up to the highest requested offset and frees
+  every waiter that the new ``flushed_where`` covers. One fdatasync serves many producers.
+  Requests not covered by their deadline get FLUSH_DISK_TIMEOUT.
+* :class:`FlushRealTimeService` (ASYNC_FLUSH): every ``flushIntervalCommitLog`` ms flush when at
+  least ``flushCommitLogLeastPages`` pages are dirty, and everything every
+  ``flushCommitLogThoroughInterval`` ms; at shutdown flush everything.
+* :class:`CommitRealTimeService` (transient store pool): every ``commitIntervalCommitLog`` ms
+  write at least ``commitCommitLogLeastPages`` buffered pages into the file (all of them every
+  ``commitCommitLogThoroughInterval`` ms), then wake the flusher.
+
+Waiters get a ``concurrent.futures.Future`` resolved with a PutMessageStatus; asyncio callers
+wrap it with ``asyncio.wrap_future``. Crash policy: an fdatasync error is fail-stop: pending
+requests get FLUSH_DISK_TIMEOUT (not confirmed durable) and ``on_io_error`` marks the store
+unwriteable; nothing on this path logs and carries on as if the flush succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from libstore.errors import StoreIOError
+from libstore.mapped_file_queue import MappedFileQueue
+from libstore.results import PutMessageStatus
+from libstore.service_thread import ServiceThread
+
+log = logging.getLogger(__name__)
+
+
+class GroupCommitRequest:
+    """A waiter: durable once ``flushed_where >= next_offset``; fails after ``deadline`` (monotonic s)."""
+
+    __slots__ = ("deadline", "future", "next_offset")
+
+    def __init__(self, next_offset: int, timeout_ms: int) -> None:
+        self.next_offset = next_offset
+        self.deadline = time.monotonic() + timeout_ms / 1000.0
+        self.future: Future[PutMessageStatus] = Future()
+
+    def wakeup_customer(self, status: PutMessageStatus) -> None:
+        if not self.future.done():
+            try:
+                self.future.set_result(status)
+            except Exception:  # a concurrent completion won the race
+                pass
+
+
+class _FlushServiceBase(ServiceThread):
+    def __init__(
+        self,
+        name: str,
+        queue: MappedFileQueue,
+        on_flushed: Callable[[int], None],
+        on_io_error: Callable[[StoreIOError], None],
+    ) -> None:
+        super().__init__(name)
+        self.queue = queue
+        self.on_flushed = on_flushed
+        self.on_io_error = on_io_error
+        self.io_failed = False
+
+    def _fail(self, exc: StoreIOError) -> None:
+        if not self.io_failed:
+            log.error("%s: %s; the store stops accepting writes", self.name, exc)
+        self.io_failed = True
+        self.on_io_error(exc)
+
+
+class GroupCommitService(_FlushServiceBase):
+    """SYNC_FLUSH group commit. ``commit_first``: commit transient-pool buffers before flushing."""
+
+    def __init__(
+        self,
+        queue: MappedFileQueue,
+        on_flushed: Callable[[int], None],
+        on_io_error: Callable[[StoreIOError], None],
+        *,
+        commit_first: bool = False,
+    ) -> None:
+        super().__init__("GroupCommitService", queue, on_flushed, on_io_error)
+        self.commit_first = commit_first
+        self._lock = threading.Lock()
+        self._requests_write: list[GroupCommitRequest] = []
+        self._requests_read: list[GroupCommitRequest] = []
+        self._pending: list[GroupCommitRequest] = []
+        self.flush_rounds = 0
+
+    def put_request(self, request: GroupCommitRequest) -> None:
+        with self._lock:
+            self._requests_write.append(request)
+        self.wakeup()
+
+    def on_wait_end(self) -> None:
+        with self._lock:
+            self._requests_write, self._requests_read = self._requests_read, self._requests_write
+
+    def run_loop(self) -> None:
+        self.wait_for_running(10)
+        self._do_commit()
+
+    def _do_commit(self) -> None:
+        requests = self._pending + self._requests_read
+        self._pending = []
+        self._requests_read = []
+        target = max((r.next_offset for r in requests), default=self.queue.get_max_offset())
+        if not self.io_failed:
+            try:
+                if self.commit_first:
+                    self.queue.commit_to(self.queue.get_max_wrote_position(), 0)
+                before = self.queue.flushed_where
+                flushed = self.queue.flush_to(target, 0)
+                if flushed != before:
+                    self.flush_rounds += 1
+                    self.on_flushed(flushed)
+            except StoreIOError as exc:
+                self._fail(exc)
+        flushed = self.queue.flushed_where
+        now = time.monotonic()
+        for req in requests:
+            if req.future.done():
+                continue
+            if not self.io_failed and flushed >= req.next_offset:
+                req.wakeup_customer(PutMessageStatus.PUT_OK)
+            elif self.io_failed or now >= req.deadline:
+                req.wakeup_customer(PutMessageStatus.FLUSH_DISK_TIMEOUT)
+            else:
+                self._pending.append(req)
+
+    def on_shutdown(self) -> None:
+        # Serve what was queued before shutdown: producers must not hang.
+        for _ in range(3):
+            self.on_wait_end()
+            self._do_commit()
+        for req in self._pending + self._requests_read + self._requests_write:
+            req.wakeup_customer(PutMessageStatus.FLUSH_DISK_TIMEOUT)
+
+
+class FlushRealTimeService(_FlushServiceBase):
+    """ASYNC_FLUSH periodic flush; ``config_getter`` supplies the current intervals (ms, pages)."""
+
+    def __init__(
+        self,
+        queue: MappedFileQueue,
+        on_flushed: Callable[[int], None],
+        on_io_error: Callable[[StoreIOError], None],
+        *,
+        interval_ms: int,
+        least_pages: int,
+        thorough_interval_ms: int,
+        timed: bool,
+    ) -> None:
+        super().__init__("FlushRealTimeService", queue, on_flushed, on_io_error)
+        self.interval_ms = interval_ms
+        self.least_pages = least_pages
+        self.thorough_interval_ms = thorough_interval_ms
+        self.timed = timed
+        self._last_thorough = time.monotonic()
+
+    def run_loop(self) -> None:
+        least = self.least_pages
+        now = time.monotonic()
+        if (now - self._last_thorough) * 1000 >= self.thorough_interval_ms:
+            self._last_thorough = now
+            least = 0
+        if self.timed:
+            self._stopped.wait(self.interval_ms / 1000.0)
+        else:
+            self.wait_for_running(self.interval_ms)
+        if self.stopped:
+            return
+        self._flush(least)
+
+    def _flush(self, least_pages: int) -> None:
+        if self.io_failed:
+            return
+        try:
+            before = self.queue.flushed_where
+            flushed = self.queue.flush_to(self.queue.get_max_offset(), least_pages)
+            if flushed != before:
+                self.on_flushed(flushed)
+        except StoreIOError as exc:
+            self._fail(exc)
+
+    def on_shutdown(self) -> None:
+        for _ in range(10):
+            if self.queue.flushed_where >= self.queue.get_max_offset():
+                break
+            self._flush(0)
+
+
+class CommitRealTimeService(_FlushServiceBase):
+    """Transient store pool: move buffered bytes into the file, then wake ``flusher``."""
+
+    def __init__(
+        self,
+        queue: MappedFileQueue,
+        flusher: ServiceThread,
+        on_io_error: Callable[[StoreIOError], None],
+        *,
+        interval_ms: int,
+        least_pages: int,
+        thorough_interval_ms: int,
+        on_committed: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__("CommitRealTimeService", queue, on_committed or (lambda _o: None), on_io_error)
+        self.flusher = flusher
+        self.interval_ms = interval_ms
+        self.least_pages = least_pages
+        self.thorough_interval_ms = thorough_interval_ms
+        self._last_thorough = time.monotonic()
+
+    def run_loop(self) -> None:
+        least = self.least_pages
+        now = time.monotonic()
+        if (now - self._last_thorough) * 1000 >= self.thorough_interval_ms:
+            self._last_thorough = now
+            least = 0
+        self._commit(least)
+        self.wait_for_running(self.interval_ms)
+
+    def _commit(self, least_pages: int) -> None:
+        if self.io_failed:
+            return
+        try:
+            before = self.queue.committed_where
+            committed = self.queue.commit_to(self.queue.get_max_wrote_position(), least_pages)
+        except StoreIOError as exc:
+            self._fail(exc)
+            return
+        if committed != before:
+            self.on_flushed(committed)
+            self.flusher.wakeup()
+
+    def on_shutdown(self) -> None:
+        for _ in range(10):
+            if self.queue.committed_where >= self.queue.get_max_wrote_position():
+                break
+            self._commit(0)

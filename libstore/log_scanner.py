@@ -1,0 +1,61 @@
+"""Sequential scan of a CommitLog's records across segments (recovery, rebuilds, dispatch).
+
+A blank end-of-file record moves the scan to the next segment's first byte (RocketMQ
+``rollNextFile``). The scan ends at ``end_offset``, at the end of the readable bytes, or at
+the first bytes that are not a valid record; in that last case the invalid request is yielded
+(``success`` False, ``commit_log_offset`` = where it sits) so the caller knows where and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from libstore.mapped_file_queue import MappedFileQueue
+from libstore.record_codec import DispatchRequest, check_record
+
+
+def scan_log(
+    queue: MappedFileQueue,
+    from_offset: int,
+    end_offset: int | None = None,
+    *,
+    check_crc: bool = False,
+    decode_properties: bool = True,
+) -> Iterator[DispatchRequest]:
+    """Yield the records from ``from_offset`` up to ``end_offset`` (exclusive).
+
+    Both offsets must be record boundaries. Each segment is read up to its ``readable_position``.
+    Yields valid records (``success`` True, ``msg_size`` > 0) and, last, possibly one invalid
+    request. A segment closed concurrently (deleted) ends the scan.
+    """
+    offset = from_offset
+    while end_offset is None or offset < end_offset:
+        mf = queue.find_mapped_file_by_offset(offset)
+        if mf is None or mf.closed:
+            return
+        pos = offset - mf.file_from_offset
+        limit = mf.readable_position
+        if end_offset is not None:
+            limit = min(limit, end_offset - mf.file_from_offset)
+        if pos >= limit:
+            return
+        try:
+            req = check_record(
+                mf.buffer,
+                pos,
+                limit,
+                check_crc=check_crc,
+                expected_phy_offset=offset,
+                decode_properties=decode_properties,
+            )
+        except ValueError:  # mapping closed under us
+            return
+        if not req.success:
+            req.commit_log_offset = offset
+            yield req
+            return
+        if req.msg_size == 0:
+            offset = queue.roll_next_file(offset)
+            continue
+        yield req
+        offset += req.msg_size

@@ -1,0 +1,360 @@
+"""MappedFile: one fixed-size, memory-mapped segment of a log, named by its start offset.
+
+A segment's name is its first byte's offset in the whole log, zero-padded to 20 digits
+(spec sheet §0). Three watermarks, all byte positions inside the file, with
+``wrote_position >= committed_position >= flushed_position``:
+
+* ``wrote_position``: bytes appended (in the mapping, or in the transient write buffer);
+* ``committed_position``: bytes in the file's page cache (equals wrote without a write buffer);
+* ``flushed_position``: bytes known durable (after fdatasync).
+
+Readers see ``readable_position`` bytes (committed with a write buffer, else wrote).
+
+Creation (:meth:`MappedFile.create`) goes through ``<name>.tmp``: blocks are allocated with
+posix_fallocate, so stores through the mapping cannot fault on ENOSPC; then the file is renamed
+into place, so a crash never leaves a short segment. Optional page-cache preload (reads) and
+RocketMQ's warm-up (zeros, then mlock + MADV_WILLNEED) happen before the rename, on the
+allocating thread, with the GIL released in each read/write call.
+
+Thread-safety: one writer appends; one flush (and one commit) thread may run concurrently; any
+thread may read. Durability uses ``os.fdatasync`` on the file descriptor (covers stores through
+the shared mapping; unlike ``mmap.flush`` it releases the GIL). Crash policy: nothing here
+decides what is valid after a crash; recovery sets the positions.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from libstore import _os
+from libstore.errors import DiskFullError, OffsetOutOfRangeError, StoreIOError
+
+if TYPE_CHECKING:
+    from libstore.transient_store_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20
+
+
+def offset_to_file_name(offset: int) -> str:
+    """A segment name: its start offset zero-padded to 20 digits."""
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def file_name_to_offset(name: str) -> int:
+    """Inverse of :func:`offset_to_file_name`; ValueError for anything that is not 20 digits."""
+    if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+        raise ValueError(f"not a segment name: {name!r}")
+    return int(name)
+
+
+class MappedFile:
+    """One segment: append, read, commit, flush, warm-up, destroy (see module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        file_size: int,
+        fd: int,
+        *,
+        transient_store_pool: TransientStorePool | None = None,
+    ) -> None:
+        self.path = path
+        self.file_name = path.name
+        self.file_from_offset = file_name_to_offset(path.name)
+        self.file_size = file_size
+        self._fd = fd
+        self._mmap = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0
+        self.first_create_in_queue = False
+        self._locked_address = 0
+        self._pool = transient_store_pool
+        self._write_buffer: mmap.mmap | None = None
+        if transient_store_pool is not None:
+            self._write_buffer = transient_store_pool.borrow_buffer()
+        self._closed = False
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: Path,
+        file_size: int,
+        *,
+        preload: bool = False,
+        warm: bool = False,
+        warm_flush_pages: int = 0,
+        transient_store_pool: TransientStorePool | None = None,
+    ) -> MappedFile:
+        """Create a zeroed segment of ``file_size`` bytes at ``path`` (via ``path.tmp``, then rename).
+
+        ``preload`` reads the new file into the page cache; ``warm`` writes zeros over it
+        (fdatasync every ``warm_flush_pages`` pages when > 0) and mlocks it. Raises DiskFullError
+        when the space cannot be allocated, StoreIOError on other OS errors.
+        """
+        tmp = path.with_name(path.name + ".tmp")
+        fd = -1
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            _os.allocate_blocks(fd, file_size)
+            if warm:
+                _warm_fd(fd, file_size, warm_flush_pages)
+            elif preload:
+                _os.read_through(fd, 0, file_size)
+            os.rename(tmp, path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+            if exc.errno in (28, 27, 122):  # ENOSPC, EFBIG, EDQUOT
+                raise DiskFullError(f"cannot allocate {file_size} bytes for {path.name}: {exc.strerror}") from exc
+            raise StoreIOError(f"cannot create {path}: {exc.strerror}") from exc
+        mf = cls(path, file_size, fd, transient_store_pool=transient_store_pool)
+        if warm:
+            mf.mlock()
+        return mf
+
+    @classmethod
+    def open(cls, path: Path, file_size: int) -> MappedFile:
+        """Map an existing segment; positions start at the file size until recovery sets them.
+
+        Raises StoreIOError when the file's size is not ``file_size``.
+        """
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise StoreIOError(f"cannot open {path}: {exc.strerror}") from exc
+        actual = os.fstat(fd).st_size
+        if actual != file_size:
+            os.close(fd)
+            raise StoreIOError(f"{path} is {actual} bytes, expected {file_size}")
+        mf = cls(path, file_size, fd)
+        mf.wrote_position = mf.committed_position = mf.flushed_position = file_size
+        return mf
+
+    # -- positions ----------------------------------------------------------------------------
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapping, for in-place decoding (``struct.unpack_from``); do not keep views of it."""
+        return self._mmap
+
+    @property
+    def readable_position(self) -> int:
+        return self.committed_position if self._write_buffer is not None else self.wrote_position
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def file_tail_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def has_write_buffer(self) -> bool:
+        return self._write_buffer is not None
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def set_positions(self, position: int) -> None:
+        """Set wrote, committed and flushed positions (recovery)."""
+        if not 0 <= position <= self.file_size:
+            raise ValueError(f"position {position} outside 0..{self.file_size}")
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    # -- writing ------------------------------------------------------------------------------
+    def append_records(self, data: Any) -> int:
+        """Copy whole records (bytes-like) at the write position; return the position they start at.
+
+        The first 4 bytes (the first record's TOTALSIZE) are stored last, so a process killed
+        mid-copy leaves a zero size where recovery will stop. The caller guarantees the data fits.
+        """
+        start = self.wrote_position
+        n = len(data)
+        target = self._write_buffer if self._write_buffer is not None else self._mmap
+        view = memoryview(data)
+        try:
+            target[start + 4 : start + n] = view[4:]
+            target[start : start + 4] = view[:4]
+        finally:
+            view.release()
+        self.wrote_position = start + n
+        return start
+
+    def append_raw(self, data: Any) -> int:
+        """Copy raw log bytes (e.g. a blank record, or bytes received from a master) as they are."""
+        start = self.wrote_position
+        n = len(data)
+        target = self._write_buffer if self._write_buffer is not None else self._mmap
+        target[start : start + n] = data
+        self.wrote_position = start + n
+        return start
+
+    def fill_to_end(self, blank: bytes) -> None:
+        """Write the end-of-file blank and mark the file full."""
+        self.append_raw(blank)
+        self.wrote_position = self.file_size
+
+    # -- reading ------------------------------------------------------------------------------
+    def read(self, position: int, size: int) -> bytes:
+        """A copy of ``size`` bytes at ``position``; OffsetOutOfRangeError beyond the readable bytes."""
+        if position < 0 or size < 0 or position + size > self.readable_position:
+            raise OffsetOutOfRangeError(
+                f"range [{position}, {position + size}) of {self.file_name} is past its readable "
+                f"position {self.readable_position}"
+            )
+        return self._mmap[position : position + size]
+
+    # -- commit / flush -----------------------------------------------------------------------
+    def commit(self, least_pages: int) -> int:
+        """Write buffered bytes into the file (transient store pool); return committed_position.
+
+        Without a write buffer this only tracks the wrote position. When the whole file is
+        committed its buffer goes back to the pool.
+        """
+        buf = self._write_buffer
+        if buf is None:
+            self.committed_position = self.wrote_position
+            return self.committed_position
+        write = self.wrote_position
+        committed = self.committed_position
+        if write > committed and self._able(committed, write, least_pages, OS_PAGE_SIZE):
+            view = memoryview(buf)
+            try:
+                pos = committed
+                while pos < write:
+                    pos += os.pwrite(self._fd, view[pos:write], pos)
+            except OSError as exc:
+                raise StoreIOError(f"commit of {self.file_name} failed: {exc.strerror}") from exc
+            finally:
+                view.release()
+            self.committed_position = write
+        if self.committed_position >= self.file_size and self._pool is not None:
+            self._pool.return_buffer(buf)
+            self._write_buffer = None
+        return self.committed_position
+
+    def flush(self, least_pages: int) -> int:
+        """fdatasync when enough is unflushed (``least_pages`` 4 KiB pages, 0 = any byte, a full
+        file always); return flushed_position. Raises StoreIOError when fdatasync fails."""
+        value = self.readable_position
+        flushed = self.flushed_position
+        if value > flushed and (self.is_full() or self._able(flushed, value, least_pages, OS_PAGE_SIZE)):
+            try:
+                os.fdatasync(self._fd)
+            except OSError as exc:
+                raise StoreIOError(f"fdatasync of {self.file_name} failed: {exc.strerror}") from exc
+            self.flushed_position = value
+        return self.flushed_position
+
+    @staticmethod
+    def _able(done: int, target: int, least_pages: int, page: int) -> bool:
+        if least_pages > 0:
+            return target // page - done // page >= least_pages
+        return target > done
+
+    # -- memory -------------------------------------------------------------------------------
+    def mlock(self) -> bool:
+        """mlock the mapping and advise WILLNEED; quietly False where the OS refuses."""
+        address = _os.mmap_address(self._mmap)
+        ok = _os.mlock(address, self.file_size)
+        if ok:
+            self._locked_address = address
+        _os.madvise(self._mmap, mmap.MADV_WILLNEED)
+        return ok
+
+    def munlock(self) -> None:
+        if self._locked_address:
+            _os.munlock(self._locked_address, self.file_size)
+            self._locked_address = 0
+
+    def advise_random(self) -> None:
+        """madvise(MADV_RANDOM): no read-ahead (RocketMQ dataReadAheadEnable=false)."""
+        _os.madvise(self._mmap, mmap.MADV_RANDOM)
+
+    # -- truncation / lifecycle ---------------------------------------------------------------
+    def truncate_to(self, position: int) -> None:
+        """Drop everything from ``position`` on: positions move back and the tail reads as zeros.
+
+        Zeroing keeps stale records from ever being taken for valid ones by a later recovery.
+        """
+        if self._write_buffer is not None:
+            end = max(self.wrote_position, position)
+            self._write_buffer[position:end] = bytes(end - position)
+        try:
+            _os.zero_range(self._fd, position, self.file_size - position)
+        except OSError as exc:
+            raise StoreIOError(f"cannot truncate {self.file_name} at {position}: {exc.strerror}") from exc
+        self.set_positions(position)
+
+    def close(self) -> None:
+        """Unmap and close; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.munlock()
+        if self._write_buffer is not None and self._pool is not None:
+            self._pool.return_buffer(self._write_buffer)
+            self._write_buffer = None
+        try:
+            self._mmap.close()
+        except BufferError:  # a reader still holds a view; the OS unmaps at exit
+            log.warning("%s still has exported views at close", self.file_name)
+        os.close(self._fd)
+
+    def destroy(self) -> None:
+        """Close and delete the file."""
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedFile({self.file_name}, wrote={self.wrote_position}, committed={self.committed_position}, "
+            f"flushed={self.flushed_position})"
+        )
+
+
+def _warm_fd(fd: int, file_size: int, flush_pages: int) -> None:
+    """RocketMQ's warm-up: zero every page; fdatasync every ``flush_pages`` pages (SYNC_FLUSH)."""
+    step = flush_pages * OS_PAGE_SIZE if flush_pages > 0 else file_size
+    pos = 0
+    while pos < file_size:
+        n = min(step, file_size - pos)
+        _os.write_zeros(fd, pos, n)
+        pos += n
+        if flush_pages > 0:
+            os.fdatasync(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        dfd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)

@@ -1,0 +1,254 @@
+"""MappedFileQueue: the ordered segments of one log (CommitLog or a ConsumeQueue).
+
+Segments are contiguous: segment *i* starts at ``first.file_from_offset + i * mapped_file_size``.
+The queue tracks two log-wide watermarks, ``committed_where`` and ``flushed_where`` (absolute
+offsets), and advances them one segment at a time, as RocketMQ does: a commit/flush touches the
+segment holding the current watermark only.
+
+Loading (spec sheet §0): every ``<20 digits>`` file in the folder, sorted; a 0-byte last file is
+deleted; leftover ``*.tmp`` files (a crash during creation) are deleted; any other size mismatch
+fails the load. Loaded segments start full; recovery then truncates.
+
+Thread-safety: the segment list is replaced, never mutated in place, so readers can take a
+snapshot without a lock; appends come from one writer; commit/flush from one thread each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from libstore.allocate_mapped_file import AllocateMappedFileService
+from libstore.errors import StoreIOError
+from libstore.mapped_file import (
+    FILE_NAME_DIGITS,
+    MappedFile,
+    file_name_to_offset,
+    offset_to_file_name,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MappedFileQueue:
+    """Segments of ``mapped_file_size`` bytes under ``store_path`` (see module docstring).
+
+    ``allocator`` pre-creates segments in the background (CommitLog); without one, segments are
+    created synchronously by the writer. ``on_new_file`` is called with each new segment.
+    """
+
+    def __init__(
+        self,
+        store_path: Path,
+        mapped_file_size: int,
+        allocator: AllocateMappedFileService | None = None,
+        *,
+        create_kwargs: dict[str, object] | None = None,
+        on_new_file: Callable[[MappedFile], None] | None = None,
+    ) -> None:
+        self.store_path = Path(store_path)
+        self.mapped_file_size = mapped_file_size
+        self.allocator = allocator
+        self.mapped_files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0
+        self._create_kwargs = create_kwargs or {}
+        self._on_new_file = on_new_file
+
+    # -- loading ------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every segment in the folder (see module docstring). Raises StoreIOError."""
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        names = []
+        for entry in os.scandir(self.store_path):
+            if entry.name.endswith(".tmp"):
+                log.warning("deleting %s left by an interrupted segment creation", entry.path)
+                os.unlink(entry.path)
+                continue
+            if len(entry.name) == FILE_NAME_DIGITS and entry.name.isdigit() and entry.is_file():
+                names.append(entry.name)
+        names.sort()
+        files: list[MappedFile] = []
+        try:
+            for i, name in enumerate(names):
+                path = self.store_path / name
+                size = path.stat().st_size
+                if size == 0 and i == len(names) - 1:
+                    log.warning("deleting empty last segment %s", path)
+                    path.unlink()
+                    continue
+                if size != self.mapped_file_size:
+                    raise StoreIOError(
+                        f"{path} is {size} bytes but segments are {self.mapped_file_size}; "
+                        "was the store created with another mapped file size?"
+                    )
+                files.append(MappedFile.open(path, self.mapped_file_size))
+            for prev, cur in zip(files, files[1:], strict=False):
+                if cur.file_from_offset != prev.file_from_offset + self.mapped_file_size:
+                    raise StoreIOError(
+                        f"segment gap: {prev.file_name} is followed by {cur.file_name} in {self.store_path}"
+                    )
+        except StoreIOError:
+            for mf in files:
+                mf.close()
+            raise
+        self.mapped_files = files
+
+    # -- lookup -------------------------------------------------------------------------------
+    def get_first_mapped_file(self) -> MappedFile | None:
+        files = self.mapped_files
+        return files[0] if files else None
+
+    def get_last_mapped_file(self) -> MappedFile | None:
+        files = self.mapped_files
+        return files[-1] if files else None
+
+    def get_last_mapped_file_or_create(self, start_offset: int = 0) -> MappedFile | None:
+        """The last segment, or a new one when there is none or the last is full.
+
+        ``start_offset`` is where the log starts when there is no segment yet (rounded down to a
+        segment boundary). Returns None when creation timed out; raises DiskFullError/StoreIOError.
+        """
+        last = self.get_last_mapped_file()
+        if last is not None and not last.is_full():
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.mapped_file_size
+        else:
+            create_offset = last.file_from_offset + self.mapped_file_size
+        return self._create(create_offset)
+
+    def _create(self, create_offset: int) -> MappedFile | None:
+        path = self.store_path / offset_to_file_name(create_offset)
+        if self.allocator is not None:
+            next_next = self.store_path / offset_to_file_name(create_offset + self.mapped_file_size)
+            mf = self.allocator.put_request_and_return_mapped_file(path, next_next, self.mapped_file_size)
+        else:
+            mf = MappedFile.create(path, self.mapped_file_size, **self._create_kwargs)  # type: ignore[arg-type]
+        if mf is None:
+            return None
+        if not self.mapped_files:
+            mf.first_create_in_queue = True
+        self.mapped_files = [*self.mapped_files, mf]
+        if self._on_new_file is not None:
+            self._on_new_file(mf)
+        return mf
+
+    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+        """The segment holding absolute ``offset``, or None (or the first segment) when none does."""
+        files = self.mapped_files
+        if not files:
+            return None
+        first = files[0]
+        index = (offset - first.file_from_offset) // self.mapped_file_size
+        if 0 <= index < len(files):
+            mf = files[index]
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.mapped_file_size:
+                return mf
+        return first if return_first_on_not_found else None
+
+    # -- offsets ------------------------------------------------------------------------------
+    def get_min_offset(self) -> int:
+        """Offset of the first byte still on disk; -1 when there is no segment."""
+        first = self.get_first_mapped_file()
+        return first.file_from_offset if first is not None else -1
+
+    def get_max_offset(self) -> int:
+        """Offset just past the last readable byte (committed, with a transient store pool)."""
+        last = self.get_last_mapped_file()
+        return last.file_from_offset + last.readable_position if last is not None else 0
+
+    def get_max_wrote_position(self) -> int:
+        """Offset just past the last appended byte."""
+        last = self.get_last_mapped_file()
+        return last.file_from_offset + last.wrote_position if last is not None else 0
+
+    def remain_how_many_data_to_flush(self) -> int:
+        return self.get_max_offset() - self.flushed_where
+
+    # -- commit / flush -----------------------------------------------------------------------
+    def commit(self, least_pages: int) -> bool:
+        """Commit the segment holding ``committed_where``; True when the watermark moved."""
+        mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+        if mf is None:
+            return False
+        position = mf.commit(least_pages)
+        where = mf.file_from_offset + position
+        moved = where != self.committed_where
+        self.committed_where = where
+        return moved
+
+    def flush(self, least_pages: int) -> bool:
+        """Flush the segment holding ``flushed_where``; True when the watermark moved."""
+        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+        if mf is None:
+            return False
+        store_ts = mf.store_timestamp
+        position = mf.flush(least_pages)
+        where = mf.file_from_offset + position
+        moved = where != self.flushed_where
+        self.flushed_where = where
+        if moved and store_ts:
+            self.store_timestamp = store_ts
+        return moved
+
+    def flush_to(self, target: int, least_pages: int = 0) -> int:
+        """Flush segment after segment until ``flushed_where >= target`` or nothing moves."""
+        while self.flushed_where < target:
+            if not self.flush(least_pages):
+                break
+        return self.flushed_where
+
+    def commit_to(self, target: int, least_pages: int = 0) -> int:
+        """Commit segment after segment until ``committed_where >= target`` or nothing moves."""
+        while self.committed_where < target:
+            if not self.commit(least_pages):
+                break
+        return self.committed_where
+
+    # -- truncation / deletion ----------------------------------------------------------------
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Cut the log at ``offset``: segments past it are deleted, the one holding it is truncated."""
+        keep: list[MappedFile] = []
+        for mf in self.mapped_files:
+            if mf.file_tail_offset <= offset:
+                keep.append(mf)
+            elif offset >= mf.file_from_offset:
+                mf.truncate_to(offset - mf.file_from_offset)
+                keep.append(mf)
+            else:
+                log.info("deleting segment %s beyond the log end %d", mf.file_name, offset)
+                mf.destroy()
+        self.mapped_files = keep
+        self.flushed_where = min(self.flushed_where, offset)
+        self.committed_where = min(self.committed_where, offset)
+
+    def reset_to_empty(self, start_offset: int) -> None:
+        """Delete every segment; the next append creates the segment holding ``start_offset``."""
+        for mf in self.mapped_files:
+            mf.destroy()
+        self.mapped_files = []
+        self.flushed_where = self.committed_where = start_offset
+
+    def shutdown(self) -> None:
+        for mf in self.mapped_files:
+            mf.close()
+        self.mapped_files = []
+
+    def segment_start_of(self, offset: int) -> int:
+        """Start offset of the segment that holds (or would hold) ``offset``."""
+        return offset - offset % self.mapped_file_size
+
+    def roll_next_file(self, offset: int) -> int:
+        """Start of the segment after the one holding ``offset`` (RocketMQ ``rollNextFile``)."""
+        return offset + self.mapped_file_size - offset % self.mapped_file_size
+
+    def file_name_of(self, offset: int) -> str:
+        return offset_to_file_name(self.segment_start_of(offset))
+
+    @staticmethod
+    def parse_file_name(name: str) -> int:
+        return file_name_to_offset(name)

@@ -1,0 +1,161 @@
+"""Messages as producers hand them to the store, and as the store hands them back.
+
+``Message`` is the input of :meth:`libstore.commit_log.CommitLog.put_messages` (RocketMQ's
+``MessageExtBrokerInner`` before the store fills offsets and timestamps). ``MessageRecord`` is a
+decoded CommitLog record (RocketMQ's ``MessageExt``). Property names and system flag bits are
+RocketMQ's (spec sheet §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+class MessageConst:
+    """Property names RocketMQ and mqstore read (``MessageConst``)."""
+
+    KEYS = "KEYS"
+    TAGS = "TAGS"
+    WAIT = "WAIT"
+    DELAY = "DELAY"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    TRAN_MSG = "TRAN_MSG"
+    UNIQ_KEY = "UNIQ_KEY"  # RocketMQ's PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+    RECONSUME_TIME = "RECONSUME_TIME"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    TRANSACTION_ID = "__transactionId__"
+    KEY_SEPARATOR = " "
+
+
+class MessageSysFlag:
+    """SYSFLAG bits of a CommitLog record (spec §1)."""
+
+    COMPRESSED_FLAG = 0x1
+    MULTI_TAGS_FLAG = 0x2
+    TRANSACTION_NOT_TYPE = 0x0
+    TRANSACTION_PREPARED_TYPE = 0x4
+    TRANSACTION_COMMIT_TYPE = 0x8
+    TRANSACTION_ROLLBACK_TYPE = 0xC
+    TRANSACTION_TYPE_MASK = 0xC
+    BORNHOST_V6_FLAG = 0x10
+    STOREHOSTADDRESS_V6_FLAG = 0x20
+    NEED_UNWRAP_FLAG = 0x40
+    INNER_BATCH_FLAG = 0x80
+
+    @staticmethod
+    def transaction_value(sys_flag: int) -> int:
+        """The transaction type bits (NOT, PREPARED, COMMIT or ROLLBACK)."""
+        return sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
+
+    @staticmethod
+    def gets_queue_offset(sys_flag: int) -> bool:
+        """False for PREPARED and ROLLBACK records: they take queue offset 0 and no ConsumeQueue unit."""
+        tx = sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
+        return tx != MessageSysFlag.TRANSACTION_PREPARED_TYPE and tx != MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+
+
+class Message:
+    """A message to put: topic, body, queue id and optional metadata.
+
+    ``properties`` is a str→str mapping (serialized as RocketMQ does, spec §1); ``tags`` and
+    ``keys`` are conveniences that set the TAGS and KEYS properties (keys joined by one space).
+    ``born_timestamp`` is ms since the epoch (0: the store uses its own clock); ``born_host`` is
+    (numeric ip, port). Values are checked when the message is put, not here.
+    """
+
+    __slots__ = (
+        "body",
+        "born_host",
+        "born_timestamp",
+        "flag",
+        "prepared_transaction_offset",
+        "properties",
+        "queue_id",
+        "reconsume_times",
+        "sys_flag",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        queue_id: int = 0,
+        *,
+        tags: str | None = None,
+        keys: str | Iterable[str] | None = None,
+        properties: Mapping[str, str] | None = None,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int = 0,
+        born_host: tuple[str, int] = ("127.0.0.1", 0),
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+    ) -> None:
+        self.topic = topic
+        self.body = body
+        self.queue_id = queue_id
+        props: dict[str, str] = dict(properties) if properties else {}
+        if tags is not None:
+            props[MessageConst.TAGS] = tags
+        if keys is not None:
+            props[MessageConst.KEYS] = keys if isinstance(keys, str) else MessageConst.KEY_SEPARATOR.join(keys)
+        self.properties = props
+        self.flag = flag
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.born_host = born_host
+        self.reconsume_times = reconsume_times
+        self.prepared_transaction_offset = prepared_transaction_offset
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(MessageConst.TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(MessageConst.KEYS)
+        return [k for k in raw.split(MessageConst.KEY_SEPARATOR) if k] if raw else []
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self.topic!r}, queue_id={self.queue_id}, body={len(self.body)} bytes)"
+
+
+@dataclass(slots=True)
+class MessageRecord:
+    """A decoded CommitLog record (all fields of spec §1; hosts as (ip, port))."""
+
+    total_size: int
+    magic_code: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    phy_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: tuple[str, int]
+    store_timestamp: int
+    store_host: tuple[str, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str] = field(default_factory=dict)
+    msg_id: str = ""
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(MessageConst.TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(MessageConst.KEYS)
+        return [k for k in raw.split(MessageConst.KEY_SEPARATOR) if k] if raw else []
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(MessageConst.UNIQ_KEY)

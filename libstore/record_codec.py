@@ -1,0 +1,554 @@
+"""CommitLog record codec, byte-compatible with Apache RocketMQ's v1/v2 record (spec sheet §1).
+
+All integers are big-endian; strings UTF-8. One record (v1, IPv4 born and store hosts)::
+
+    offset  field                 bytes
+    ------  --------------------  -----
+         0  TOTALSIZE             4     whole record, this field included
+         4  MAGICCODE             4     v1 0xDAA320A7, v2 0xDAA320AB (2-byte topic length)
+         8  BODYCRC               4     zlib.crc32(body) & 0x7FFFFFFF
+        12  QUEUEID               4
+        16  FLAG                  4     producer's opaque int
+        20  QUEUEOFFSET           8     ConsumeQueue index; 0 for tx PREPARED/ROLLBACK
+        28  PHYSICALOFFSET        8     CommitLog offset of this record
+        36  SYSFLAG               4     MessageSysFlag bits
+        40  BORNTIMESTAMP         8     ms
+        48  BORNHOST              8     IPv4 + int32 port (20 with IPv6, SYSFLAG 0x10)
+        56  STORETIMESTAMP        8     ms, set under the put lock
+        64  STOREHOST             8     (20 with IPv6, SYSFLAG 0x20)
+        72  RECONSUMETIMES        4
+        76  PREPARED_TX_OFFSET    8
+        84  BODYLEN               4
+        88  BODY                  BODYLEN
+            TOPICLEN              1 (v1) / 2 (v2)
+            TOPIC                 TOPICLEN
+            PROPLEN               2 (signed)
+            PROPERTIES            PROPLEN: key \\x01 value \\x02 per entry
+
+Fixed overhead 91 bytes (v1, IPv4 + IPv4); +1 for v2; +12 per IPv6 host. A file that cannot
+hold the next record (record + 8 > free bytes) ends with an 8-byte blank: int32 free bytes, int32
+BLANK_MAGIC_CODE; readers skip to the next file.
+
+Encoding is split like RocketMQ 5's ``MessageExtEncoder``: :class:`RecordEncoder` validates and
+encodes a whole batch outside the put lock, leaving QUEUEOFFSET, PHYSICALOFFSET and
+STORETIMESTAMP for :meth:`EncodedBatch.patch` under the lock. Thread-safety: the encoder keeps
+small caches and may be shared; everything else here is a pure function.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from libstore.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    IllegalTopicError,
+    MessageIllegalError,
+    PropertiesSizeExceededError,
+    QueueIdOutOfRangeError,
+)
+from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.message_id import create_message_id, decode_host, encode_host
+from libstore.tags import tags_code as compute_tags_code
+
+MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7, v1
+MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, v2: 2-byte topic length
+BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194, end-of-file blank
+END_FILE_MIN_BLANK_LENGTH: Final = 8
+NAME_VALUE_SEPARATOR: Final = "\x01"
+PROPERTY_SEPARATOR: Final = "\x02"
+MAX_PROPERTIES_LENGTH: Final = 32767
+MAX_TOPIC_LENGTH_V2: Final = 255  # RocketMQ rejects any topic over 255 bytes
+RECORD_OVERHEAD_V1_IPV4: Final = 91
+
+QUEUE_OFFSET_POSITION: Final = 20
+PHY_OFFSET_POSITION: Final = 28
+SYS_FLAG_POSITION: Final = 36
+STORE_TIMESTAMP_POSITION_V4: Final = 56
+
+_TOTAL_MAGIC = struct.Struct(">ii")
+_INT = struct.Struct(">i")
+_LONG = struct.Struct(">q")
+_SHORT = struct.Struct(">h")
+# QUEUEOFFSET + PHYSICALOFFSET (at QUEUE_OFFSET_POSITION) and STORETIMESTAMP: patched under the put lock.
+QUEUE_OFFSET_AND_PHY_OFFSET: Final = struct.Struct(">qq")
+STORE_TIMESTAMP: Final = struct.Struct(">q")
+# TOTALSIZE .. BORNTIMESTAMP: the part every record shares whatever its host sizes are (48 bytes).
+_HEAD = struct.Struct(">iiiiiqqiq")
+# STORETIMESTAMP after the born host; RECONSUMETIMES, PREPARED_TX_OFFSET, BODYLEN after the store host.
+_TAIL = struct.Struct(">iqi")
+
+_HOST_V6_FLAGS = MessageSysFlag.BORNHOST_V6_FLAG | MessageSysFlag.STOREHOSTADDRESS_V6_FLAG
+_TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
+_SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
+
+
+def _header_struct(born_len: int, store_len: int) -> struct.Struct:
+    return struct.Struct(f">iiiiiqqiq{born_len}sq{store_len}siqi")
+
+
+# Whole fixed header up to and including BODYLEN, per (born host, store host) size.
+_HEADERS = {(b, s): _header_struct(b, s) for b in (8, 20) for s in (8, 20)}
+
+
+def encode_blank(max_blank: int) -> bytes:
+    """The 8-byte end-of-file blank record: int32 ``max_blank`` (free bytes), int32 BLANK_MAGIC_CODE."""
+    return _TOTAL_MAGIC.pack(max_blank, BLANK_MAGIC_CODE)
+
+
+def properties_to_bytes(properties: Mapping[str, str] | None) -> bytes:
+    """Serialize properties as RocketMQ does: ``key \\x01 value \\x02`` per entry, UTF-8.
+
+    Raises MessageIllegalError when a key or value is not a str, a key is empty, or either
+    contains a separator; PropertiesSizeExceededError when the result exceeds 32767 bytes.
+    """
+    if not properties:
+        return b""
+    try:
+        text = "".join([k + NAME_VALUE_SEPARATOR + v + PROPERTY_SEPARATOR for k, v in properties.items()])
+    except TypeError as exc:
+        raise MessageIllegalError("property keys and values must be str") from exc
+    n = len(properties)
+    if text.count(NAME_VALUE_SEPARATOR) != n or text.count(PROPERTY_SEPARATOR) != n:
+        raise MessageIllegalError("property keys and values must not contain \\x01 or \\x02")
+    if "" in properties:
+        raise MessageIllegalError("property keys must not be empty")
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_PROPERTIES_LENGTH:
+        raise PropertiesSizeExceededError(
+            f"serialized properties are {len(raw)} bytes, the limit is {MAX_PROPERTIES_LENGTH}"
+        )
+    return raw
+
+
+def bytes_to_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
+    """Parse serialized properties as RocketMQ does (spec §1).
+
+    Splits on ``\\x02``, skips pieces shorter than 3 characters, splits each at the first
+    ``\\x01``, drops entries with an empty key or value. Malformed UTF-8 is replaced, as Java does.
+    """
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for piece in bytes(raw).decode("utf-8", "replace").split(PROPERTY_SEPARATOR):
+        if len(piece) < 3:
+            continue
+        key, sep, value = piece.partition(NAME_VALUE_SEPARATOR)
+        if sep and key and value:
+            out[key] = value
+    return out
+
+
+def validate_topic(topic: str, max_length: int = 127) -> bytes:
+    """Check a topic name and return its UTF-8 bytes.
+
+    Rules: non-empty; only ``[A-Za-z0-9_%|-]``; at most ``max_length`` bytes, or 255 for
+    ``%RETRY%``/``%DLQ%`` system topics. Raises IllegalTopicError.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise IllegalTopicError("topic must be a non-empty string")
+    if not _TOPIC_RE.fullmatch(topic):
+        raise IllegalTopicError(f"topic {topic!r} has characters outside [A-Za-z0-9_%|-]")
+    limit = MAX_TOPIC_LENGTH_V2 if topic.startswith(_SYSTEM_TOPIC_PREFIXES) else max_length
+    raw = topic.encode("ascii")
+    if len(raw) > min(limit, MAX_TOPIC_LENGTH_V2):
+        raise IllegalTopicError(f"topic is {len(raw)} bytes, the limit is {min(limit, MAX_TOPIC_LENGTH_V2)}")
+    return raw
+
+
+class EncodedBatch:
+    """A validated, encoded batch waiting for its offsets.
+
+    ``buf`` holds the records back to back; record *i* starts at ``positions[i]`` and is
+    ``sizes[i]`` bytes. ``queue_keys[i]`` is ``(topic, queue_id)`` or None for records that take
+    no queue offset (tx PREPARED/ROLLBACK). ``store_ts_positions[i]`` is where STORETIMESTAMP
+    sits inside record *i*. ``wait_store`` is False only if every message says ``WAIT=false``.
+    """
+
+    __slots__ = ("buf", "positions", "queue_keys", "sizes", "store_ts_positions", "wait_store")
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.positions: list[int] = []
+        self.sizes: list[int] = []
+        self.queue_keys: list[tuple[str, int] | None] = []
+        self.store_ts_positions: list[int] = []
+        self.wait_store = False
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @property
+    def total_bytes(self) -> int:
+        return len(self.buf)
+
+    def patch(self, index: int, queue_offset: int, phy_offset: int, store_timestamp: int) -> None:
+        """Fill QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of record ``index``."""
+        pos = self.positions[index]
+        QUEUE_OFFSET_AND_PHY_OFFSET.pack_into(self.buf, pos + QUEUE_OFFSET_POSITION, queue_offset, phy_offset)
+        STORE_TIMESTAMP.pack_into(self.buf, pos + self.store_ts_positions[index], store_timestamp)
+
+
+class RecordEncoder:
+    """Validates messages and encodes them into RocketMQ records (offsets left for the put lock).
+
+    ``store_host`` is the encoded store address (8 or 20 bytes, see message_id.encode_host);
+    ``max_message_size`` the largest body in bytes; ``max_topic_length`` in bytes.
+    """
+
+    def __init__(self, store_host: bytes, max_message_size: int, max_topic_length: int = 127) -> None:
+        if len(store_host) not in (8, 20):
+            raise ValueError("store_host must be 8 or 20 encoded bytes")
+        self.store_host = store_host
+        self.max_message_size = max_message_size
+        self.max_topic_length = max_topic_length
+        self._store_v6 = MessageSysFlag.STOREHOSTADDRESS_V6_FLAG if len(store_host) == 20 else 0
+        self._topics: dict[str, bytes] = {}
+        self._hosts: dict[tuple[str, int], bytes] = {}
+
+    def _topic_prefix(self, topic: str) -> tuple[bytes, int]:
+        """(TOPICLEN + TOPIC bytes, magic code) of a validated topic."""
+        cached = self._topics.get(topic)
+        if cached is None:
+            raw = validate_topic(topic, self.max_topic_length)
+            if len(raw) <= 127:
+                cached = (bytes((len(raw),)) + raw, MESSAGE_MAGIC_CODE)
+            else:
+                cached = (_SHORT.pack(len(raw)) + raw, MESSAGE_MAGIC_CODE_V2)
+            if len(self._topics) > 100_000:
+                self._topics.clear()
+            self._topics[topic] = cached
+        return cached
+
+    def _born_host(self, host: tuple[str, int]) -> bytes:
+        cached = self._hosts.get(host)
+        if cached is None:
+            try:
+                ip, port = host
+                cached = encode_host(ip, int(port))
+            except (TypeError, ValueError, InvalidArgumentError) as exc:
+                raise MessageIllegalError(f"born_host must be (numeric ip, port), got {host!r}") from exc
+            if len(self._hosts) > 100_000:
+                self._hosts.clear()
+            self._hosts[host] = cached
+        return cached
+
+    def encode_batch(
+        self,
+        messages: Sequence[Message],
+        now_ms: int,
+        queue_nums: Callable[[str], int] | None = None,
+    ) -> EncodedBatch:
+        """Validate and encode ``messages``; nothing is written anywhere.
+
+        ``now_ms`` replaces a zero born timestamp. ``queue_nums(topic)`` gives the topic's queue
+        count for the queue id check (None: any non-negative int32). Raises MessageIllegalError
+        (or a subclass) naming the first bad message; then no message of the batch is encoded.
+        """
+        out = EncodedBatch()
+        parts: list[Any] = []
+        append = parts.append
+        positions = out.positions
+        sizes = out.sizes
+        queue_keys = out.queue_keys
+        ts_positions = out.store_ts_positions
+        store_host = self.store_host
+        store_v6 = self._store_v6
+        max_body = self.max_message_size
+        limits: dict[str, int] = {}
+        wait_store = False
+        pos = 0
+        crc32 = zlib.crc32
+        for index, m in enumerate(messages):
+            try:
+                topic_prefix, magic = self._topic_prefix(m.topic)
+                body = m.body
+                if not isinstance(body, (bytes, bytearray, memoryview)):
+                    raise MessageIllegalError("body must be bytes")
+                body_len = len(body)
+                if body_len > max_body:
+                    raise MessageIllegalError(f"body is {body_len} bytes, the limit is {max_body}")
+                queue_id = m.queue_id
+                limit = limits.get(m.topic)
+                if limit is None:
+                    limit = limits[m.topic] = queue_nums(m.topic) if queue_nums else 0x7FFFFFFF
+                if not isinstance(queue_id, int) or not 0 <= queue_id < limit:
+                    raise QueueIdOutOfRangeError(
+                        f"queue id {queue_id!r} out of range: topic {m.topic!r} has {limit} queues"
+                    )
+                props = m.properties
+                prop_bytes = properties_to_bytes(props) if props else b""
+                born_host = self._born_host(m.born_host)
+                sys_flag = (m.sys_flag & ~_HOST_V6_FLAGS) | store_v6
+                if len(born_host) == 20:
+                    sys_flag |= MessageSysFlag.BORNHOST_V6_FLAG
+                header = _HEADERS[(len(born_host), len(store_host))]
+                total = header.size + body_len + len(topic_prefix) + 2 + len(prop_bytes)
+                append(
+                    header.pack(
+                        total,
+                        magic,
+                        crc32(body) & 0x7FFFFFFF,
+                        queue_id,
+                        m.flag,
+                        0,
+                        0,
+                        sys_flag,
+                        m.born_timestamp or now_ms,
+                        born_host,
+                        0,
+                        store_host,
+                        m.reconsume_times,
+                        m.prepared_transaction_offset,
+                        body_len,
+                    )
+                )
+            except MessageIllegalError as exc:
+                raise type(exc)(f"message {index}: {exc}") from None
+            except (struct.error, TypeError, AttributeError) as exc:
+                raise MessageIllegalError(f"message {index}: malformed field: {exc}") from None
+            append(body)
+            append(topic_prefix)
+            append(_SHORT.pack(len(prop_bytes)))
+            append(prop_bytes)
+            positions.append(pos)
+            sizes.append(total)
+            ts_positions.append(40 + len(born_host) + 8)
+            tx = sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
+            if tx == MessageSysFlag.TRANSACTION_PREPARED_TYPE or tx == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE:
+                queue_keys.append(None)
+            else:
+                queue_keys.append((m.topic, queue_id))
+            if not wait_store and (not props or props.get(MessageConst.WAIT) != "false"):
+                wait_store = True
+            pos += total
+        out.buf = bytearray().join(parts)
+        out.wait_store = wait_store
+        return out
+
+
+class DispatchRequest:
+    """What a scan learns from one record (RocketMQ ``DispatchRequest``).
+
+    ``success`` False means the bytes at the position are not a valid record; ``msg_size`` is then
+    the TOTALSIZE read (or -1). A blank end-of-file record is ``success`` True with ``msg_size`` 0.
+    ``tags_code`` is the hash of TAGS (spec §3); ``keys`` the KEYS property split on spaces.
+    Properties are only decoded when asked for; otherwise ``properties`` is None and
+    ``tags_code``/``keys``/``uniq_key`` are unset (0, [], None).
+    """
+
+    __slots__ = (
+        "born_timestamp",
+        "commit_log_offset",
+        "consume_queue_offset",
+        "keys",
+        "msg_size",
+        "prepared_transaction_offset",
+        "properties",
+        "queue_id",
+        "store_timestamp",
+        "success",
+        "sys_flag",
+        "tags_code",
+        "topic",
+        "uniq_key",
+    )
+
+    def __init__(self, success: bool, msg_size: int) -> None:
+        self.success = success
+        self.msg_size = msg_size
+        self.topic = ""
+        self.queue_id = 0
+        self.commit_log_offset = -1
+        self.consume_queue_offset = 0
+        self.sys_flag = 0
+        self.born_timestamp = 0
+        self.store_timestamp = 0
+        self.prepared_transaction_offset = 0
+        self.tags_code = 0
+        self.keys: list[str] = []
+        self.uniq_key: str | None = None
+        self.properties: dict[str, str] | None = None
+
+    @property
+    def is_blank(self) -> bool:
+        return self.success and self.msg_size == 0
+
+    @property
+    def next_offset(self) -> int:
+        return self.commit_log_offset + self.msg_size
+
+    def __repr__(self) -> str:
+        if not self.success:
+            return f"DispatchRequest(invalid, size={self.msg_size})"
+        if self.msg_size == 0:
+            return "DispatchRequest(blank)"
+        return (
+            f"DispatchRequest(topic={self.topic!r}, queue_id={self.queue_id}, "
+            f"phy_offset={self.commit_log_offset}, size={self.msg_size}, queue_offset={self.consume_queue_offset})"
+        )
+
+
+def check_record(
+    buf: Any,
+    pos: int,
+    limit: int,
+    *,
+    check_crc: bool = True,
+    expected_phy_offset: int = -1,
+    decode_properties: bool = True,
+) -> DispatchRequest:
+    """Validate the record at ``buf[pos:]`` and return what dispatch and recovery need (spec §1).
+
+    ``buf`` is any bytes-like object (bytes, bytearray, mmap); ``limit`` the end of the readable
+    bytes in it. Checks: room for a header, magic (blank → size 0), TOTALSIZE within ``limit``,
+    body CRC (when ``check_crc``), PHYSICALOFFSET equal to ``expected_phy_offset`` (when ≥ 0),
+    and the length recomputed from BODYLEN/TOPICLEN/PROPLEN equal to TOTALSIZE. Never raises on
+    bad bytes: returns ``success`` False instead. The record's offset in the log is taken from
+    its PHYSICALOFFSET field into ``commit_log_offset``.
+    """
+    remaining = limit - pos
+    if remaining < END_FILE_MIN_BLANK_LENGTH:
+        return DispatchRequest(False, -1)
+    total, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return DispatchRequest(True, 0)
+    if magic == MESSAGE_MAGIC_CODE:
+        topic_len_size = 1
+    elif magic == MESSAGE_MAGIC_CODE_V2:
+        topic_len_size = 2
+    else:
+        return DispatchRequest(False, -1)
+    if total < RECORD_OVERHEAD_V1_IPV4 or total > remaining:
+        return DispatchRequest(False, total)
+    (
+        _,
+        _,
+        body_crc,
+        queue_id,
+        _flag,
+        queue_offset,
+        phy_offset,
+        sys_flag,
+        born_ts,
+    ) = _HEAD.unpack_from(buf, pos)
+    if 0 <= expected_phy_offset != phy_offset:
+        return DispatchRequest(False, total)
+    p = pos + 48 + (20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8)
+    store_ts = _LONG.unpack_from(buf, p)[0]
+    p += 8 + (20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8)
+    _reconsume, prepared_tx, body_len = _TAIL.unpack_from(buf, p)
+    p += 16
+    end = pos + total
+    if body_len < 0 or p + body_len + topic_len_size + 2 > end:
+        return DispatchRequest(False, total)
+    if check_crc and (zlib.crc32(buf[p : p + body_len]) & 0x7FFFFFFF) != body_crc:
+        return DispatchRequest(False, total)
+    p += body_len
+    if topic_len_size == 1:
+        topic_len = buf[p]
+    else:
+        topic_len = _SHORT.unpack_from(buf, p)[0]
+    p += topic_len_size
+    if topic_len <= 0 or p + topic_len + 2 > end:
+        return DispatchRequest(False, total)
+    try:
+        topic = bytes(buf[p : p + topic_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        return DispatchRequest(False, total)
+    p += topic_len
+    prop_len = _SHORT.unpack_from(buf, p)[0]
+    p += 2
+    if prop_len < 0 or p + prop_len != end:
+        return DispatchRequest(False, total)
+    req = DispatchRequest(True, total)
+    req.topic = topic
+    req.queue_id = queue_id
+    req.commit_log_offset = phy_offset
+    req.consume_queue_offset = queue_offset
+    req.sys_flag = sys_flag
+    req.born_timestamp = born_ts
+    req.store_timestamp = store_ts
+    req.prepared_transaction_offset = prepared_tx
+    if decode_properties:
+        props = bytes_to_properties(buf[p:end]) if prop_len else {}
+        req.properties = props
+        req.tags_code = compute_tags_code(props.get(MessageConst.TAGS))
+        raw_keys = props.get(MessageConst.KEYS)
+        if raw_keys:
+            req.keys = [k for k in raw_keys.split(MessageConst.KEY_SEPARATOR) if k]
+        req.uniq_key = props.get(MessageConst.UNIQ_KEY)
+    return req
+
+
+def decode_record(buf: Any, pos: int = 0, limit: int | None = None, *, check_crc: bool = True) -> MessageRecord:
+    """Decode the whole record at ``buf[pos:]`` into a MessageRecord.
+
+    Raises CorruptRecordError when the bytes are not a valid record (or are a blank).
+    """
+    end_limit = len(buf) if limit is None else limit
+    check = check_record(buf, pos, end_limit, check_crc=check_crc, decode_properties=False)
+    if not check.success or check.msg_size == 0:
+        what = "a blank end-of-file record" if check.success else "not a valid record"
+        raise CorruptRecordError(f"bytes at position {pos} are {what}")
+    total, magic, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts = _HEAD.unpack_from(
+        buf, pos
+    )
+    p = pos + 48
+    born_len = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
+    born_host = decode_host(bytes(buf[p : p + born_len]))
+    p += born_len
+    store_ts = _LONG.unpack_from(buf, p)[0]
+    p += 8
+    store_len = 20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8
+    store_host_raw = bytes(buf[p : p + store_len])
+    p += store_len
+    reconsume, prepared_tx, body_len = _TAIL.unpack_from(buf, p)
+    p += 16
+    body = bytes(buf[p : p + body_len])
+    p += body_len
+    if magic == MESSAGE_MAGIC_CODE:
+        topic_len = buf[p]
+        p += 1
+    else:
+        topic_len = _SHORT.unpack_from(buf, p)[0]
+        p += 2
+    topic = bytes(buf[p : p + topic_len]).decode("utf-8")
+    p += topic_len
+    prop_len = _SHORT.unpack_from(buf, p)[0]
+    p += 2
+    properties = bytes_to_properties(buf[p : p + prop_len])
+    return MessageRecord(
+        total_size=total,
+        magic_code=magic,
+        body_crc=body_crc,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        phy_offset=phy_offset,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=decode_host(store_host_raw),
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared_tx,
+        body=body,
+        topic=topic,
+        properties=properties,
+        msg_id=create_message_id(store_host_raw, phy_offset),
+    )
+
+
+def record_size_of(buf: Any, pos: int) -> int:
+    """TOTALSIZE of the record at ``pos`` (0 for a blank, -1 for anything else)."""
+    total, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return 0
+    if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+        return total
+    return -1

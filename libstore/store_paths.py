@@ -1,0 +1,62 @@
+"""Every file and folder name of a store, in one place (spec sheet §0).
+
+Under the store root: ``commitlog/<20-digit offset>``, ``consumequeue/<topic>/<queueId>/<20-digit
+offset>``, ``index/<yyyyMMddHHmmssSSS>``, ``checkpoint``, ``abort`` (marker of an unclean
+shutdown), ``lock`` (exclusive OS lock), ``config/`` (JSON state: topics, queue offsets,
+consumer offsets).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COMMIT_LOG_DIR = "commitlog"
+CONSUME_QUEUE_DIR = "consumequeue"
+INDEX_DIR = "index"
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+CONFIG_DIR = "config"
+TOPICS_FILE = "topics.json"
+QUEUE_OFFSET_TABLE_FILE = "queueOffsetTable.json"
+CONSUMER_OFFSET_FILE = "consumerOffset.json"
+
+
+def commit_log_dir(root: Path) -> Path:
+    return Path(root) / COMMIT_LOG_DIR
+
+
+def consume_queue_dir(root: Path) -> Path:
+    return Path(root) / CONSUME_QUEUE_DIR
+
+
+def index_dir(root: Path) -> Path:
+    return Path(root) / INDEX_DIR
+
+
+def checkpoint_path(root: Path) -> Path:
+    return Path(root) / CHECKPOINT_FILE
+
+
+def abort_path(root: Path) -> Path:
+    return Path(root) / ABORT_FILE
+
+
+def lock_path(root: Path) -> Path:
+    return Path(root) / LOCK_FILE
+
+
+def config_dir(root: Path) -> Path:
+    return Path(root) / CONFIG_DIR
+
+
+def topics_path(root: Path) -> Path:
+    return config_dir(root) / TOPICS_FILE
+
+
+def queue_offset_table_path(root: Path) -> Path:
+    return config_dir(root) / QUEUE_OFFSET_TABLE_FILE
+
+
+def consumer_offset_path(root: Path) -> Path:
+    return config_dir(root) / CONSUMER_OFFSET_FILE

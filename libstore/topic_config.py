@@ -1,0 +1,149 @@
+"""TopicConfig and TopicConfigManager: each topic's queue counts and permissions.
+
+Kept by the store that owns the CommitLog (``config/topics.json``, replaced atomically). Puts
+check a message's queue id against the topic's write queue count; an unknown topic is created
+with ``defaultTopicQueueNums`` queues when ``autoCreateTopicEnable``, else TopicNotFoundError.
+Permission bits are RocketMQ's ``PermName`` (READ 4, WRITE 2, INHERIT 1).
+
+Thread-safety: all methods may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from libstore._files import atomic_write
+from libstore.errors import InvalidArgumentError, StoreIOError, TopicNotFoundError
+from libstore.record_codec import validate_topic
+
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+PERM_INHERIT = 0x1
+
+
+class TopicMessageType(enum.Enum):
+    """Message type a topic accepts (RocketMQ 5 ``TopicMessageType``)."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+    MIXED = "MIXED"
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """One topic: queue counts, permission bits, message type."""
+
+    topic_name: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = PERM_READ | PERM_WRITE
+    message_type: TopicMessageType = TopicMessageType.NORMAL
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writeable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    def to_json(self) -> dict[str, object]:
+        out = asdict(self)
+        out["message_type"] = self.message_type.value
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> TopicConfig:
+        return cls(
+            topic_name=str(raw["topic_name"]),
+            read_queue_nums=int(raw.get("read_queue_nums", 8)),  # type: ignore[call-overload]
+            write_queue_nums=int(raw.get("write_queue_nums", 8)),  # type: ignore[call-overload]
+            perm=int(raw.get("perm", PERM_READ | PERM_WRITE)),  # type: ignore[call-overload]
+            message_type=TopicMessageType(str(raw.get("message_type", "NORMAL"))),
+        )
+
+
+class TopicConfigManager:
+    """Topic table persisted at ``path``; ``auto_create`` with ``default_queue_nums`` queues."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        auto_create: bool = True,
+        default_queue_nums: int = 8,
+        max_queue_nums: int = 1024,
+        max_topic_length: int = 127,
+    ) -> None:
+        self.path = Path(path)
+        self.auto_create = auto_create
+        self.default_queue_nums = default_queue_nums
+        self.max_queue_nums = max_queue_nums
+        self.max_topic_length = max_topic_length
+        self._lock = threading.Lock()
+        self._topics: dict[str, TopicConfig] = {}
+        self._load()
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self._topics = {t["topic_name"]: TopicConfig.from_json(t) for t in data.get("topics", [])}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreIOError(f"cannot read topic table {self.path}: {exc}") from exc
+
+    def _persist_locked(self) -> None:
+        data = {"topics": [t.to_json() for t in sorted(self._topics.values(), key=lambda t: t.topic_name)]}
+        atomic_write(self.path, json.dumps(data, indent=1).encode("utf-8"))
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._topics.get(topic)
+
+    def list(self) -> list[TopicConfig]:
+        return sorted(self._topics.values(), key=lambda t: t.topic_name)
+
+    def create_or_update(self, config: TopicConfig) -> TopicConfig:
+        """Validate and store ``config``. Raises IllegalTopicError / InvalidArgumentError."""
+        validate_topic(config.topic_name, self.max_topic_length)
+        for name in ("read_queue_nums", "write_queue_nums"):
+            value = getattr(config, name)
+            if not 1 <= value <= self.max_queue_nums:
+                raise InvalidArgumentError(f"{name} must be within 1..{self.max_queue_nums}, got {value}")
+        if config.perm & ~(PERM_READ | PERM_WRITE | PERM_INHERIT):
+            raise InvalidArgumentError(f"unknown permission bits in {config.perm:#x}")
+        with self._lock:
+            self._topics[config.topic_name] = config
+            self._persist_locked()
+        return config
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            if self._topics.pop(topic, None) is None:
+                return False
+            self._persist_locked()
+            return True
+
+    def write_queue_nums(self, topic: str) -> int:
+        """Queue count a put may address; auto-creates the topic when allowed.
+
+        Raises TopicNotFoundError (unknown topic, auto-create off), IllegalTopicError.
+        """
+        config = self._topics.get(topic)
+        if config is None:
+            if not self.auto_create:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist and auto-create is off")
+            validate_topic(topic, self.max_topic_length)
+            with self._lock:
+                config = self._topics.get(topic)
+                if config is None:
+                    config = TopicConfig(topic, self.default_queue_nums, self.default_queue_nums)
+                    self._topics[topic] = config
+                    self._persist_locked()
+        return config.write_queue_nums
