@@ -89,7 +89,9 @@ def zero_range(fd: int, start: int, length: int) -> None:
     first_full = -(-start // page) * page
     last_full = end // page * page
     if _libc is not None and last_full - first_full >= page:
-        rc = _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, first_full, last_full - first_full)
+        rc = _libc.fallocate(
+            fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, first_full, last_full - first_full
+        )
         if rc == 0:
             try:
                 os.posix_fallocate(fd, first_full, last_full - first_full)

@@ -29,6 +29,7 @@ Thread-safety: every public method may be called from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -56,8 +57,8 @@ from libstore.message_id import encode_host
 from libstore.queue_offset_table import QueueKey, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
-    QUEUE_OFFSET_POSITION,
     QUEUE_OFFSET_AND_PHY_OFFSET,
+    QUEUE_OFFSET_POSITION,
     STORE_TIMESTAMP,
     DispatchRequest,
     EncodedBatch,
@@ -125,6 +126,7 @@ class CommitLog:
         self._commit_service: CommitRealTimeService | None = None
         self._snapshot_service: _SnapshotService | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._confirm_cond = threading.Condition()
         self._running = False
         self._writeable = True
         self._loaded = False
@@ -170,7 +172,9 @@ class CommitLog:
             preload=cfg.preload_mapped_file_enable,
             warm=cfg.warm_mapped_file_enable,
             warm_flush_pages=(
-                cfg.flush_least_pages_when_warm_mapped_file if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH else 0
+                cfg.flush_least_pages_when_warm_mapped_file
+                if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                else 0
             ),
             transient_store_pool=self._pool,
             fast_fail_if_no_buffer=cfg.fast_fail_if_no_buffer_in_store_pool,
@@ -268,10 +272,7 @@ class CommitLog:
             log.error("shutdown could not persist state: %s", exc)
             clean = False
         if clean and self.queue.flushed_where >= self.queue.get_max_offset():
-            try:
-                abort_path(self.root).unlink()
-            except FileNotFoundError:
-                pass
+            abort_path(self.root).unlink(missing_ok=True)
         self._close_files()
 
     def _close_files(self) -> None:
@@ -325,7 +326,9 @@ class CommitLog:
         except FutureTimeout:
             return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
-    def submit_flush_request(self, next_offset: int, wait_store: bool = True) -> Future[PutMessageStatus] | None:
+    def submit_flush_request(
+        self, next_offset: int, wait_store: bool = True
+    ) -> Future[PutMessageStatus] | None:
         """SYNC_FLUSH: a future resolved once ``flushed_offset >= next_offset`` (PUT_OK) or with
         FLUSH_DISK_TIMEOUT. None under ASYNC_FLUSH, or when ``wait_store`` is False (the flusher
         is only woken). For asyncio callers: ``asyncio.wrap_future``."""
@@ -356,7 +359,9 @@ class CommitLog:
         if self.is_os_page_cache_busy():
             raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
         assert self._topic_config is not None
-        batch = self._encoder.encode_batch(messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums)
+        batch = self._encoder.encode_batch(
+            messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums
+        )
         with self._put_lock:
             if not self._running:
                 raise ServiceNotAvailableError("the store is shutting down")
@@ -462,7 +467,9 @@ class CommitLog:
     def is_os_page_cache_busy(self) -> bool:
         """True when a put has held the lock longer than ``osPageCacheBusyTimeOutMills``."""
         begin = self._begin_time_in_lock
-        return begin != 0.0 and (time.monotonic() - begin) * 1000 > self.config.os_page_cache_busy_time_out_mills
+        return (
+            begin != 0.0 and (time.monotonic() - begin) * 1000 > self.config.os_page_cache_busy_time_out_mills
+        )
 
     # ------------------------------------------------------------------------------------------
     # watermarks and listeners
@@ -484,21 +491,32 @@ class CommitLog:
         self._writeable = False
 
     def _notify_confirm(self, offset: int) -> None:
+        with self._confirm_cond:
+            self._confirm_cond.notify_all()
         for listener in self._listeners:
             try:
                 listener(offset)
             except Exception:
                 log.exception("confirm-offset listener failed")
 
+    def wait_for_confirm(self, offset: int, timeout_s: float) -> bool:
+        """Block until ``confirm_offset >= offset`` or ``timeout_s`` seconds pass; True if reached."""
+        deadline = time.monotonic() + timeout_s
+        with self._confirm_cond:
+            while self.confirm_offset < offset:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._loaded:
+                    return False
+                self._confirm_cond.wait(min(left, 0.5))
+        return True
+
     def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(confirm_offset)`` whenever the confirm offset moves (must not block)."""
         self._listeners.append(listener)
 
     def remove_confirm_listener(self, listener: Callable[[int], None]) -> None:
-        try:
+        with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
-        except ValueError:
-            pass
 
     @property
     def writeable(self) -> bool:

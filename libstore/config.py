@@ -90,9 +90,7 @@ class StoreConfig:
     warm_mapped_file_enable: bool = _f(
         False, "warmMapedFileEnable", doc="write zeros to new CommitLog files, then mlock them"
     )
-    flush_least_pages_when_warm_mapped_file: int = _f(
-        4096, "flushLeastPagesWhenWarmMapedFile", "pages"
-    )
+    flush_least_pages_when_warm_mapped_file: int = _f(4096, "flushLeastPagesWhenWarmMapedFile", "pages")
     preload_mapped_file_enable: bool = _f(
         True,
         "preloadMapedFileEnable",

@@ -79,7 +79,7 @@ class NotMasterError(ServiceNotAvailableError):
 
 
 class OSPageCacheBusyError(ServiceNotAvailableError):
-    """The put lock has been held longer than ``osPageCacheBusyTimeOutMills`` (RocketMQ OS_PAGE_CACHE_BUSY)."""
+    """The put lock has been held longer than ``osPageCacheBusyTimeOutMills`` (OS_PAGE_CACHE_BUSY)."""
 
 
 class StoreIOError(StoreError):

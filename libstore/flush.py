@@ -19,11 +19,12 @@ unwriteable; nothing on this path logs and carries on as if the flush succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 from libstore.errors import StoreIOError
 from libstore.mapped_file_queue import MappedFileQueue
@@ -45,10 +46,8 @@ class GroupCommitRequest:
 
     def wakeup_customer(self, status: PutMessageStatus) -> None:
         if not self.future.done():
-            try:
+            with contextlib.suppress(InvalidStateError):  # a concurrent completion won the race
                 self.future.set_result(status)
-            except Exception:  # a concurrent completion won the race
-                pass
 
 
 class _FlushServiceBase(ServiceThread):

@@ -24,6 +24,7 @@ decides what is valid after a crash; recovery sets the positions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -115,12 +116,12 @@ class MappedFile:
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink()
-            except OSError:
-                pass
             if exc.errno in (28, 27, 122):  # ENOSPC, EFBIG, EDQUOT
-                raise DiskFullError(f"cannot allocate {file_size} bytes for {path.name}: {exc.strerror}") from exc
+                raise DiskFullError(
+                    f"cannot allocate {file_size} bytes for {path.name}: {exc.strerror}"
+                ) from exc
             raise StoreIOError(f"cannot create {path}: {exc.strerror}") from exc
         mf = cls(path, file_size, fd, transient_store_pool=transient_store_pool)
         if warm:
@@ -319,10 +320,7 @@ class MappedFile:
     def destroy(self) -> None:
         """Close and delete the file."""
         self.close()
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)
 
     @property
     def closed(self) -> bool:

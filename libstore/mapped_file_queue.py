@@ -15,6 +15,7 @@ snapshot without a lock; appends come from one writer; commit/flush from one thr
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -86,7 +87,7 @@ class MappedFileQueue:
                         "was the store created with another mapped file size?"
                     )
                 files.append(MappedFile.open(path, self.mapped_file_size))
-            for prev, cur in zip(files, files[1:], strict=False):
+            for prev, cur in itertools.pairwise(files):
                 if cur.file_from_offset != prev.file_from_offset + self.mapped_file_size:
                     raise StoreIOError(
                         f"segment gap: {prev.file_name} is followed by {cur.file_name} in {self.store_path}"
@@ -137,7 +138,9 @@ class MappedFileQueue:
             self._on_new_file(mf)
         return mf
 
-    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+    def find_mapped_file_by_offset(
+        self, offset: int, return_first_on_not_found: bool = False
+    ) -> MappedFile | None:
         """The segment holding absolute ``offset``, or None (or the first segment) when none does."""
         files = self.mapped_files
         if not files:

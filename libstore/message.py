@@ -54,7 +54,9 @@ class MessageSysFlag:
     def gets_queue_offset(sys_flag: int) -> bool:
         """False for PREPARED and ROLLBACK records: they take queue offset 0 and no ConsumeQueue unit."""
         tx = sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
-        return tx != MessageSysFlag.TRANSACTION_PREPARED_TYPE and tx != MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+        return (
+            tx != MessageSysFlag.TRANSACTION_PREPARED_TYPE and tx != MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+        )
 
 
 class Message:
@@ -102,7 +104,9 @@ class Message:
         if tags is not None:
             props[MessageConst.TAGS] = tags
         if keys is not None:
-            props[MessageConst.KEYS] = keys if isinstance(keys, str) else MessageConst.KEY_SEPARATOR.join(keys)
+            props[MessageConst.KEYS] = (
+                keys if isinstance(keys, str) else MessageConst.KEY_SEPARATOR.join(keys)
+            )
         self.properties = props
         self.flag = flag
         self.sys_flag = sys_flag

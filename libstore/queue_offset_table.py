@@ -59,7 +59,4 @@ def load_snapshot(path: Path) -> QueueOffsetSnapshot | None:
 
 
 def delete_snapshot(path: Path) -> None:
-    try:
-        Path(path).unlink()
-    except FileNotFoundError:
-        pass
+    Path(path).unlink(missing_ok=True)

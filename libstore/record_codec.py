@@ -45,8 +45,8 @@ from typing import Any, Final
 
 from libstore.errors import (
     CorruptRecordError,
-    InvalidArgumentError,
     IllegalTopicError,
+    InvalidArgumentError,
     MessageIllegalError,
     PropertiesSizeExceededError,
     QueueIdOutOfRangeError,
@@ -319,7 +319,10 @@ class RecordEncoder:
             sizes.append(total)
             ts_positions.append(40 + len(born_host) + 8)
             tx = sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
-            if tx == MessageSysFlag.TRANSACTION_PREPARED_TYPE or tx == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE:
+            if (
+                tx == MessageSysFlag.TRANSACTION_PREPARED_TYPE
+                or tx == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+            ):
                 queue_keys.append(None)
             else:
                 queue_keys.append((m.topic, queue_id))
@@ -389,7 +392,8 @@ class DispatchRequest:
             return "DispatchRequest(blank)"
         return (
             f"DispatchRequest(topic={self.topic!r}, queue_id={self.queue_id}, "
-            f"phy_offset={self.commit_log_offset}, size={self.msg_size}, queue_offset={self.consume_queue_offset})"
+            f"phy_offset={self.commit_log_offset}, size={self.msg_size}, "
+            f"queue_offset={self.consume_queue_offset})"
         )
 
 
@@ -449,10 +453,7 @@ def check_record(
     if check_crc and (zlib.crc32(buf[p : p + body_len]) & 0x7FFFFFFF) != body_crc:
         return DispatchRequest(False, total)
     p += body_len
-    if topic_len_size == 1:
-        topic_len = buf[p]
-    else:
-        topic_len = _SHORT.unpack_from(buf, p)[0]
+    topic_len = buf[p] if topic_len_size == 1 else _SHORT.unpack_from(buf, p)[0]
     p += topic_len_size
     if topic_len <= 0 or p + topic_len + 2 > end:
         return DispatchRequest(False, total)
@@ -485,7 +486,9 @@ def check_record(
     return req
 
 
-def decode_record(buf: Any, pos: int = 0, limit: int | None = None, *, check_crc: bool = True) -> MessageRecord:
+def decode_record(
+    buf: Any, pos: int = 0, limit: int | None = None, *, check_crc: bool = True
+) -> MessageRecord:
     """Decode the whole record at ``buf[pos:]`` into a MessageRecord.
 
     Raises CorruptRecordError when the bytes are not a valid record (or are a blank).

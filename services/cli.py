@@ -35,7 +35,11 @@ def demo(
     """Append generated messages, reopen the store (recovery), read everything back."""
     folder = data or default_data_dir()
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
     ) as bar:
         tasks = {
             "append": bar.add_task("append", total=messages),
@@ -54,14 +58,17 @@ def demo(
         except StoreError as exc:
             raise _fail(str(exc)) from None
         bar.update(tasks["read"], completed=report.verified)
-    table = Table(title=f"libstore demo: {report.messages:,} messages x {size} B, {queues} queues, {flush.value}")
+    table = Table(
+        title=f"libstore demo: {report.messages:,} messages x {size} B, {queues} queues, {flush.value}"
+    )
     table.add_column("phase")
     table.add_column("result", justify="right")
     mb = report.bytes_appended / 1e6
     table.add_row("append", f"{report.append_rate:,.0f} msgs/s, {mb / report.append_seconds:,.1f} MB/s")
     table.add_row(
         "recovery (reopen)",
-        f"{report.recovery_seconds * 1000:,.0f} ms, {report.recovery_files_scanned} of {report.segments} segments read",
+        f"{report.recovery_seconds * 1000:,.0f} ms, "
+        f"{report.recovery_files_scanned} of {report.segments} segments read",
     )
     table.add_row("read back + verify", f"{report.read_rate:,.0f} msgs/s ({report.verified:,} identical)")
     console.print(table)

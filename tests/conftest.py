@@ -1,0 +1,37 @@
+"""Shared fixtures: small-segment store configs in a fresh temporary folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from libstore import CommitLog, StoreConfig
+
+SEGMENT = 256 * 1024  # small CommitLog segments so tests roll files quickly
+
+
+@pytest.fixture
+def store_config(tmp_path: Path) -> StoreConfig:
+    return StoreConfig(
+        store_path_root_dir=str(tmp_path / "store"),
+        mapped_file_size_commit_log=SEGMENT,
+        max_message_size=64 * 1024,
+        preload_mapped_file_enable=False,
+    )
+
+
+@pytest.fixture
+def open_log(store_config: StoreConfig) -> Iterator[Callable[..., CommitLog]]:
+    """Open CommitLogs (config overrides as keyword arguments); all are shut down at the end."""
+    opened: list[CommitLog] = []
+
+    def _open(**overrides: object) -> CommitLog:
+        cl = CommitLog.open(store_config.replace(**overrides) if overrides else store_config)
+        opened.append(cl)
+        return cl
+
+    yield _open
+    for cl in opened:
+        cl.shutdown()

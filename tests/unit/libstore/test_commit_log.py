@@ -1,0 +1,213 @@
+"""CommitLog: put/read, offsets per queue, file rolls, validation, flush policy, lifecycle."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from libstore import (
+    CommitLog,
+    FlushDiskType,
+    IllegalTopicError,
+    Message,
+    MessageIllegalError,
+    MessageSysFlag,
+    NotMasterError,
+    PropertiesSizeExceededError,
+    PutMessageStatus,
+    QueueIdOutOfRangeError,
+    ServiceNotAvailableError,
+    StoreConfig,
+    StoreLockedError,
+    TopicConfig,
+    TopicNotFoundError,
+)
+from libstore.config import BrokerRole
+from libstore.record_codec import BLANK_MAGIC_CODE, check_record
+from tests.conftest import SEGMENT
+
+
+def _msgs(n: int, topic: str = "TopicA", queues: int = 4, size: int = 1000, start: int = 0) -> list[Message]:
+    return [
+        Message(topic, bytes([i % 251]) * size, i % queues, keys=f"k{i}", tags="t")
+        for i in range(start, start + n)
+    ]
+
+
+def test_put_assigns_contiguous_physical_and_per_queue_offsets(open_log):
+    cl: CommitLog = open_log()
+    res = cl.put_messages(_msgs(10))
+    assert all(r.status is PutMessageStatus.PUT_OK for r in res)
+    assert res[0].phy_offset == 0
+    for a, b in itertools.pairwise(res):
+        assert b.phy_offset == a.phy_offset + a.size
+    assert [r.queue_offset for r in res] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    more = cl.put_messages(_msgs(4, start=10))
+    assert [r.queue_offset for r in more] == [2, 2, 3, 3]
+    assert cl.queue_offset_of("TopicA", 0) == 4 and cl.max_offset == more[-1].next_offset
+
+
+def test_read_message_returns_what_was_put(open_log):
+    cl = open_log()
+    msg = Message("TopicA", b"body-bytes", 2, tags="TagA", keys=["a", "b"], properties={"p": "v"}, flag=9)
+    (r,) = cl.put_messages([msg])
+    rec = cl.read_message(r.phy_offset, r.size)
+    assert (rec.topic, rec.body, rec.queue_id, rec.flag, rec.tags, rec.keys) == (
+        "TopicA",
+        b"body-bytes",
+        2,
+        9,
+        "TagA",
+        ["a", "b"],
+    )
+    assert rec.properties["p"] == "v" and rec.msg_id == r.msg_id and rec.store_timestamp == r.store_timestamp
+    assert cl.read_message(r.phy_offset).body == b"body-bytes"  # size read from the record
+    assert cl.get_message(r.phy_offset, r.size)[:4] == r.size.to_bytes(4, "big")
+
+
+def test_batch_crossing_a_segment_ends_the_segment_with_a_blank(open_log):
+    cl = open_log()
+    res = cl.put_messages(_msgs(300, size=1000))  # ~330 KB > one 256 KiB segment
+    assert all(r.ok for r in res)
+    first_in_second = next(r for r in res if r.phy_offset >= SEGMENT)
+    assert first_in_second.phy_offset == SEGMENT
+    last_in_first = max((r for r in res if r.phy_offset < SEGMENT), key=lambda r: r.phy_offset)
+    blank_at = last_in_first.next_offset
+    mf = cl.queue.mapped_files[0]
+    req = check_record(mf.buffer, blank_at, SEGMENT)
+    assert req.is_blank
+    assert int.from_bytes(mf.buffer[blank_at : blank_at + 4], "big") == SEGMENT - blank_at
+    assert int.from_bytes(mf.buffer[blank_at + 4 : blank_at + 8], "big", signed=True) == BLANK_MAGIC_CODE
+    assert [r.queue_offset for r in res if r.phy_offset >= 0][:8] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len(list(cl.iter_records(0))) == 300
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        (Message("", b"x", 0), IllegalTopicError),
+        (Message("a" * 128, b"x", 0), IllegalTopicError),
+        (Message("bad topic", b"x", 0), IllegalTopicError),
+        (Message("TopicA", b"x" * (64 * 1024 + 1), 0), MessageIllegalError),
+        (Message("TopicA", b"x", 0, properties={"k": "v" * 33000}), PropertiesSizeExceededError),
+        (Message("TopicA", b"x", 8), QueueIdOutOfRangeError),
+        (Message("TopicA", b"x", -1), QueueIdOutOfRangeError),
+    ],
+)
+def test_bad_input_raises_and_writes_nothing(open_log, bad, error):
+    cl = open_log()
+    cl.put_messages(_msgs(3))
+    before = (cl.max_offset, cl.queue_offset_table())
+    with pytest.raises(error):
+        cl.put_messages([*_msgs(2, start=3), bad])
+    assert (cl.max_offset, cl.queue_offset_table()) == before
+    assert len(list(cl.iter_records(0))) == 3
+
+
+def test_unknown_topic_without_auto_create(open_log):
+    cl = open_log(auto_create_topic_enable=False)
+    with pytest.raises(TopicNotFoundError):
+        cl.put_messages([Message("Nope", b"x", 0)])
+    cl.topic_config.create_or_update(TopicConfig("Yes", 2, 2))
+    assert cl.put_messages([Message("Yes", b"x", 1)])[0].ok
+    with pytest.raises(QueueIdOutOfRangeError):
+        cl.put_messages([Message("Yes", b"x", 2)])
+
+
+def test_auto_created_topic_is_persisted(store_config):
+    cl = CommitLog.open(store_config.replace(default_topic_queue_nums=16))
+    cl.put_messages([Message("Auto", b"x", 15)])
+    cl.shutdown()
+    cl = CommitLog.open(store_config)
+    try:
+        cfg = cl.topic_config.get("Auto")
+        assert cfg is not None and cfg.write_queue_nums == 16
+    finally:
+        cl.shutdown()
+
+
+def test_transaction_prepared_records_take_queue_offset_zero(open_log):
+    cl = open_log()
+    res = cl.put_messages(
+        [
+            Message("TopicA", b"a", 0),
+            Message("TopicA", b"half", 0, sys_flag=MessageSysFlag.TRANSACTION_PREPARED_TYPE),
+            Message("TopicA", b"b", 0),
+        ]
+    )
+    assert [r.queue_offset for r in res] == [0, 0, 1]
+    assert cl.queue_offset_of("TopicA", 0) == 2
+
+
+def test_sync_flush_acknowledges_only_flushed_bytes(open_log):
+    cl = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    res = cl.put_messages(_msgs(20))
+    assert all(r.ok for r in res)
+    assert cl.flushed_offset >= res[-1].next_offset
+    assert cl.confirm_offset == cl.flushed_offset
+
+
+def test_wait_false_does_not_block_on_the_flush(open_log):
+    cl = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=1)
+    res = cl.put_messages([Message("TopicA", b"x", 0, properties={"WAIT": "false"})])
+    assert res[0].ok
+
+
+def test_slave_refuses_puts_and_shutdown_refuses_everything(open_log):
+    slave = open_log(broker_role=BrokerRole.SLAVE)
+    with pytest.raises(NotMasterError):
+        slave.put_messages(_msgs(1))
+    slave.shutdown()
+    with pytest.raises(ServiceNotAvailableError):
+        slave.put_messages(_msgs(1))
+
+
+def test_one_process_per_store_folder(store_config: StoreConfig, open_log):
+    open_log()
+    with pytest.raises(StoreLockedError):
+        CommitLog.open(store_config)
+
+
+def test_empty_batch_is_a_no_op(open_log):
+    cl = open_log()
+    assert cl.put_messages([]) == []
+    assert cl.max_offset == 0
+
+
+def test_clean_shutdown_removes_abort_file_and_reopen_continues(store_config: StoreConfig):
+    cl = CommitLog.open(store_config)
+    abort = cl.root / "abort"
+    assert abort.exists()
+    first = cl.put_messages(_msgs(8))
+    cl.shutdown()
+    assert not abort.exists()
+    cl = CommitLog.open(store_config)
+    try:
+        assert cl.last_exit_ok and cl.max_offset == first[-1].next_offset
+        nxt = cl.put_messages(_msgs(4, start=8))
+        assert nxt[0].phy_offset == first[-1].next_offset
+        assert [r.queue_offset for r in nxt] == [2, 2, 2, 2]
+    finally:
+        cl.shutdown()
+
+
+def test_iter_records_yields_dispatch_fields(open_log):
+    cl = open_log()
+    res = cl.put_messages(_msgs(5))
+    reqs = list(cl.iter_records(res[1].phy_offset))
+    assert [r.commit_log_offset for r in reqs] == [r.phy_offset for r in res[1:]]
+    assert reqs[0].keys == ["k1"] and reqs[0].tags_code == 116  # "t".hashCode()
+    assert list(cl.iter_records(res[1].phy_offset, res[3].phy_offset)) != []
+    assert len(list(cl.iter_records(res[1].phy_offset, res[3].phy_offset))) == 2
+
+
+def test_transient_store_pool_commits_before_readers_see_data(open_log):
+    cl = open_log(
+        transient_store_pool_enable=True, transient_store_pool_size=2, commit_interval_commit_log=10
+    )
+    msgs = _msgs(50)
+    res = cl.put_messages(msgs)
+    assert all(r.ok for r in res)
+    assert cl.wait_for_confirm(res[-1].next_offset, timeout_s=10), "commit service never committed"
+    assert cl.read_message(res[-1].phy_offset).body == msgs[-1].body

@@ -1,0 +1,56 @@
+"""libstore's public surface is small and deliberate: this list changes only on purpose."""
+
+import libstore
+
+EXPECTED = {
+    "AppendMessageStatus",
+    "AppendResult",
+    "BrokerRole",
+    "CommitLog",
+    "ConfigError",
+    "CorruptRecordError",
+    "DiskFullError",
+    "DispatchRequest",
+    "FlushDiskType",
+    "IllegalTopicError",
+    "InvalidArgumentError",
+    "Message",
+    "MessageConst",
+    "MessageIllegalError",
+    "MessageRecord",
+    "MessageSysFlag",
+    "NotMasterError",
+    "OSPageCacheBusyError",
+    "OffsetOutOfRangeError",
+    "PropertiesSizeExceededError",
+    "PutMessageResult",
+    "PutMessageStatus",
+    "QueueIdOutOfRangeError",
+    "RecoveryReport",
+    "ServiceNotAvailableError",
+    "StoreConfig",
+    "StoreError",
+    "StoreIOError",
+    "StoreLockedError",
+    "TopicConfig",
+    "TopicConfigManager",
+    "TopicMessageType",
+    "TopicNotFoundError",
+    "UniqKeyGenerator",
+    "create_message_id",
+    "decode_message_id",
+    "decode_record",
+}
+
+
+def test_all_is_pinned():
+    assert set(libstore.__all__) == EXPECTED
+    for name in EXPECTED:
+        assert getattr(libstore, name) is not None
+
+
+def test_every_error_is_a_store_error():
+    for name in EXPECTED:
+        obj = getattr(libstore, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, libstore.StoreError), name

@@ -1,0 +1,122 @@
+"""MappedFile: naming, creation through a temp file, watermarks, flush, truncation, pool buffers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from libstore.errors import OffsetOutOfRangeError, StoreIOError
+from libstore.mapped_file import MappedFile, file_name_to_offset, offset_to_file_name
+from libstore.transient_store_pool import TransientStorePool
+
+SIZE = 64 * 1024
+
+
+def test_names_are_20_digit_offsets():
+    assert offset_to_file_name(0) == "00000000000000000000"
+    assert offset_to_file_name(1073741824) == "00000000001073741824"
+    assert file_name_to_offset("00000000001073741824") == 1073741824
+    with pytest.raises(ValueError):
+        file_name_to_offset("123")
+
+
+def test_create_allocates_the_full_size_and_leaves_no_temp_file(tmp_path: Path):
+    mf = MappedFile.create(tmp_path / offset_to_file_name(SIZE), SIZE, preload=True)
+    try:
+        assert os.path.getsize(mf.path) == SIZE
+        assert os.stat(mf.path).st_blocks * 512 >= SIZE  # blocks allocated, not a sparse file
+        assert not list(tmp_path.glob("*.tmp"))
+        assert mf.file_from_offset == SIZE and mf.wrote_position == 0 and mf.remaining == SIZE
+    finally:
+        mf.close()
+
+
+def test_append_read_and_watermarks(tmp_path: Path):
+    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
+    try:
+        assert mf.append_records(b"ABCDEFGH") == 0
+        assert mf.append_raw(b"1234") == 8
+        assert mf.read(0, 12) == b"ABCDEFGH1234"
+        assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (12, 0, 0)
+        assert mf.readable_position == 12  # no write buffer: readers see wrote bytes
+        with pytest.raises(OffsetOutOfRangeError):
+            mf.read(10, 4)
+        assert mf.flush(4) == 0  # fewer than 4 dirty pages: no flush yet
+        assert mf.flush(0) == 12
+        mf.fill_to_end(b"\x00" * 8)
+        assert mf.is_full() and mf.remaining == 0
+        assert mf.flush(4) == SIZE  # a full file always flushes
+    finally:
+        mf.close()
+
+
+def test_data_reaches_the_file_and_survives_reopen(tmp_path: Path):
+    path = tmp_path / offset_to_file_name(0)
+    mf = MappedFile.create(path, SIZE)
+    mf.append_records(b"x" * 5000)
+    mf.flush(0)
+    mf.close()
+    with open(path, "rb") as fh:
+        assert fh.read(5001) == b"x" * 5000 + b"\x00"
+    again = MappedFile.open(path, SIZE)
+    try:
+        assert again.wrote_position == SIZE  # loaded files start full until recovery
+    finally:
+        again.close()
+
+
+def test_open_with_wrong_size_fails(tmp_path: Path):
+    path = tmp_path / offset_to_file_name(0)
+    path.write_bytes(b"short")
+    with pytest.raises(StoreIOError, match="expected"):
+        MappedFile.open(path, SIZE)
+
+
+def test_truncate_zeroes_the_tail_and_keeps_blocks(tmp_path: Path):
+    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
+    try:
+        mf.append_records(b"\xab" * (SIZE - 100))
+        mf.truncate_to(5000)
+        assert mf.wrote_position == mf.flushed_position == 5000
+        assert mf.buffer[:5000] == b"\xab" * 5000
+        assert not any(mf.buffer[5000:SIZE])
+        assert os.stat(mf.path).st_blocks * 512 >= SIZE
+    finally:
+        mf.close()
+
+
+def test_transient_pool_buffer_hides_uncommitted_bytes(tmp_path: Path):
+    pool = TransientStorePool(2, SIZE)
+    pool.init()
+    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE, transient_store_pool=pool)
+    try:
+        assert mf.has_write_buffer and pool.available_buffer_nums == 1
+        mf.append_records(b"y" * 100)
+        assert mf.readable_position == 0 and mf.buffer[:100] == bytes(100)
+        assert mf.commit(4) == 0  # below least pages
+        assert mf.commit(0) == 100
+        assert mf.buffer[:100] == b"y" * 100 and mf.readable_position == 100
+        assert mf.flush(0) == 100
+        mf.append_records(b"z" * (SIZE - 100))
+        mf.commit(0)
+        assert not mf.has_write_buffer and pool.available_buffer_nums == 2  # returned when full
+    finally:
+        mf.close()
+        pool.destroy()
+
+
+def test_warm_up_writes_zeros_and_mlock_is_best_effort(tmp_path: Path):
+    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE, warm=True, warm_flush_pages=4)
+    try:
+        assert not any(mf.buffer[:SIZE])
+        mf.munlock()
+    finally:
+        mf.close()
+
+
+def test_destroy_deletes_the_file(tmp_path: Path):
+    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
+    mf.destroy()
+    assert not mf.path.exists() and mf.closed
