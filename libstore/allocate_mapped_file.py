@@ -94,7 +94,8 @@ class AllocateMappedFileService(ServiceThread):
 
     def _enqueue(self, path: Path, file_size: int) -> _AllocateRequest:
         req = self._requests.get(path)
-        if req is None:
+        if req is None or req.error is not None:
+            # A failed creation (disk full) is retried afresh: space may have come back since.
             req = _AllocateRequest(path, file_size)
             self._requests[path] = req
             heapq.heappush(self._heap, (-file_size, path.name, path))

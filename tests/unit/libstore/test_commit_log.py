@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import resource
+import signal
 
 import pytest
 
@@ -211,3 +213,55 @@ def test_transient_store_pool_commits_before_readers_see_data(open_log):
     assert all(r.ok for r in res)
     assert cl.wait_for_confirm(res[-1].next_offset, timeout_s=10), "commit service never committed"
     assert cl.read_message(res[-1].phy_offset).body == msgs[-1].body
+
+
+@pytest.fixture
+def file_size_limit():
+    """Lower RLIMIT_FSIZE (a real OS limit: writes and fallocate past it fail with EFBIG) and
+    restore it afterwards. SIGXFSZ is ignored so the failure surfaces as an OSError."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def _limit(max_bytes: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, hard))
+
+    yield _limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_disk_full_on_roll_fails_the_rest_of_the_batch_and_keeps_the_log_consistent(
+    store_config: StoreConfig, file_size_limit
+):
+    config = store_config.replace(default_topic_queue_nums=4)
+    cl = CommitLog.open(config)
+    first = cl.put_messages(_msgs(10))
+    assert all(r.ok for r in first)
+    # From now on no new segment can be allocated (each needs SEGMENT bytes); the current one
+    # (and the one pre-allocated after it) still take appends.
+    file_size_limit(SEGMENT // 2)
+    results = []
+    for start in range(10, 10 + 3 * SEGMENT // 1000, 50):
+        results.extend(cl.put_messages(_msgs(50, start=start)))
+    statuses = [r.status for r in results]
+    failed_at = statuses.index(PutMessageStatus.CREATE_MAPPED_FILE_FAILED)
+    assert set(statuses[:failed_at]) == {PutMessageStatus.PUT_OK}
+    assert set(statuses[failed_at:]) == {PutMessageStatus.CREATE_MAPPED_FILE_FAILED}
+    assert all(r.phy_offset == -1 and not r.status.appended for r in results[failed_at:])
+    acked = [*first, *results[:failed_at]]
+    end = acked[-1].next_offset
+    # The segment that could not be followed was closed with its blank END record.
+    rolled = cl.queue.roll_next_file(end)
+    assert cl.max_offset == rolled and cl.writeable
+    # Space comes back: the store goes on in a new segment, queue offsets without a gap.
+    file_size_limit(resource.RLIM_INFINITY)
+    (nxt,) = cl.put_messages(_msgs(1, start=10 + failed_at))
+    assert nxt.ok and nxt.phy_offset == rolled
+    assert nxt.queue_offset == (10 + failed_at) // 4
+    cl.shutdown()
+    cl = CommitLog.open(config)
+    try:
+        records = list(cl.iter_records(0, check_crc=True))
+        assert [r.commit_log_offset for r in records] == [r.phy_offset for r in [*acked, nxt]]
+    finally:
+        cl.shutdown()
