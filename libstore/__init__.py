@@ -27,7 +27,7 @@ from libstore.message import Message, MessageConst, MessageRecord, MessageSysFla
 from libstore.message_id import UniqKeyGenerator, create_message_id, decode_message_id
 from libstore.record_codec import DispatchRequest, decode_record
 from libstore.recovery import RecoveryReport
-from libstore.results import AppendMessageStatus, PutMessageResult, PutMessageStatus
+from libstore.results import AppendMessageStatus, PutMessageResult, PutMessageResults, PutMessageStatus
 from libstore.topic_config import TopicConfig, TopicConfigManager, TopicMessageType
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "PropertiesSizeExceededError",
     "PutMessageResult",
+    "PutMessageResults",
     "PutMessageStatus",
     "QueueIdOutOfRangeError",
     "RecoveryReport",

@@ -29,6 +29,7 @@ Thread-safety: every public method may be called from any thread.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
@@ -68,7 +69,7 @@ from libstore.record_codec import (
     record_size_of,
 )
 from libstore.recovery import RecoveryReport, rebuild_queue_offsets, recover_commit_log
-from libstore.results import PutMessageResult, PutMessageStatus
+from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
 from libstore.store_paths import (
@@ -88,15 +89,19 @@ class AppendResult:
     """Outcome of :meth:`CommitLog.append_messages`: per-message results before any flush wait.
 
     ``next_offset`` is the CommitLog offset just past the last appended record (the group
-    commit target); ``wait_store`` is False when every message said WAIT=false.
+    commit target, -1 when nothing was appended); ``wait_store`` is False when every message
+    said WAIT=false.
     """
 
-    __slots__ = ("next_offset", "results", "wait_store")
+    __slots__ = ("results", "wait_store")
 
-    def __init__(self, results: list[PutMessageResult], next_offset: int, wait_store: bool) -> None:
+    def __init__(self, results: PutMessageResults, wait_store: bool) -> None:
         self.results = results
-        self.next_offset = next_offset
         self.wait_store = wait_store
+
+    @property
+    def next_offset(self) -> int:
+        return self.results.next_offset
 
 
 class CommitLog:
@@ -298,7 +303,7 @@ class CommitLog:
     # ------------------------------------------------------------------------------------------
     # write path
     # ------------------------------------------------------------------------------------------
-    def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
+    def put_messages(self, messages: Sequence[Message]) -> PutMessageResults:
         """Append ``messages`` as one batch and apply the flush policy; one result per message.
 
         Blocks under SYNC_FLUSH until the group commit covers the batch (at most
@@ -306,13 +311,9 @@ class CommitLog:
         docstring; a raised exception means nothing of the batch was written.
         """
         appended = self.append_messages(messages)
-        if not appended.results or appended.next_offset < 0:
+        if appended.next_offset < 0:
             return appended.results
-        status = self._wait_flush(appended)
-        if status is not PutMessageStatus.PUT_OK:
-            for r in appended.results:
-                if r.status is PutMessageStatus.PUT_OK:
-                    r.status = status
+        appended.results.status = self._wait_flush(appended)
         return appended.results
 
     def _wait_flush(self, appended: AppendResult) -> PutMessageStatus:
@@ -355,7 +356,7 @@ class CommitLog:
         if not self._writeable:
             raise ServiceNotAvailableError("the store is not writeable after an I/O error")
         if not messages:
-            return AppendResult([], -1, False)
+            return AppendResult(PutMessageResults(0), False)
         if self.is_os_page_cache_busy():
             raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
         assert self._topic_config is not None
@@ -367,14 +368,19 @@ class CommitLog:
                 raise ServiceNotAvailableError("the store is shutting down")
             self._begin_time_in_lock = time.monotonic()
             try:
-                results, next_offset = self._append_locked(batch)
+                results = self._append_locked(batch)
             finally:
                 self._begin_time_in_lock = 0.0
-        if next_offset > 0:
-            self._after_append(next_offset)
-        return AppendResult(results, next_offset, batch.wait_store)
+        if results.appended:
+            self._after_append(results.next_offset)
+        return AppendResult(results, batch.wait_store)
 
-    def _append_locked(self, batch: EncodedBatch) -> tuple[list[PutMessageResult], int]:
+    def _append_locked(self, batch: EncodedBatch) -> PutMessageResults:
+        """Assign offsets and copy the batch into segments, rolling as needed (put lock held).
+
+        Each run of records that fits the current segment is patched (queue offset, physical
+        offset, store time) and copied with one slice assignment.
+        """
         queue = self.queue
         assert queue is not None
         store_ts = time.time_ns() // 1_000_000
@@ -384,14 +390,14 @@ class CommitLog:
         keys = batch.queue_keys
         ts_positions = batch.store_ts_positions
         table = self._queue_offsets
-        store_host = self._store_host
+        get_next = table.get
         pack_offsets = QUEUE_OFFSET_AND_PHY_OFFSET.pack_into
         pack_ts = STORE_TIMESTAMP.pack_into
-        ok = PutMessageStatus.PUT_OK
-        n = len(positions)
-        results: list[PutMessageResult] = []
-        append_result = results.append
-        next_offset = -1
+        n = len(sizes)
+        phys: list[int] = []
+        qoffs: list[int] = []
+        add_qoff = qoffs.append
+        failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         i = 0
         while i < n:
             try:
@@ -403,57 +409,58 @@ class CommitLog:
                 self._on_io_error(exc)
                 mf = None
             if mf is None:
-                failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
-                results.extend(PutMessageResult(failed) for _ in range(n - i))
                 break
             base = mf.file_from_offset + mf.wrote_position
-            room = mf.remaining - END_FILE_MIN_BLANK_LENGTH
             first = positions[i]
-            used = 0
-            j = i
-            while j < n:
-                size = sizes[j]
-                if used + size > room:
-                    break
-                pos = positions[j]
-                key = keys[j]
+            # Records i..j-1 fit in front of the 8 bytes kept for the END blank.
+            j = bisect.bisect_right(positions, first + mf.remaining - END_FILE_MIN_BLANK_LENGTH, i, n + 1) - 1
+            delta = base - first
+            for k in range(i, j):
+                key = keys[k]
                 if key is None:
                     queue_offset = 0
                 else:
-                    queue_offset = table.get(key, 0)
+                    queue_offset = get_next(key, 0)
                     table[key] = queue_offset + 1
-                phy = base + used
-                pack_offsets(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, phy)
-                pack_ts(buf, pos + ts_positions[j], store_ts)
-                append_result(PutMessageResult(ok, phy, size, queue_offset, store_ts, store_host))
-                used += size
-                j += 1
+                pos = positions[k]
+                pack_offsets(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, pos + delta)
+                pack_ts(buf, pos + ts_positions[k], store_ts)
+                add_qoff(queue_offset)
             if j > i:
+                used = positions[j] - first
                 try:
                     with memoryview(buf) as view:
                         mf.append_records(view[first : first + used])
                 except (OSError, ValueError) as exc:
                     # The records never reached the segment; the log is unchanged.
-                    self._rollback_queue_offsets(results, keys, i, j)
-                    del results[i:]
+                    self._rollback_queue_offsets(qoffs, keys, i, j)
+                    del qoffs[len(phys) :]
                     self._on_io_error(StoreIOError(f"append failed: {exc}"))
-                    results.extend(PutMessageResult(PutMessageStatus.UNKNOWN_ERROR) for _ in range(n - i))
+                    failed = PutMessageStatus.UNKNOWN_ERROR
                     break
+                phys.extend([pos + delta for pos in positions[i:j]])
                 mf.store_timestamp = store_ts
-                next_offset = base + used
             if j < n:
                 # Record j does not fit: close this segment with a blank and roll.
                 mf.fill_to_end(encode_blank(mf.remaining))
             i = j
-        return results, next_offset
+        return PutMessageResults(
+            n,
+            phy_offsets=phys,
+            sizes=sizes,
+            queue_offsets=qoffs,
+            store_timestamp=store_ts,
+            store_host=self._store_host,
+            failed_status=failed,
+        )
 
     def _rollback_queue_offsets(
-        self, results: list[PutMessageResult], keys: list[QueueKey | None], start: int, stop: int
+        self, qoffs: list[int], keys: list[QueueKey | None], start: int, stop: int
     ) -> None:
         for idx in range(stop - 1, start - 1, -1):
             key = keys[idx]
             if key is not None:
-                self._queue_offsets[key] = results[idx].queue_offset
+                self._queue_offsets[key] = qoffs[idx]
 
     def _after_append(self, next_offset: int) -> None:
         if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:

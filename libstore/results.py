@@ -7,6 +7,8 @@ Statuses mirror Apache RocketMQ's ``PutMessageStatus`` and ``AppendMessageStatus
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from typing import overload
 
 from libstore.message_id import create_message_id
 
@@ -104,3 +106,111 @@ class PutMessageResult:
             f"PutMessageResult({self.status.name}, phy_offset={self.phy_offset}, size={self.size}, "
             f"queue_offset={self.queue_offset})"
         )
+
+
+class PutMessageResults(Sequence[PutMessageResult]):
+    """The results of one batch, one per message, in message order.
+
+    Held as columns (DESIGN: no per-message objects on the hot path): the first ``appended``
+    messages were written, at ``phy_offsets[i]`` with ``sizes[i]`` bytes and queue offset
+    ``queue_offsets[i]``, all stored at ``store_timestamp`` (ms), with status ``status``
+    (PUT_OK, or the flush/replication outcome that overrides it); the rest carry
+    ``failed_status`` (e.g. CREATE_MAPPED_FILE_FAILED) and offsets -1. Indexing builds a
+    :class:`PutMessageResult`; it compares equal to a list of equal results.
+    """
+
+    __slots__ = (
+        "_count",
+        "_store_host",
+        "appended",
+        "failed_status",
+        "phy_offsets",
+        "queue_offsets",
+        "sizes",
+        "status",
+        "store_timestamp",
+    )
+
+    def __init__(
+        self,
+        count: int,
+        *,
+        phy_offsets: list[int] | None = None,
+        sizes: list[int] | None = None,
+        queue_offsets: list[int] | None = None,
+        store_timestamp: int = 0,
+        store_host: bytes = b"",
+        failed_status: PutMessageStatus = PutMessageStatus.UNKNOWN_ERROR,
+    ) -> None:
+        self.phy_offsets = phy_offsets if phy_offsets is not None else []
+        self.sizes = sizes if sizes is not None else []
+        self.queue_offsets = queue_offsets if queue_offsets is not None else []
+        self.appended = len(self.phy_offsets)
+        self._count = count
+        self.status = PutMessageStatus.PUT_OK
+        self.failed_status = failed_status
+        self.store_timestamp = store_timestamp
+        self._store_host = store_host
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> PutMessageResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[PutMessageResult]: ...
+
+    def __getitem__(self, index: int | slice) -> PutMessageResult | list[PutMessageResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError("result index out of range")
+        if index >= self.appended:
+            return PutMessageResult(self.failed_status)
+        return PutMessageResult(
+            self.status,
+            self.phy_offsets[index],
+            self.sizes[index],
+            self.queue_offsets[index],
+            self.store_timestamp,
+            self._store_host,
+        )
+
+    @property
+    def all_ok(self) -> bool:
+        """True when every message was stored and is durable under the configured policy."""
+        return self.appended == self._count and self.status is PutMessageStatus.PUT_OK
+
+    @property
+    def next_offset(self) -> int:
+        """CommitLog offset just past the last appended record; -1 when none was appended."""
+        if not self.appended:
+            return -1
+        return self.phy_offsets[-1] + self.sizes[self.appended - 1]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(other) == self._count and all(_same(a, b) for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"PutMessageResults({self.appended}/{self._count} appended, {self.status.name}, "
+            f"next_offset={self.next_offset})"
+        )
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, PutMessageResult) and isinstance(b, PutMessageResult):
+        return (a.status, a.phy_offset, a.size, a.queue_offset) == (
+            b.status,
+            b.phy_offset,
+            b.size,
+            b.queue_offset,
+        )
+    return a == b

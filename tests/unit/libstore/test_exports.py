@@ -24,6 +24,7 @@ EXPECTED = {
     "OffsetOutOfRangeError",
     "PropertiesSizeExceededError",
     "PutMessageResult",
+    "PutMessageResults",
     "PutMessageStatus",
     "QueueIdOutOfRangeError",
     "RecoveryReport",
