@@ -25,7 +25,7 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench --write-readme
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

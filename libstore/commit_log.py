@@ -526,6 +526,12 @@ class CommitLog:
             self._listeners.remove(listener)
 
     @property
+    def group_commit_flushes(self) -> int:
+        """fdatasync rounds the SYNC_FLUSH group commit has made since start (0 under ASYNC_FLUSH);
+        messages acknowledged divided by this is the group-commit batching factor."""
+        return self._group_commit.flush_rounds if self._group_commit is not None else 0
+
+    @property
     def writeable(self) -> bool:
         return self._writeable
 

@@ -16,6 +16,10 @@ into place, so a crash never leaves a short segment. Optional page-cache preload
 RocketMQ's warm-up (zeros, then mlock + MADV_WILLNEED) happen before the rename, on the
 allocating thread, with the GIL released in each read/write call.
 
+Records are appended with ``pwrite`` into the file (the kernel copies into the page cache: no
+page fault per 4 KiB page, and the GIL is released during the copy); readers use the mapping,
+which shares that page cache. With a transient store pool, appends go to the pooled buffer.
+
 Thread-safety: one writer appends; one flush (and one commit) thread may run concurrently; any
 thread may read. Durability uses ``os.fdatasync`` on the file descriptor (covers stores through
 the shared mapping; unlike ``mmap.flush`` it releases the GIL). Crash policy: nothing here
@@ -183,14 +187,18 @@ class MappedFile:
 
         The first 4 bytes (the first record's TOTALSIZE) are stored last, so a process killed
         mid-copy leaves a zero size where recovery will stop. The caller guarantees the data fits.
+        Raises OSError when the write fails (the caller treats it as fail-stop).
         """
         start = self.wrote_position
         n = len(data)
-        target = self._write_buffer if self._write_buffer is not None else self._mmap
         view = memoryview(data)
         try:
-            target[start + 4 : start + n] = view[4:]
-            target[start : start + 4] = view[:4]
+            if self._write_buffer is not None:
+                self._write_buffer[start + 4 : start + n] = view[4:]
+                self._write_buffer[start : start + 4] = view[:4]
+            else:
+                _pwrite_all(self._fd, view[4:], start + 4)
+                _pwrite_all(self._fd, view[:4], start)
         finally:
             view.release()
         self.wrote_position = start + n
@@ -331,6 +339,13 @@ class MappedFile:
             f"MappedFile({self.file_name}, wrote={self.wrote_position}, committed={self.committed_position}, "
             f"flushed={self.flushed_position})"
         )
+
+
+def _pwrite_all(fd: int, data: memoryview, position: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, position)
+        data = data[written:]
+        position += written
 
 
 def _warm_fd(fd: int, file_size: int, flush_pages: int) -> None:

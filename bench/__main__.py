@@ -1,0 +1,194 @@
+"""``python -m bench`` (``make bench``): run the benchmarks, print tables, save JSON, and with
+``--write-readme`` replace the results block of bench/README.md.
+
+Not part of ``make test``: speed targets live here, never in timed unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import baseline, commit_log_bench
+from bench.harness import machine_facts, scratch_dir
+from libstore import FlushDiskType
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+BEGIN = "<!-- results:commit_log:begin -->"
+END = "<!-- results:commit_log:end -->"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured window per scenario (s)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data/bench"),
+        help="where stores are created (the disk under test); default ./data/bench",
+    )
+    parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
+    parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0:
+        parser.error("--seconds must be > 0")
+    console = Console()
+    data_dir: Path = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts(data_dir)
+    console.print(f"[bold]mqstore bench[/] on {facts['cpu']} x{facts['cores']}, {facts['filesystem']}")
+
+    with scratch_dir(data_dir, "baseline") as d:
+        raw = baseline.encode_copy(d, args.seconds)
+        sync = baseline.fdatasync_loop(d, args.seconds)
+        seq_tool, seq_mb = baseline.sequential_write(d)
+    record_bytes = baseline.record_size()
+    base_rows = [
+        (
+            "raw encode + copy into mmap (b=256)",
+            f"{raw.msgs_per_s:,.0f} records/s",
+            f"{raw.mb_per_s(record_bytes):,.0f} MB/s",
+        ),
+        (
+            "raw pwrite + fdatasync per record",
+            f"{sync.msgs_per_s:,.0f} records/s",
+            f"p50 {sync.percentile_ms(50):.2f} ms",
+        ),
+        (f"sequential write ({seq_tool}, 1 MiB blocks + flush)", "", f"{seq_mb:,.0f} MB/s"),
+    ]
+    results = []
+    for sc in commit_log_bench.default_matrix():
+        if args.only and args.only not in sc.name:
+            continue
+        console.print(f"  {sc.name} ...", end="")
+        with scratch_dir(data_dir, "store") as d:
+            res = commit_log_bench.run(sc, str(d), args.seconds)
+        results.append(res)
+        console.print(f" {res.sample.msgs_per_s:,.0f} msgs/s")
+
+    lines = _markdown(facts, base_rows, results, raw.msgs_per_s, sync.msgs_per_s, record_bytes, args.seconds)
+    table = Table(title="CommitLog append, 1 KiB messages")
+    for col in (
+        "flush",
+        "producers",
+        "batch",
+        "msgs/s",
+        "MB/s",
+        "p50 ms",
+        "p99 ms",
+        "vs baseline",
+        "fsyncs/s",
+    ):
+        table.add_column(col, justify="right")
+    for res in results:
+        table.add_row(*_cells(res, raw.msgs_per_s, sync.msgs_per_s, record_bytes))
+    console.print(table)
+    for name, a, b in base_rows:
+        console.print(f"baseline: {name}: {a} {b}")
+
+    out_dir = HERE / "results"
+    out_dir.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    payload = {
+        "machine": facts,
+        "seconds": args.seconds,
+        "record_bytes": record_bytes,
+        "baseline": {
+            "encode_copy_records_per_s": raw.msgs_per_s,
+            "fdatasync_per_s": sync.msgs_per_s,
+            "sequential_write": {"tool": seq_tool, "mb_per_s": seq_mb},
+        },
+        "commit_log": [
+            {
+                "scenario": r.scenario.name,
+                "msgs_per_s": r.sample.msgs_per_s,
+                "mb_per_s": r.sample.mb_per_s(record_bytes),
+                "p50_ms": r.sample.percentile_ms(50),
+                "p99_ms": r.sample.percentile_ms(99),
+                "failed_puts": r.failed_puts,
+                "group_commit_flushes_per_s": r.group_commit_flushes_per_s,
+            }
+            for r in results
+        ],
+    }
+    (out_dir / f"commit_log-{stamp}.json").write_text(json.dumps(payload, indent=1))
+    (out_dir / "commit_log-latest.md").write_text("\n".join(lines) + "\n")
+    if args.write_readme:
+        _write_readme(lines)
+        console.print(f"updated {README}")
+    failed = sum(r.failed_puts for r in results)
+    if failed:
+        console.print(f"[red]{failed} puts did not return PUT_OK[/]")
+        return 1
+    return 0
+
+
+def _vs(res: commit_log_bench.Result, raw_rate: float, sync_rate: float) -> str:
+    if res.scenario.flush is FlushDiskType.ASYNC_FLUSH:
+        return f"{res.sample.msgs_per_s / raw_rate:.2f} x encode+copy"
+    return f"{res.sample.msgs_per_s / sync_rate:.1f} x fdatasync"
+
+
+def _cells(res: commit_log_bench.Result, raw_rate: float, sync_rate: float, record_bytes: int) -> list[str]:
+    sc = res.scenario
+    flush = sc.flush.value + (" +pool" if sc.transient_pool else "")
+    producers = f"{sc.producers}" + (" (asyncio)" if sc.mode == "asyncio" else "")
+    fsyncs = f"{res.group_commit_flushes_per_s:,.0f}" if sc.flush is FlushDiskType.SYNC_FLUSH else "-"
+    p99 = res.sample.percentile_ms(99)
+    return [
+        flush,
+        producers,
+        str(sc.batch),
+        f"{res.sample.msgs_per_s:,.0f}",
+        f"{res.sample.mb_per_s(record_bytes):,.1f}",
+        f"{res.sample.percentile_ms(50):.3f}",
+        "-" if math.isnan(p99) else f"{p99:.3f}",
+        _vs(res, raw_rate, sync_rate),
+        fsyncs,
+    ]
+
+
+def _markdown(
+    facts: dict[str, str],
+    base_rows: list[tuple[str, str, str]],
+    results: list[commit_log_bench.Result],
+    raw_rate: float,
+    sync_rate: float,
+    record_bytes: int,
+    seconds: float,
+) -> list[str]:
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), kernel {facts['kernel']}, "
+        f"Python {facts['python']}, data on `{facts['filesystem']}`; {seconds:g} s window per row after "
+        f"0.5 s warm-up; record = {record_bytes} bytes.",
+        "",
+        "| flush | producers | batch | msgs/s | MB/s | p50 ms | p99 ms | vs baseline | fsyncs/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        lines.append("| " + " | ".join(_cells(res, raw_rate, sync_rate, record_bytes)) + " |")
+    lines += ["", "| baseline (same run) | rate | |", "|---|---|---|"]
+    for name, a, b in base_rows:
+        lines.append(f"| {name} | {a} | {b} |")
+    return lines
+
+
+def _write_readme(lines: list[str]) -> None:
+    text = README.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{README} lacks the {BEGIN} / {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
