@@ -126,7 +126,10 @@ def properties_to_bytes(properties: Mapping[str, str] | None) -> bytes:
         raise MessageIllegalError("property keys and values must not contain \\x01 or \\x02")
     if "" in properties:
         raise MessageIllegalError("property keys must not be empty")
-    raw = text.encode("utf-8")
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MessageIllegalError(f"properties are not encodable as UTF-8: {exc.reason}") from None
     if len(raw) > MAX_PROPERTIES_LENGTH:
         raise PropertiesSizeExceededError(
             f"serialized properties are {len(raw)} bytes, the limit is {MAX_PROPERTIES_LENGTH}"

@@ -312,3 +312,9 @@ def test_overwritten_bytes_never_change_what_a_valid_record_reports(garbage, cut
     if req.success and not req.is_blank:  # garbage may also spell the blank magic: a clean "end"
         assert req.msg_size == len(original) and req.commit_log_offset == 1000
         assert decode_record(bytes(raw), check_crc=True).body == b"payload"
+
+
+def test_unencodable_property_text_is_a_bad_message():
+    enc = RecordEncoder(STORE_HOST, 1024)
+    with pytest.raises(MessageIllegalError, match="message 1: properties are not encodable as UTF-8"):
+        enc.encode_batch([Message("T", b"x", 0), Message("T", b"x", 0, properties={"k": "\ud800"})], BORN_TS)
