@@ -1,10 +1,14 @@
-"""libstore: a RocketMQ-style message storage engine (CommitLog, flush, checkpoint, recovery).
+"""libstore: a RocketMQ-style message storage engine: CommitLog (flush, checkpoint, recovery),
+ConsumeQueues and IndexFiles built by dispatch, pulls with long polling, consumer offsets;
+:class:`MessageStore` wires them into one embedded store.
 
 The public surface is listed in ``__all__`` and pinned by tests/unit/libstore/test_exports.py.
 """
 
 from libstore.commit_log import AppendResult, CommitLog
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
+from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
+from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import (
     ConfigError,
     CorruptRecordError,
@@ -23,29 +27,47 @@ from libstore.errors import (
     StoreLockedError,
     TopicNotFoundError,
 )
+from libstore.get_message import GetMessageResult
+from libstore.index_service import IndexService
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.message_filter import TagFilter
 from libstore.message_id import UniqKeyGenerator, create_message_id, decode_message_id
+from libstore.message_store import MessageStore, QueueProgress
 from libstore.record_codec import DispatchRequest, decode_record
 from libstore.recovery import RecoveryReport
-from libstore.results import AppendMessageStatus, PutMessageResult, PutMessageResults, PutMessageStatus
+from libstore.results import (
+    AppendMessageStatus,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageResults,
+    PutMessageStatus,
+)
 from libstore.topic_config import TopicConfig, TopicConfigManager, TopicMessageType
 
 __all__ = [
     "AppendMessageStatus",
     "AppendResult",
+    "BoundaryType",
     "BrokerRole",
     "CommitLog",
     "ConfigError",
+    "ConsumeQueue",
+    "ConsumerOffsetManager",
     "CorruptRecordError",
+    "CqUnit",
     "DiskFullError",
     "DispatchRequest",
     "FlushDiskType",
+    "GetMessageResult",
+    "GetMessageStatus",
     "IllegalTopicError",
+    "IndexService",
     "InvalidArgumentError",
     "Message",
     "MessageConst",
     "MessageIllegalError",
     "MessageRecord",
+    "MessageStore",
     "MessageSysFlag",
     "NotMasterError",
     "OSPageCacheBusyError",
@@ -55,12 +77,14 @@ __all__ = [
     "PutMessageResults",
     "PutMessageStatus",
     "QueueIdOutOfRangeError",
+    "QueueProgress",
     "RecoveryReport",
     "ServiceNotAvailableError",
     "StoreConfig",
     "StoreError",
     "StoreIOError",
     "StoreLockedError",
+    "TagFilter",
     "TopicConfig",
     "TopicConfigManager",
     "TopicMessageType",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,14 +54,16 @@ from libstore.errors import (
 from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitRequest, GroupCommitService
 from libstore.log_scanner import scan_log
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import Message, MessageRecord
+from libstore.message import Message, MessageRecord, MessageSysFlag
 from libstore.message_id import encode_host
 from libstore.queue_offset_table import QueueKey, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     QUEUE_OFFSET_AND_PHY_OFFSET,
     QUEUE_OFFSET_POSITION,
+    RECORD_OVERHEAD_V1_IPV4,
     STORE_TIMESTAMP,
+    SYS_FLAG_POSITION,
     DispatchRequest,
     EncodedBatch,
     RecordEncoder,
@@ -83,6 +86,7 @@ from libstore.topic_config import TopicConfigManager
 from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
+_INT = struct.Struct(">i")
 
 
 class AppendResult:
@@ -624,6 +628,45 @@ class CommitLog:
         if record.phy_offset != phy_offset:
             raise CorruptRecordError(f"record at {phy_offset} claims offset {record.phy_offset}")
         return record
+
+    def scan_records(
+        self, from_offset: int, end_offset: int, *, decode_properties: bool = True
+    ) -> Iterator[DispatchRequest]:
+        """Everything dispatch needs between two record boundaries: valid records, blank END
+        records (``msg_size`` 0) and, if the scan meets bytes that are not a record, one last
+        request with ``success`` False (see libstore.log_scanner.scan_log)."""
+        assert self.queue is not None
+        return scan_log(
+            self.queue, from_offset, end_offset, decode_properties=decode_properties, yield_blanks=True
+        )
+
+    def roll_next_file(self, offset: int) -> int:
+        """Start of the segment after the one holding ``offset``."""
+        assert self.queue is not None
+        return self.queue.roll_next_file(offset)
+
+    def stop_accepting(self) -> None:
+        """Refuse new puts from now on and wait for the one in flight (shutdown, step 1)."""
+        self._running = False
+        with self._put_lock:
+            pass
+
+    def pickup_store_timestamp(self, phy_offset: int, size: int) -> int:
+        """STORETIMESTAMP (ms) of the record at ``phy_offset``, or -1 when the log no longer
+        holds it (RocketMQ ``pickupStoreTimestamp``)."""
+        assert self.queue is not None
+        mf = self.queue.find_mapped_file_by_offset(phy_offset)
+        if mf is None or size < RECORD_OVERHEAD_V1_IPV4:
+            return -1
+        pos = phy_offset - mf.file_from_offset
+        try:
+            if pos + size > mf.readable_position:
+                return -1
+            sys_flag = _INT.unpack_from(mf.buffer, pos + SYS_FLAG_POSITION)[0]
+            born = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
+            return STORE_TIMESTAMP.unpack_from(mf.buffer, pos + 48 + born)[0]
+        except ValueError:  # segment unmapped concurrently
+            return -1
 
     def iter_records(
         self,

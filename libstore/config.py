@@ -111,6 +111,33 @@ class StoreConfig:
     max_queue_nums_per_topic: int = _f(
         1024, "maxQueueNumsPerTopic", "queues", "mqstore: upper bound of a topic's queue count"
     )
+    flush_interval_consume_queue: int = _f(
+        1000, "flushIntervalConsumeQueue", "ms", "ConsumeQueue and IndexFile flush period"
+    )
+    flush_consume_queue_least_pages: int = _f(2, "flushConsumeQueueLeastPages", "pages")
+    flush_consume_queue_thorough_interval: int = _f(
+        60_000,
+        "flushConsumeQueueThoroughInterval",
+        "ms",
+        "flush every ConsumeQueue and IndexFile, then save the dispatch checkpoint, this often; "
+        "a crash replays at most this much of the log into them",
+    )
+    message_index_enable: bool = _f(True, "messageIndexEnable", doc="build IndexFiles (keys, unique keys)")
+    max_hash_slot_num: int = _f(5_000_000, "maxHashSlotNum", "slots", "hash slots per IndexFile")
+    max_index_num: int = _f(20_000_000, "maxIndexNum", "entries", "entries per IndexFile")
+    max_msgs_num_batch: int = _f(64, "maxMsgsNumBatch", "messages", "most offsets one key query returns")
+    max_transfer_bytes_on_message_in_memory: int = _f(
+        256 * 1024, "maxTransferBytesOnMessageInMemory", "bytes", "a pull returns at most this much"
+    )
+    max_pull_batch_size: int = _f(
+        1024, "maxPullBatchSize", "messages", "mqstore: a pull asking for more is refused"
+    )
+    long_polling_hold_time: int = _f(
+        30_000, "longPollingHoldTime", "ms", "mqstore: longest a pull may wait for new messages"
+    )
+    flush_consumer_offset_interval: int = _f(
+        5000, "flushConsumerOffsetInterval", "ms", "how often consumer offsets are persisted"
+    )
     queue_offset_snapshot_interval: int = _f(
         10_000,
         "queueOffsetSnapshotInterval",
@@ -133,6 +160,15 @@ class StoreConfig:
             "max_topic_length",
             "max_queue_nums_per_topic",
             "queue_offset_snapshot_interval",
+            "flush_interval_consume_queue",
+            "flush_consume_queue_thorough_interval",
+            "max_hash_slot_num",
+            "max_index_num",
+            "max_msgs_num_batch",
+            "max_transfer_bytes_on_message_in_memory",
+            "max_pull_batch_size",
+            "long_polling_hold_time",
+            "flush_consumer_offset_interval",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -142,6 +178,7 @@ class StoreConfig:
             "commit_commit_log_least_pages",
             "commit_commit_log_thorough_interval",
             "flush_least_pages_when_warm_mapped_file",
+            "flush_consume_queue_least_pages",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -150,6 +187,10 @@ class StoreConfig:
             raise ConfigError("mapped_file_size_commit_log must be a multiple of 4096 bytes")
         if self.mapped_file_size_commit_log < 64 * 1024:
             raise ConfigError("mapped_file_size_commit_log must be at least 65536 bytes")
+        if self.mapped_file_size_consume_queue < 20:
+            raise ConfigError("mapped_file_size_consume_queue must hold at least one 20-byte unit")
+        if self.max_index_num < 2:
+            raise ConfigError("max_index_num must be at least 2 (entry 0 is unused)")
         if self.max_message_size + 64 * 1024 > self.mapped_file_size_commit_log:
             raise ConfigError(
                 "mapped_file_size_commit_log must hold the largest record: "

@@ -21,12 +21,14 @@ def scan_log(
     *,
     check_crc: bool = False,
     decode_properties: bool = True,
+    yield_blanks: bool = False,
 ) -> Iterator[DispatchRequest]:
     """Yield the records from ``from_offset`` up to ``end_offset`` (exclusive).
 
     Both offsets must be record boundaries. Each segment is read up to its ``readable_position``.
-    Yields valid records (``success`` True, ``msg_size`` > 0) and, last, possibly one invalid
-    request. A segment closed concurrently (deleted) ends the scan.
+    Yields valid records (``success`` True, ``msg_size`` > 0), the blank END records too when
+    ``yield_blanks`` (``msg_size`` 0, ``commit_log_offset`` where the blank sits), and, last,
+    possibly one invalid request. A segment closed concurrently (deleted) ends the scan.
     """
     offset = from_offset
     while end_offset is None or offset < end_offset:
@@ -55,6 +57,9 @@ def scan_log(
             yield req
             return
         if req.msg_size == 0:
+            if yield_blanks:
+                req.commit_log_offset = offset
+                yield req
             offset = queue.roll_next_file(offset)
             continue
         yield req

@@ -214,3 +214,25 @@ def _same(a: object, b: object) -> bool:
             b.queue_offset,
         )
     return a == b
+
+
+class GetMessageStatus(enum.Enum):
+    """Result of a pull (RocketMQ ``GetMessageStatus``).
+
+    FOUND: messages returned. NO_MATCHED_MESSAGE: units scanned, none passed the filter.
+    MESSAGE_WAS_REMOVING: the units point at CommitLog bytes already deleted.
+    OFFSET_FOUND_NULL: no units readable at the offset. OFFSET_OVERFLOW_ONE: the offset is the
+    queue's max (nothing new yet; long polling waits here). OFFSET_OVERFLOW_BADLY: past the max.
+    OFFSET_TOO_SMALL: below the min (deleted). NO_MATCHED_LOGIC_QUEUE: no such queue.
+    NO_MESSAGE_IN_QUEUE: the queue is empty.
+    """
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"

@@ -20,6 +20,8 @@ CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
 QUEUE_OFFSET_TABLE_FILE = "queueOffsetTable.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
+# Inside consumequeue/ and index/: how far each is built and flushed (deleted with its folder).
+DISPATCH_CHECKPOINT_FILE = "dispatchOffset.json"
 
 
 def commit_log_dir(root: Path) -> Path:
@@ -60,3 +62,8 @@ def queue_offset_table_path(root: Path) -> Path:
 
 def consumer_offset_path(root: Path) -> Path:
     return config_dir(root) / CONSUMER_OFFSET_FILE
+
+
+def dispatch_checkpoint_path(derived_dir: Path) -> Path:
+    """The dispatch checkpoint of a derived folder (``consumequeue`` or ``index``)."""
+    return Path(derived_dir) / DISPATCH_CHECKPOINT_FILE

@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 import threading
 
-from libstore import CommitLog, FlushDiskType, Message, StoreConfig
+from libstore import FlushDiskType, Message, StoreConfig
+from libstore.message_store import MessageStore
 
 TOPIC = "CrashTopic"
 QUEUES = 4
@@ -27,17 +28,26 @@ def queue_of(stream: int, seq: int) -> int:
     return (stream * 7 + seq) % QUEUES
 
 
-def main() -> None:
-    root, flush, segment, starts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    config = StoreConfig(
+def store_config(root: str, flush: FlushDiskType, segment: int) -> StoreConfig:
+    """Small files everywhere so kills land during CommitLog, ConsumeQueue and IndexFile rolls."""
+    return StoreConfig(
         store_path_root_dir=root,
         mapped_file_size_commit_log=segment,
         max_message_size=16 * 1024,
-        flush_disk_type=FlushDiskType(flush),
+        flush_disk_type=flush,
         flush_interval_commit_log=20,
         default_topic_queue_nums=QUEUES,
+        mapped_file_size_consume_queue=100 * 20,
+        max_hash_slot_num=97,
+        max_index_num=400,
+        flush_interval_consume_queue=50,
+        flush_consume_queue_thorough_interval=300,
     )
-    log = CommitLog.open(config)
+
+
+def main() -> None:
+    root, flush, segment, starts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    log = MessageStore.open(store_config(root, FlushDiskType(flush), segment))
     out = sys.stdout
     out_lock = threading.Lock()
     print("READY", flush=True)

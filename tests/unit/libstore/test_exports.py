@@ -3,6 +3,16 @@
 import libstore
 
 EXPECTED = {
+    "BoundaryType",
+    "ConsumeQueue",
+    "CqUnit",
+    "GetMessageResult",
+    "GetMessageStatus",
+    "IndexService",
+    "MessageStore",
+    "QueueProgress",
+    "TagFilter",
+    "ConsumerOffsetManager",
     "AppendMessageStatus",
     "AppendResult",
     "BrokerRole",

@@ -1,6 +1,7 @@
-"""Crash tests with real processes: a child appends from several threads and reports each
-acknowledged message over a pipe; the parent SIGKILLs it at random moments (one round inside a
-segment roll window), reopens the store and checks what survived.
+"""Crash tests with real processes: a child runs the whole store (CommitLog, dispatch into
+ConsumeQueues and IndexFiles) and appends from several threads, reporting each acknowledged
+message over a pipe; the parent SIGKILLs it at random moments (one round inside a segment roll
+window), reopens the store and checks what survived, including the derived stores.
 
 SYNC_FLUSH: every acknowledged message is present and intact. ASYNC_FLUSH: the recovered log is
 a valid prefix of each producer's stream (and, for a process crash, holds every acknowledged
@@ -20,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from libstore import CommitLog, FlushDiskType, Message, StoreConfig
-from tests.crash._child import TOPIC, body_of
+from libstore import FlushDiskType, Message
+from libstore.message_store import MessageStore
+from tests.crash._child import TOPIC, body_of, store_config
 
 SEGMENT = 256 * 1024
 STREAMS = 4
@@ -96,10 +98,8 @@ class ChildRun:
 def _verify(root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack], rnd: int) -> list[int]:
     """Reopen the store, check it, put one probe message, and return the next sequence number of
     every stream. Probe messages (key ``probe-<round>``) belong to no stream."""
-    config = StoreConfig(
-        store_path_root_dir=str(root), mapped_file_size_commit_log=SEGMENT, max_message_size=16 * 1024
-    )
-    log = CommitLog.open(config)
+    store = MessageStore.open(store_config(str(root), flush, SEGMENT))
+    log = store.commit_log
     try:
         report = log.recovery_report
         assert report is not None and not report.normal, "a SIGKILLed store must take abnormal recovery"
@@ -138,14 +138,26 @@ def _verify(root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack],
             assert rec.body == body_of(stream, seq) and rec.queue_id == ack.qid and rec.topic == TOPIC
         # 4b. Probes of earlier rounds were acknowledged under the same policy: they survive too.
         assert probes == list(range(rnd)), f"probe messages {probes} after {rnd} rounds"
-        # 5. The store keeps working: one more put lands right after the end, with the next
+        # 5. The derived stores agree with the recovered log: every record has its unit, no unit
+        # points past the log's end, and every key is found by the index.
+        assert store.wait_dispatched(60), "dispatch did not catch up with the recovered log"
+        for (topic, qid), n in expect_next.items():
+            cq = store.consume_queue_store.find(topic, qid)
+            assert cq is not None and cq.max_offset_in_queue == n, f"{topic}-{qid} has units past the log"
+        for rec in records:
+            unit = store.consume_queue_store.find(rec.topic, rec.queue_id).read_unit(rec.consume_queue_offset)
+            assert (unit.phy_offset, unit.size) == (rec.commit_log_offset, rec.msg_size)
+        for rec in records[:: max(1, len(records) // 300)] + records[-50:]:
+            hits = store.query_message(rec.topic, rec.keys[0], 4)
+            assert [h.phy_offset for h in hits] == [rec.commit_log_offset], f"key {rec.keys[0]} not indexed"
+        # 6. The store keeps working: one more put lands right after the end, with the next
         # queue offset of its queue.
-        probe = log.put_messages([Message(TOPIC, b"after-crash", 0, keys=f"probe-{rnd}")])[0]
+        probe = store.put_messages([Message(TOPIC, b"after-crash", 0, keys=f"probe-{rnd}")])[0]
         assert probe.ok and probe.phy_offset in (end, log.queue.roll_next_file(end))
         assert probe.queue_offset == expect_next.get((TOPIC, 0), 0)
         return [len(seq_seen[s]) for s in range(STREAMS)]
     finally:
-        log.shutdown()
+        store.shutdown()
 
 
 def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) -> int:

@@ -1,0 +1,384 @@
+"""ConsumeQueue: the per (topic, queue id) index of the CommitLog (spec sheet §3).
+
+One 20-byte unit per message, in queue-offset order; queue offset *i* sits at byte *i* × 20 of
+the queue's logical file space, split into segments of 300,000 units (6,000,000 bytes) named by
+their first byte's offset under ``consumequeue/<topic>/<queueId>/``::
+
+    +--------------------------+-------------+--------------------------+
+    | CommitLog offset (int64) | size (int32) | tags code (int64)        |
+    +--------------------------+-------------+--------------------------+
+      0                          8              12                        20
+
+A unit is valid when its offset is >= 0 and its size > 0. Blank units (0, Integer.MAX_VALUE, 0)
+fill the slots before a queue's first real unit when the queue starts past offset 0 (its older
+messages are gone from the CommitLog); readers skip them.
+
+Derived state: everything here can be rebuilt from the CommitLog. Appends are idempotent (a
+unit whose message ends at or before the queue's ``max_physic_offset`` is a replay and is
+skipped), recovery keeps the valid prefix, and :meth:`ConsumeQueue.truncate_dirty_logic_files`
+cuts units that point past the CommitLog's end.
+
+Thread-safety: one dispatcher thread appends; any thread may read (readers see units up to the
+write position, which moves after a unit is complete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final, NamedTuple
+
+from libstore.errors import StoreIOError
+from libstore.mapped_file import MappedFile
+from libstore.mapped_file_queue import MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+CQ_STORE_UNIT_SIZE: Final = 20
+_UNIT = struct.Struct(">qiq")  # CommitLog offset, size, tags code
+BLANK_UNIT_SIZE: Final = 0x7FFFFFFF  # size field of a pre-fill unit (Integer.MAX_VALUE)
+_BLANK_UNIT = _UNIT.pack(0, BLANK_UNIT_SIZE, 0)
+
+
+def consume_queue_file_size(configured: int) -> int:
+    """Segment size in bytes: the configured size rounded up to a whole number of units."""
+    return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+
+
+class CqUnit(NamedTuple):
+    """One unit: its queue offset, the message's CommitLog offset and size (bytes), tags code."""
+
+    queue_offset: int
+    phy_offset: int
+    size: int
+    tags_code: int
+
+
+class BoundaryType(enum.Enum):
+    """Which queue offset a time lookup returns (RocketMQ 5 ``BoundaryType``).
+
+    LOWER: the first message stored at or after the time. UPPER: the last one stored at or before.
+    """
+
+    LOWER = "LOWER"
+    UPPER = "UPPER"
+
+
+class ConsumeQueue:
+    """The units of one (topic, queue id); see the module docstring.
+
+    ``store_path`` is the ``consumequeue`` folder; ``mapped_file_size`` the configured segment
+    size in bytes (rounded up to whole units).
+    """
+
+    def __init__(self, topic: str, queue_id: int, store_path: Path, mapped_file_size: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = consume_queue_file_size(mapped_file_size)
+        self.queue = MappedFileQueue(Path(store_path) / topic / str(queue_id), self.mapped_file_size)
+        self.max_physic_offset = -1  # end (offset + size) of the last unit's message
+        self.min_logic_offset = 0  # bytes: first real unit
+        self._loaded = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map the segments on disk; raises StoreIOError (wrong size, gap)."""
+        self.queue.load()
+        self._loaded = True
+
+    def recover(self) -> int:
+        """Keep the valid prefix of units (from the third-to-last segment on, as RocketMQ does);
+        set positions and ``max_physic_offset``. Returns the number of units kept past the scan
+        start."""
+        files = self.queue.mapped_files
+        if not files:
+            self.max_physic_offset = -1
+            return 0
+        start = max(0, len(files) - 3)
+        end_logic = files[start].file_from_offset
+        max_phy = -1
+        kept = 0
+        for mf in files[start:]:
+            buf = mf.buffer
+            pos = 0
+            size = mf.file_size
+            while pos + CQ_STORE_UNIT_SIZE <= size:
+                offset, unit_size, _ = _UNIT.unpack_from(buf, pos)
+                if offset < 0 or unit_size <= 0:
+                    break
+                if unit_size != BLANK_UNIT_SIZE:
+                    max_phy = offset + unit_size
+                pos += CQ_STORE_UNIT_SIZE
+                kept += 1
+            end_logic = mf.file_from_offset + pos
+            if pos < size:
+                break
+        self.queue.truncate_dirty_files(end_logic)
+        self.queue.flushed_where = self.queue.committed_where = end_logic
+        if max_phy < 0:
+            max_phy = self._scan_back_for_max_physic_offset()
+        self.max_physic_offset = max_phy
+        self._fix_min_logic_offset()
+        return kept
+
+    def _scan_back_for_max_physic_offset(self) -> int:
+        """End of the last real unit, searching back over blank units (rare: a queue of blanks)."""
+        for mf in reversed(self.queue.mapped_files):
+            pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+            while pos >= 0:
+                offset, size, _ = _UNIT.unpack_from(mf.buffer, pos)
+                if size != BLANK_UNIT_SIZE and offset >= 0 and size > 0:
+                    return offset + size
+                pos -= CQ_STORE_UNIT_SIZE
+        return -1
+
+    def _fix_min_logic_offset(self) -> None:
+        first = self.queue.get_first_mapped_file()
+        if first is None:
+            self.min_logic_offset = 0
+            return
+        pos = 0
+        while pos < first.wrote_position:
+            _, size, _ = _UNIT.unpack_from(first.buffer, pos)
+            if size != BLANK_UNIT_SIZE:
+                break
+            pos += CQ_STORE_UNIT_SIZE
+        self.min_logic_offset = first.file_from_offset + pos
+
+    def flush(self, least_pages: int = 0) -> bool:
+        """Flush the segment holding the flushed watermark; True when it moved."""
+        return self.queue.flush(least_pages)
+
+    def flush_all(self) -> None:
+        """Flush every written byte (segment after segment)."""
+        self.queue.flush_to(self.queue.get_max_wrote_position(), 0)
+
+    def shutdown(self) -> None:
+        self.queue.shutdown()
+
+    def destroy(self) -> None:
+        """Delete every segment and the queue's folder."""
+        self.queue.reset_to_empty(0)
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+        for folder in (self.queue.store_path, self.queue.store_path.parent):
+            with contextlib.suppress(OSError):  # not empty: someone else's files; leave it
+                folder.rmdir()
+
+    # -- offsets ---------------------------------------------------------------------------------
+    @property
+    def min_offset_in_queue(self) -> int:
+        """First queue offset that holds a real unit."""
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def max_offset_in_queue(self) -> int:
+        """Queue offset the next unit will take (units are 0..max-1)."""
+        return self.queue.get_max_wrote_position() // CQ_STORE_UNIT_SIZE
+
+    # -- append ----------------------------------------------------------------------------------
+    def put_message_position_info(
+        self, phy_offset: int, size: int, tags_code: int, queue_offset: int
+    ) -> bool:
+        """Append the unit of the message at ``phy_offset`` (``size`` bytes) as ``queue_offset``.
+
+        Returns False when skipped: a replay (the message ends at or before ``max_physic_offset``)
+        or a queue offset that already holds a unit. A queue offset past the end (a gap) is
+        filled with blank units first and logged, so unit *i* always is queue offset *i*.
+        Raises StoreIOError when a segment cannot be created or written.
+        """
+        if phy_offset + size <= self.max_physic_offset:
+            return False
+        expect = queue_offset * CQ_STORE_UNIT_SIZE
+        current = self.queue.get_max_wrote_position()
+        if not self.queue.mapped_files:
+            current = expect - expect % self.mapped_file_size
+            if expect:
+                log.info(
+                    "%s-%d starts at queue offset %d: filling %d blank units",
+                    self.topic,
+                    self.queue_id,
+                    queue_offset,
+                    (expect - current) // CQ_STORE_UNIT_SIZE,
+                )
+            self.min_logic_offset = expect
+        if expect < current:
+            log.warning(
+                "%s-%d already has queue offset %d (max %d); unit skipped",
+                self.topic,
+                self.queue_id,
+                queue_offset,
+                current // CQ_STORE_UNIT_SIZE,
+            )
+            return False
+        if expect > current and self.queue.mapped_files:
+            log.error(
+                "%s-%d: gap before queue offset %d (max %d); filling blank units",
+                self.topic,
+                self.queue_id,
+                queue_offset,
+                current // CQ_STORE_UNIT_SIZE,
+            )
+        while current < expect:
+            self._append(_BLANK_UNIT, current)
+            current += CQ_STORE_UNIT_SIZE
+        self._append(_UNIT.pack(phy_offset, size, tags_code), current)
+        self.max_physic_offset = phy_offset + size
+        return True
+
+    def _append(self, unit: bytes, logic_offset: int) -> None:
+        mf = self.queue.get_last_mapped_file()
+        if mf is None or mf.is_full():
+            mf = self.queue.get_last_mapped_file_or_create(logic_offset)
+            if mf is None:  # pragma: no cover - synchronous creation returns or raises
+                raise StoreIOError(f"cannot create a segment for {self.topic}-{self.queue_id}")
+        mf.append_raw(unit)
+
+    # -- read ------------------------------------------------------------------------------------
+    def read_units(self, queue_offset: int, max_count: int) -> list[CqUnit]:
+        """Up to ``max_count`` units from ``queue_offset`` (blank units included, marked by
+        size BLANK_UNIT_SIZE), crossing segments. Empty when the offset is outside the queue."""
+        out: list[CqUnit] = []
+        offset = queue_offset
+        end = self.max_offset_in_queue
+        while len(out) < max_count and offset < end:
+            mf, pos, limit = self._locate(offset)
+            if mf is None:
+                break
+            n = min(max_count - len(out), (limit - pos) // CQ_STORE_UNIT_SIZE)
+            if n <= 0:
+                break
+            try:
+                raw = mf.buffer[pos : pos + n * CQ_STORE_UNIT_SIZE]
+            except ValueError:  # segment closed under us
+                break
+            out.extend(
+                CqUnit(offset + i, phy, size, code)
+                for i, (phy, size, code) in enumerate(_UNIT.iter_unpack(raw))
+            )
+            offset += n
+        return out
+
+    def read_unit(self, queue_offset: int) -> CqUnit | None:
+        units = self.read_units(queue_offset, 1)
+        return units[0] if units else None
+
+    def _locate(self, queue_offset: int) -> tuple[MappedFile | None, int, int]:
+        logic = queue_offset * CQ_STORE_UNIT_SIZE
+        mf = self.queue.find_mapped_file_by_offset(logic)
+        if mf is None or mf.closed:
+            return None, 0, 0
+        return mf, logic - mf.file_from_offset, mf.wrote_position
+
+    def last_unit(self) -> CqUnit | None:
+        end = self.max_offset_in_queue
+        return self.read_unit(end - 1) if end > self.min_offset_in_queue else None
+
+    def get_offset_in_queue_by_time(
+        self,
+        timestamp_ms: int,
+        store_time_of: Callable[[int, int], int],
+        boundary: BoundaryType = BoundaryType.LOWER,
+    ) -> int:
+        """Queue offset by store time, by binary search over the units (spec §3).
+
+        ``store_time_of(phy_offset, size)`` returns a message's store timestamp (ms), or -1 when
+        the CommitLog no longer holds it (those units count as older than any time). LOWER: the
+        first offset stored at or after ``timestamp_ms`` (the max offset when none is); UPPER: the
+        last offset stored at or before it (the min offset when none is).
+        """
+        lo, hi = self.min_offset_in_queue, self.max_offset_in_queue
+        if lo >= hi:
+            return lo
+        if boundary is BoundaryType.LOWER:
+            # first index in [lo, hi) with time >= ts
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self._time_at(mid, store_time_of) >= timestamp_ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+        first = lo
+        # last index with time <= ts: first index with time > ts, minus one
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._time_at(mid, store_time_of) > timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        return max(first, lo - 1)
+
+    def _time_at(self, queue_offset: int, store_time_of: Callable[[int, int], int]) -> int:
+        unit = self.read_unit(queue_offset)
+        if unit is None or unit.size == BLANK_UNIT_SIZE:
+            return -1
+        return store_time_of(unit.phy_offset, unit.size)
+
+    # -- truncation ------------------------------------------------------------------------------
+    def truncate_dirty_logic_files(self, phy_offset: int) -> int:
+        """Drop units whose message starts at or after ``phy_offset`` (the CommitLog's end).
+
+        Returns how many units were removed.
+        """
+        before = self.max_offset_in_queue
+        files = self.queue.mapped_files
+        cut = None
+        for mf in reversed(files):
+            if mf.wrote_position == 0:
+                cut = mf.file_from_offset
+                continue
+            first_phy, first_size, _ = _UNIT.unpack_from(mf.buffer, 0)
+            if first_size != BLANK_UNIT_SIZE and first_phy >= phy_offset:
+                cut = mf.file_from_offset
+                continue
+            pos = 0
+            while pos < mf.wrote_position:
+                offset, size, _ = _UNIT.unpack_from(mf.buffer, pos)
+                if size != BLANK_UNIT_SIZE and (offset < 0 or size <= 0 or offset >= phy_offset):
+                    break
+                pos += CQ_STORE_UNIT_SIZE
+            cut = mf.file_from_offset + pos
+            break
+        if cut is None or cut >= self.queue.get_max_wrote_position():
+            return 0
+        self.queue.truncate_dirty_files(cut)
+        if not self.queue.mapped_files:
+            self.min_logic_offset = 0
+        self.max_physic_offset = self._scan_back_for_max_physic_offset()
+        removed = before - self.max_offset_in_queue
+        if removed:
+            log.info(
+                "%s-%d: %d units past CommitLog offset %d cut", self.topic, self.queue_id, removed, phy_offset
+            )
+        return removed
+
+    def correct_min_offset(self, commit_log_min_offset: int) -> None:
+        """Move the min offset past units whose messages the CommitLog no longer holds."""
+        first = self.queue.get_first_mapped_file()
+        if first is None:
+            return
+        last = self.last_unit()
+        if last is not None and last.phy_offset < commit_log_min_offset:
+            self.min_logic_offset = self.queue.get_max_wrote_position()
+            return
+        lo = max(self.min_logic_offset, first.file_from_offset) // CQ_STORE_UNIT_SIZE
+        hi = self.max_offset_in_queue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            unit = self.read_unit(mid)
+            if unit is not None and unit.size != BLANK_UNIT_SIZE and unit.phy_offset >= commit_log_min_offset:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_logic_offset = max(self.min_logic_offset, lo * CQ_STORE_UNIT_SIZE)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConsumeQueue({self.topic}-{self.queue_id}, min={self.min_offset_in_queue}, "
+            f"max={self.max_offset_in_queue}, max_physic_offset={self.max_physic_offset})"
+        )

@@ -1,0 +1,249 @@
+"""IndexFile: a hash index from message keys to CommitLog offsets (spec sheet §4).
+
+One file, named by its creation time (``yyyyMMddHHmmssSSS``, local time), laid out as::
+
+    +--------------------+---------------------------+------------------------------+
+    | header (40 bytes)  | hash slots (4 B x slots)  | entries (20 B x indexNum)    |
+    +--------------------+---------------------------+------------------------------+
+
+    header: beginTimestamp int64 | endTimestamp int64 | beginPhyOffset int64 |
+            endPhyOffset int64 | hashSlotCount int32 | indexCount int32
+    slot:   int32 number of the newest entry of the bucket (0: empty)
+    entry:  keyHash int32 | phyOffset int64 | timeDiff int32 (s after beginTimestamp) |
+            prevIndex int32 (older entry of the bucket, 0: none)
+
+Entry 0 is never used (``indexCount`` starts at 1), so a file holds ``indexNum - 1`` entries and
+is full when ``indexCount >= indexNum``. Keys hash with Java's ``String.hashCode`` made
+non-negative; lookups compare hashes only (the caller checks the message's real keys).
+
+One departure from RocketMQ's writer, on purpose: RocketMQ takes the first entry's time
+difference against the begin timestamp seeded from the previous file and only then replaces it
+with the entry's own store time, so that entry reads back as (gap to the previous file) seconds
+too late and can fall outside a query's time window. Here the first entry sets the begin
+timestamp first (time difference 0). Layout and lookup are unchanged, so files written by either
+read the same way.
+
+Thread-safety: one writer; lookups may run concurrently (they read whole entries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Final
+
+from libstore import _os
+from libstore.errors import StoreIOError
+from libstore.tags import java_string_hash
+
+INDEX_HEADER_SIZE: Final = 40
+HASH_SLOT_SIZE: Final = 4
+INDEX_SIZE: Final = 20
+INVALID_INDEX: Final = 0
+_HEADER = struct.Struct(">qqqqii")
+_SLOT = struct.Struct(">i")
+_ENTRY = struct.Struct(">iqii")
+_INT_MAX = 0x7FFFFFFF
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    """Bytes of one IndexFile (420,000,040 with the defaults)."""
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_SIZE
+
+
+def index_key_hash_code(key: str) -> int:
+    """abs(Java ``String.hashCode``), with Integer.MIN_VALUE mapped to 0 (RocketMQ's rule)."""
+    h = abs(java_string_hash(key))
+    return 0 if h > _INT_MAX else h
+
+
+class IndexFile:
+    """One IndexFile (see module docstring). Create with :meth:`create`, map with :meth:`open`."""
+
+    def __init__(self, path: Path, hash_slot_num: int, index_num: int, fd: int) -> None:
+        self.path = Path(path)
+        self.file_name = self.path.name
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self._fd = fd
+        self._mmap = mmap.mmap(fd, self.file_size)
+        (
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        ) = _HEADER.unpack_from(self._mmap, 0)
+        if self.index_count <= 0:
+            self.index_count = 1
+        self._entries_at = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        self._closed = False
+
+    @classmethod
+    def create(
+        cls,
+        path: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        end_phy_offset: int = 0,
+        end_timestamp: int = 0,
+    ) -> IndexFile:
+        """A new zeroed file whose header is seeded with the previous file's end offset and time.
+
+        Raises StoreIOError (DiskFull included) when the file cannot be allocated.
+        """
+        size = index_file_size(hash_slot_num, index_num)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _os.allocate_blocks(fd, size)
+                os.rename(tmp, path)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StoreIOError(f"cannot create index file {path}: {exc.strerror}") from exc
+        f = cls(path, hash_slot_num, index_num, fd)
+        if end_phy_offset > 0:
+            f.begin_phy_offset = f.end_phy_offset = end_phy_offset
+        if end_timestamp > 0:
+            f.begin_timestamp = f.end_timestamp = end_timestamp
+        f._write_header()
+        return f
+
+    @classmethod
+    def open(cls, path: Path, hash_slot_num: int, index_num: int) -> IndexFile:
+        """Map an existing file; raises StoreIOError when its size does not match the config."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise StoreIOError(f"cannot open index file {path}: {exc.strerror}") from exc
+        expected = index_file_size(hash_slot_num, index_num)
+        actual = os.fstat(fd).st_size
+        if actual != expected:
+            os.close(fd)
+            raise StoreIOError(
+                f"{path} is {actual} bytes but IndexFiles of {hash_slot_num} slots and {index_num} "
+                f"entries are {expected}; was the store built with other maxHashSlotNum/maxIndexNum?"
+            )
+        return cls(path, hash_slot_num, index_num, fd)
+
+    def _write_header(self) -> None:
+        _HEADER.pack_into(
+            self._mmap,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    # -- write ----------------------------------------------------------------------------------
+    def is_write_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Add one entry; False when the file is full (the caller rolls to a new file)."""
+        if self.index_count >= self.index_num:
+            return False
+        key_hash = index_key_hash_code(key)
+        slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        mm = self._mmap
+        slot_value = _SLOT.unpack_from(mm, slot_pos)[0]
+        if slot_value <= INVALID_INDEX or slot_value > self.index_count:
+            slot_value = INVALID_INDEX
+        index_count = self.index_count
+        if index_count <= 1:  # the first entry defines the file's begin (see module docstring)
+            self.begin_phy_offset = phy_offset
+            self.begin_timestamp = store_timestamp
+        begin = self.begin_timestamp
+        # Seconds since the file's begin time; 0 without one, clamped to [0, Integer.MAX_VALUE].
+        time_diff = 0 if begin <= 0 else min(max((store_timestamp - begin) // 1000, 0), _INT_MAX)
+        _ENTRY.pack_into(
+            mm, self._entries_at + index_count * INDEX_SIZE, key_hash, phy_offset, time_diff, slot_value
+        )
+        _SLOT.pack_into(mm, slot_pos, index_count)
+        if slot_value == INVALID_INDEX:
+            self.hash_slot_count += 1
+        self.index_count = index_count + 1
+        self.end_phy_offset = phy_offset
+        self.end_timestamp = store_timestamp
+        self._write_header()
+        return True
+
+    # -- read -----------------------------------------------------------------------------------
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """Whether [begin, end] (ms) overlaps this file's [beginTimestamp, endTimestamp]."""
+        b, e = self.begin_timestamp, self.end_timestamp
+        return (begin < b and end > e) or (b <= begin <= e) or (b <= end <= e)
+
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
+        """CommitLog offsets of entries whose key hash matches ``key`` and whose store time is in
+        [begin, end] (ms), newest first, at most ``max_num``."""
+        out: list[int] = []
+        if max_num <= 0 or self._closed:
+            return out
+        key_hash = index_key_hash_code(key)
+        mm = self._mmap
+        index_count = self.index_count
+        slot_value = _SLOT.unpack_from(
+            mm, INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
+        )[0]
+        if slot_value <= INVALID_INDEX or slot_value > index_count or index_count <= 1:
+            return out
+        begin_ts = self.begin_timestamp
+        entries_at = self._entries_at
+        current = slot_value
+        while len(out) < max_num:
+            key_hash_read, phy, time_diff, prev = _ENTRY.unpack_from(mm, entries_at + current * INDEX_SIZE)
+            if time_diff < 0:
+                break
+            time_read = begin_ts + time_diff * 1000
+            if key_hash_read == key_hash and begin <= time_read <= end:
+                out.append(phy)
+            if prev <= INVALID_INDEX or prev > index_count or prev == current or time_read < begin:
+                break
+            current = prev
+        return out
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the header and fdatasync the file. Raises StoreIOError."""
+        self._write_header()
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise StoreIOError(f"fdatasync of index file {self.file_name} failed: {exc.strerror}") from exc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BufferError):
+            self._mmap.close()
+        os.close(self._fd)
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return (
+            f"IndexFile({self.file_name}, entries={self.index_count - 1}, "
+            f"phy=[{self.begin_phy_offset}, {self.end_phy_offset}])"
+        )

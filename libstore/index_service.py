@@ -1,0 +1,224 @@
+"""IndexService: the IndexFiles of a store, built by dispatch and queried by key (spec sheet §4).
+
+Each dispatched record adds ``topic#UNIQ_KEY`` and ``topic#k`` for every non-empty token of its
+KEYS property (split on one space); ROLLBACK records add nothing. Entries go to the newest
+IndexFile; a full file is left for the flusher and a new one, named by the current local time
+and seeded with the full file's end offset and time, takes over.
+
+Replays are harmless: a record at or before the last indexed CommitLog offset is skipped. After
+a crash the owner calls :meth:`IndexService.discard_after` with the offset known to be indexed
+and flushed: newer files (which may be torn) are deleted and dispatch restarts from the oldest
+deleted file's first offset (RocketMQ deletes index files newer than its checkpoint likewise).
+
+Queries: newest file first, only files whose time span overlaps [begin, end], newest entry first
+within a file, at most ``maxMsgsNumBatch`` offsets; hashes only, so callers confirm the keys.
+
+Thread-safety: one dispatcher thread writes; queries may run from any thread (the file list is
+replaced, never mutated in place).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from libstore.errors import StoreIOError
+from libstore.index_file import IndexFile
+from libstore.message import MessageSysFlag
+from libstore.record_codec import DispatchRequest
+
+log = logging.getLogger(__name__)
+
+_NAME_FORMAT = "%Y%m%d%H%M%S"
+
+
+def index_file_name(ms: int) -> str:
+    """``yyyyMMddHHmmssSSS`` of a time in ms since the epoch, local time (spec §0)."""
+    moment = dt.datetime.fromtimestamp(ms / 1000)
+    return moment.strftime(_NAME_FORMAT) + f"{ms % 1000:03d}"
+
+
+def index_file_time(name: str) -> int:
+    """Inverse of :func:`index_file_name` (ms); ValueError for other names."""
+    if len(name) != 17 or not name.isdigit():
+        raise ValueError(f"not an index file name: {name!r}")
+    moment = dt.datetime.strptime(name[:14], _NAME_FORMAT)
+    return int(moment.timestamp()) * 1000 + int(name[14:])
+
+
+class IndexService:
+    """IndexFiles under ``store_path`` (the ``index`` folder); sizes from the config keys
+    maxHashSlotNum/maxIndexNum; ``max_msgs_num_batch`` caps query results."""
+
+    def __init__(
+        self, store_path: Path, hash_slot_num: int, index_num: int, max_msgs_num_batch: int = 64
+    ) -> None:
+        self.store_path = Path(store_path)
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.max_msgs_num_batch = max_msgs_num_batch
+        self.files: list[IndexFile] = []
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self.last_indexed_offset = -1
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map the IndexFiles on disk (oldest first). Raises StoreIOError."""
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        names = []
+        for entry in os.scandir(self.store_path):
+            if entry.name.endswith(".tmp"):
+                os.unlink(entry.path)
+            elif len(entry.name) == 17 and entry.name.isdigit():
+                names.append(entry.name)
+        files = []
+        try:
+            for name in sorted(names):
+                files.append(IndexFile.open(self.store_path / name, self.hash_slot_num, self.index_num))
+        except StoreIOError:
+            for f in files:
+                f.close()
+            raise
+        self.files = files
+        self._refresh_last_indexed()
+
+    def _refresh_last_indexed(self) -> None:
+        files = self.files
+        if not files or (len(files) == 1 and files[0].index_count <= 1):
+            self.last_indexed_offset = -1
+        else:
+            self.last_indexed_offset = files[-1].end_phy_offset
+
+    def discard_after(self, phy_offset: int) -> int | None:
+        """Delete the first file holding an entry for a record at or past ``phy_offset`` and every
+        file after it. Returns the CommitLog offset dispatch must restart from to rebuild what
+        was deleted (the first deleted entry's), or None when nothing was deleted."""
+        with self._lock:
+            files = self.files
+            cut = next(
+                (i for i, f in enumerate(files) if f.index_count > 1 and f.end_phy_offset >= phy_offset),
+                None,
+            )
+            if cut is None:
+                return None
+            restart = files[cut].begin_phy_offset
+            for f in files[cut:]:
+                log.info(
+                    "deleting index file %s (entries up to CommitLog offset %d)",
+                    f.file_name,
+                    f.end_phy_offset,
+                )
+                self._dirty.discard(f.file_name)
+                f.destroy()
+            self.files = files[:cut]
+            self._refresh_last_indexed()
+        return restart
+
+    def flush_all(self) -> None:
+        """fdatasync every file written since its last flush. Raises StoreIOError."""
+        with self._lock:
+            files = [f for f in self.files if f.file_name in self._dirty]
+            self._dirty.clear()
+        for f in files:
+            if not f.closed:
+                f.flush()
+
+    def shutdown(self) -> None:
+        try:
+            self.flush_all()
+        finally:
+            for f in self.files:
+                f.close()
+
+    def destroy(self) -> None:
+        """Delete every IndexFile (a rebuild from the CommitLog follows)."""
+        with self._lock:
+            for f in self.files:
+                f.destroy()
+            self.files = []
+            self._dirty.clear()
+            self.last_indexed_offset = -1
+
+    def delete_expired(self, commit_log_min_offset: int) -> int:
+        """Delete files (never the newest) whose entries all point below the CommitLog's min."""
+        with self._lock:
+            files = list(self.files)
+            doomed = [f for f in files[:-1] if f.end_phy_offset < commit_log_min_offset]
+            for f in doomed:
+                files.remove(f)
+                self._dirty.discard(f.file_name)
+                f.destroy()
+            self.files = files
+        return len(doomed)
+
+    # -- build ----------------------------------------------------------------------------------
+    def dispatch(self, req: DispatchRequest) -> None:
+        """Index one record's unique key and keys. Raises StoreIOError when a file cannot be made."""
+        offset = req.commit_log_offset
+        if offset <= self.last_indexed_offset:
+            return
+        if req.sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE:
+            return
+        keys = req.keys
+        uniq = req.uniq_key
+        if not keys and not uniq:
+            return
+        prefix = req.topic + "#"
+        ts = req.store_timestamp
+        if uniq:
+            self._put(prefix + uniq, offset, ts)
+        for key in keys:
+            self._put(prefix + key, offset, ts)
+        self.last_indexed_offset = offset
+
+    def _put(self, key: str, offset: int, store_timestamp: int) -> None:
+        f = self.files[-1] if self.files else None
+        if f is None:
+            f = self._new_file(None)
+        while not f.put_key(key, offset, store_timestamp):
+            f = self._new_file(f)
+        self._dirty.add(f.file_name)
+
+    def _new_file(self, full: IndexFile | None) -> IndexFile:
+        now = time.time_ns() // 1_000_000
+        if self.files:
+            now = max(now, index_file_time(self.files[-1].file_name) + 1)
+        path = self.store_path / index_file_name(now)
+        end_phy = full.end_phy_offset if full is not None else 0
+        end_ts = full.end_timestamp if full is not None else 0
+        f = IndexFile.create(
+            path, self.hash_slot_num, self.index_num, end_phy_offset=end_phy, end_timestamp=end_ts
+        )
+        with self._lock:
+            self.files = [*self.files, f]
+        if full is not None:
+            log.info("index file %s is full; %s takes over", full.file_name, f.file_name)
+        return f
+
+    # -- query ----------------------------------------------------------------------------------
+    def query_offsets(self, topic: str, key: str, max_num: int, begin: int, end: int) -> list[int]:
+        """CommitLog offsets of messages indexed under ``key`` in ``topic`` with store time in
+        [begin, end] (ms), newest first, at most min(max_num, maxMsgsNumBatch)."""
+        limit = min(max_num, self.max_msgs_num_batch)
+        full_key = f"{topic}#{key}"
+        out: list[int] = []
+        for f in reversed(self.files):
+            if len(out) >= limit:
+                break
+            if f.is_time_matched(begin, end):
+                try:
+                    out.extend(f.select_phy_offsets(full_key, limit - len(out), begin, end))
+                except ValueError:  # file deleted under us
+                    continue
+            if f.begin_timestamp < begin:
+                break
+        return out
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self.files[-1].end_phy_offset if self.files else 0

@@ -1,0 +1,136 @@
+"""Long polling: hold a pull until its queue has messages past its offset, or a timeout passes
+(RocketMQ's ``PullRequestHoldService`` + ``NotifyMessageArrivingListener``).
+
+The dispatcher calls :meth:`LongPollingService.notify_message_arriving` with a queue's new max
+offset after applying records; every waiter of that queue whose offset is below it is woken at
+once. Nothing polls: a blocking waiter sleeps on an Event, an asyncio waiter on a Future resolved
+through its loop's ``call_soon_threadsafe``. Each waiter re-checks the queue after registering, so
+a message that arrives between the caller's empty pull and the registration is not missed.
+
+Thread-safety: every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+
+QueueKey = tuple[str, int]
+
+
+class _Waiter:
+    __slots__ = ("offset", "wake")
+
+    def __init__(self, offset: int, wake: Callable[[], None]) -> None:
+        self.offset = offset
+        self.wake = wake
+
+
+class LongPollingService:
+    """Waiters per (topic, queue id); ``max_offset_of(topic, queue_id)`` reads a queue's current
+    max offset (units 0..max-1 exist)."""
+
+    def __init__(self, max_offset_of: Callable[[str, int], int]) -> None:
+        self._max_offset_of = max_offset_of
+        self._lock = threading.Lock()
+        self._waiters: dict[QueueKey, list[_Waiter]] = {}
+
+    def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Wake the waiters of (topic, queue_id) whose offset is below ``max_offset``."""
+        key = (topic, queue_id)
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if not waiters:
+                return
+            ready = [w for w in waiters if w.offset < max_offset]
+            if not ready:
+                return
+            rest = [w for w in waiters if w.offset >= max_offset]
+            if rest:
+                self._waiters[key] = rest
+            else:
+                del self._waiters[key]
+        for w in ready:
+            w.wake()
+
+    def notify_many(self, max_offsets: Mapping[QueueKey, int]) -> None:
+        """:meth:`notify_message_arriving` for every queue in ``max_offsets``."""
+        if not self._waiters:
+            return
+        for (topic, queue_id), max_offset in max_offsets.items():
+            self.notify_message_arriving(topic, queue_id, max_offset)
+
+    def wake_all(self) -> None:
+        """Release every waiter (shutdown): they return and find what there is."""
+        with self._lock:
+            waiters = [w for ws in self._waiters.values() for w in ws]
+            self._waiters = {}
+        for w in waiters:
+            w.wake()
+
+    def _register(self, key: QueueKey, waiter: _Waiter) -> None:
+        with self._lock:
+            self._waiters.setdefault(key, []).append(waiter)
+
+    def _unregister(self, key: QueueKey, waiter: _Waiter) -> None:
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if waiters and waiter in waiters:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._waiters[key]
+
+    def wait_for_messages(self, topic: str, queue_id: int, offset: int, timeout_ms: int) -> bool:
+        """Block until the queue's max offset passes ``offset`` or ``timeout_ms`` pass.
+
+        Returns True when messages arrived (or were already there).
+        """
+        key = (topic, queue_id)
+        if self._max_offset_of(topic, queue_id) > offset:
+            return True
+        event = threading.Event()
+        waiter = _Waiter(offset, event.set)
+        self._register(key, waiter)
+        try:
+            if self._max_offset_of(topic, queue_id) > offset:
+                return True
+            event.wait(timeout_ms / 1000.0)
+            return self._max_offset_of(topic, queue_id) > offset
+        finally:
+            self._unregister(key, waiter)
+
+    async def wait_for_messages_async(self, topic: str, queue_id: int, offset: int, timeout_ms: int) -> bool:
+        """:meth:`wait_for_messages` for asyncio callers: the event loop is never blocked."""
+        key = (topic, queue_id)
+        if self._max_offset_of(topic, queue_id) > offset:
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(_resolve, future)
+
+        waiter = _Waiter(offset, wake)
+        self._register(key, waiter)
+        try:
+            if self._max_offset_of(topic, queue_id) > offset:
+                return True
+            with contextlib.suppress(TimeoutError):  # held for the whole time: an empty answer
+                await asyncio.wait_for(future, timeout_ms / 1000.0)
+            return self._max_offset_of(topic, queue_id) > offset
+        finally:
+            self._unregister(key, waiter)
+
+    @property
+    def waiting(self) -> int:
+        """How many pulls are being held."""
+        with self._lock:
+            return sum(len(ws) for ws in self._waiters.values())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,155 @@
+"""ConsumeQueue: 20-byte units, segments, recovery, truncation, time lookup (spec §3)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from libstore.consume_queue import (
+    BLANK_UNIT_SIZE,
+    CQ_STORE_UNIT_SIZE,
+    BoundaryType,
+    ConsumeQueue,
+    consume_queue_file_size,
+)
+
+UNITS_PER_FILE = 5
+FILE_SIZE = UNITS_PER_FILE * CQ_STORE_UNIT_SIZE
+
+
+def _cq(tmp_path: Path, size: int = FILE_SIZE) -> ConsumeQueue:
+    cq = ConsumeQueue("TopicA", 3, tmp_path / "consumequeue", size)
+    cq.load()
+    cq.recover()
+    return cq
+
+
+def _fill(cq: ConsumeQueue, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        assert cq.put_message_position_info(1000 + 100 * i, 100, i * 7, i)
+
+
+def test_unit_layout_and_file_names(tmp_path: Path):
+    cq = _cq(tmp_path)
+    assert cq.put_message_position_info(96, 250, -5, 0)
+    path = tmp_path / "consumequeue" / "TopicA" / "3" / "00000000000000000000"
+    raw = path.read_bytes()
+    assert len(raw) == FILE_SIZE
+    assert raw[:20] == (96).to_bytes(8, "big") + (250).to_bytes(4, "big") + (-5).to_bytes(
+        8, "big", signed=True
+    )
+    _fill(cq, 6, start=1)  # 7 units: a second segment named by its first byte offset
+    assert (path.parent / f"{FILE_SIZE:020d}").exists()
+    assert (cq.min_offset_in_queue, cq.max_offset_in_queue) == (0, 7)
+    cq.shutdown()
+
+
+def test_segment_size_rounds_up_to_whole_units():
+    assert consume_queue_file_size(6_000_000) == 6_000_000
+    assert consume_queue_file_size(101) == 120
+
+
+def test_read_units_crosses_segments(tmp_path: Path):
+    cq = _cq(tmp_path)
+    _fill(cq, 12)
+    units = cq.read_units(3, 6)
+    assert [u.queue_offset for u in units] == [3, 4, 5, 6, 7, 8]
+    assert [u.phy_offset for u in units] == [1000 + 100 * i for i in range(3, 9)]
+    assert [u.tags_code for u in units] == [7 * i for i in range(3, 9)]
+    assert cq.read_units(10, 100)[-1].queue_offset == 11 and cq.read_units(12, 5) == []
+    assert cq.last_unit().queue_offset == 11 and cq.max_physic_offset == 1000 + 1100 + 100
+    cq.shutdown()
+
+
+def test_replays_and_taken_offsets_are_skipped(tmp_path: Path):
+    cq = _cq(tmp_path)
+    _fill(cq, 4)
+    assert not cq.put_message_position_info(1000, 100, 0, 0)  # replay: ends before max physic
+    assert not cq.put_message_position_info(50_000, 100, 0, 2)  # queue offset 2 is taken
+    assert cq.max_offset_in_queue == 4
+    cq.shutdown()
+
+
+def test_a_queue_starting_past_zero_is_prefilled_with_blank_units(tmp_path: Path):
+    cq = _cq(tmp_path)
+    assert cq.put_message_position_info(9000, 90, 1, 7)  # first unit is queue offset 7
+    assert (cq.min_offset_in_queue, cq.max_offset_in_queue) == (7, 8)
+    blank = cq.read_unit(5)
+    assert blank is not None and blank.size == BLANK_UNIT_SIZE and blank.phy_offset == 0
+    assert cq.read_unit(7).phy_offset == 9000
+    cq.shutdown()
+    cq = _cq(tmp_path)  # recovery keeps the blanks and finds the min again
+    assert (cq.min_offset_in_queue, cq.max_offset_in_queue, cq.max_physic_offset) == (7, 8, 9090)
+    cq.shutdown()
+
+
+def test_recovery_keeps_the_valid_prefix(tmp_path: Path):
+    cq = _cq(tmp_path)
+    _fill(cq, 13)
+    cq.shutdown()
+    # Unit 11 is torn (size 0) and unit 12 follows: recovery ends the queue at 11.
+    last = tmp_path / "consumequeue" / "TopicA" / "3" / f"{2 * FILE_SIZE:020d}"
+    raw = bytearray(last.read_bytes())
+    struct.pack_into(">qiq", raw, CQ_STORE_UNIT_SIZE, 2100, 0, 0)
+    last.write_bytes(bytes(raw))
+    cq = _cq(tmp_path)
+    assert cq.max_offset_in_queue == 11 and cq.max_physic_offset == 1000 + 100 * 10 + 100
+    assert cq.put_message_position_info(2100, 100, 77, 11)  # the slot is free again
+    assert cq.read_unit(11).tags_code == 77
+    cq.shutdown()
+
+
+def test_truncate_drops_units_past_a_commit_log_offset(tmp_path: Path):
+    cq = _cq(tmp_path)
+    _fill(cq, 13)  # messages at 1000, 1100, ... 2200
+    assert cq.truncate_dirty_logic_files(1650) == 6  # units 7..12 point at >= 1700
+    assert cq.max_offset_in_queue == 7 and cq.max_physic_offset == 1700
+    assert len(cq.queue.mapped_files) == 2
+    assert cq.truncate_dirty_logic_files(0) == 7
+    assert cq.max_offset_in_queue == 0 and cq.max_physic_offset == -1
+    cq.shutdown()
+
+
+def test_offset_by_time_lower_and_upper(tmp_path: Path):
+    cq = _cq(tmp_path)
+    times = [100, 200, 200, 300, 500, 500, 800]  # store time of each message, by its offset
+    for i in range(len(times)):
+        cq.put_message_position_info(1000 + 100 * i, 100, 0, i)
+
+    def store_time_of(phy: int, size: int) -> int:
+        return times[(phy - 1000) // 100]
+
+    lower = [cq.get_offset_in_queue_by_time(t, store_time_of) for t in (50, 100, 150, 200, 500, 600, 900)]
+    assert lower == [0, 0, 1, 1, 4, 6, 7]
+    upper = [
+        cq.get_offset_in_queue_by_time(t, store_time_of, BoundaryType.UPPER)
+        for t in (50, 100, 200, 250, 500, 799, 900)
+    ]
+    assert upper == [0, 0, 2, 2, 5, 5, 6]
+    cq.shutdown()
+
+
+def test_correct_min_offset_skips_units_of_deleted_log_segments(tmp_path: Path):
+    cq = _cq(tmp_path)
+    _fill(cq, 8)
+    cq.correct_min_offset(1450)  # the log now starts at 1450: units 0..4 point below it
+    assert cq.min_offset_in_queue == 5
+    cq.correct_min_offset(10_000)  # everything gone
+    assert cq.min_offset_in_queue == cq.max_offset_in_queue == 8
+    cq.shutdown()
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_units_with_bad_sizes_end_recovery(tmp_path: Path, size: int):
+    cq = _cq(tmp_path)
+    _fill(cq, 3)
+    cq.shutdown()
+    first = tmp_path / "consumequeue" / "TopicA" / "3" / f"{0:020d}"
+    raw = bytearray(first.read_bytes())
+    struct.pack_into(">qiq", raw, 20, 1100, size, 0)
+    first.write_bytes(bytes(raw))
+    cq = _cq(tmp_path)
+    assert cq.max_offset_in_queue == 1
+    cq.shutdown()

@@ -1,0 +1,153 @@
+"""IndexFile and IndexService (spec §4): hand-built bytes, a dict model under hypothesis with
+forced hash collisions and file rolls, replay and crash handling."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libstore.index_file import IndexFile, index_file_size, index_key_hash_code
+from libstore.index_service import IndexService, index_file_name, index_file_time
+from libstore.message import MessageSysFlag
+from libstore.record_codec import DispatchRequest
+from libstore.tags import java_string_hash
+
+T0 = 1_700_000_000_000  # ms, a whole second
+
+
+def _req(offset: int, topic: str, keys: list[str], ts: int, uniq: str | None = None, sys_flag: int = 0):
+    req = DispatchRequest(True, 100)
+    req.commit_log_offset, req.topic, req.keys, req.store_timestamp = offset, topic, keys, ts
+    req.uniq_key, req.sys_flag = uniq, sys_flag
+    return req
+
+
+def test_layout_matches_hand_built_bytes(tmp_path: Path):
+    f = IndexFile.create(tmp_path / "f", hash_slot_num=4, index_num=4)
+    assert f.file_size == index_file_size(4, 4) == 40 + 16 + 80
+    assert f.put_key("T#a", 1000, T0)
+    assert f.put_key("T#b", 2000, T0 + 2500)
+    f.flush()
+    raw = (tmp_path / "f").read_bytes()
+    ha, hb = index_key_hash_code("T#a"), index_key_hash_code("T#b")
+    header = struct.pack(">qqqqii", T0, T0 + 2500, 1000, 2000, 2 if ha % 4 != hb % 4 else 1, 3)
+    assert raw[:40] == header
+    slots = [0, 0, 0, 0]
+    slots[ha % 4] = 1
+    slots[hb % 4] = 2
+    assert raw[40:56] == struct.pack(">4i", *slots)
+    prev_b = 1 if ha % 4 == hb % 4 else 0
+    assert raw[56 + 20 : 56 + 40] == struct.pack(">iqii", ha, 1000, 0, 0)  # entry 1
+    assert raw[56 + 40 : 56 + 60] == struct.pack(">iqii", hb, 2000, 2, prev_b)  # entry 2: 2 s later
+    assert raw[56:76] == bytes(20)  # entry 0 is never used
+    f.close()
+
+
+def test_key_hash_is_java_hash_made_non_negative():
+    assert index_key_hash_code("Aa") == index_key_hash_code("BB") == java_string_hash("Aa") == 2112
+    assert index_key_hash_code("polygenelubricants") == 0  # hashCode is Integer.MIN_VALUE
+    assert index_key_hash_code("ab" * 20) == abs(java_string_hash("ab" * 20))
+
+
+def test_file_full_and_names(tmp_path: Path):
+    f = IndexFile.create(tmp_path / "f", hash_slot_num=2, index_num=3)
+    assert f.put_key("k1", 1, T0) and f.put_key("k2", 2, T0)
+    assert f.is_write_full() and not f.put_key("k3", 3, T0)
+    f.close()
+    name = index_file_name(T0 + 123)
+    assert len(name) == 17 and name.endswith("123") and index_file_time(name) == T0 + 123
+
+
+# -- IndexService against a model ----------------------------------------------------------------
+KEYS = ["Aa", "BB", "k1", "k2", "order-7", "C#"]  # "Aa" and "BB" share a Java hash code
+
+
+@st.composite
+def _workload(draw):
+    records = []
+    ts = T0
+    for offset in range(0, draw(st.integers(1, 60)) * 100, 100):
+        ts += draw(st.sampled_from([0, 1000, 3000]))  # whole seconds: no rounding in the model
+        topic = draw(st.sampled_from(["T", "U"]))
+        keys = draw(st.lists(st.sampled_from(KEYS), max_size=3, unique=True))
+        uniq = draw(st.none() | st.sampled_from(["Aa", "u1"]))
+        rollback = draw(st.booleans()) and draw(st.booleans())
+        records.append((offset, topic, keys, uniq, ts, rollback))
+    queries = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["T", "U"]),
+                st.sampled_from([*KEYS, "u1", "nope"]),
+                st.integers(1, 10),
+                st.integers(-2, 20),
+                st.integers(0, 30),
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    return records, queries
+
+
+@settings(max_examples=120, deadline=None)
+@given(_workload(), st.integers(1, 5), st.integers(2, 7))
+def test_index_service_answers_like_a_dict_model(tmp_path_factory, workload, slots, index_num):
+    records, queries = workload
+    service = IndexService(tmp_path_factory.mktemp("index"), slots, index_num, max_msgs_num_batch=8)
+    service.load()
+    model: list[tuple[str, int, int]] = []  # (topic#key, offset, ts) in insertion order
+    for offset, topic, keys, uniq, ts, rollback in records:
+        flag = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE if rollback else 0
+        service.dispatch(_req(offset, topic, keys, ts, uniq, flag))
+        if not rollback:
+            model += [(f"{topic}#{k}", offset, ts) for k in [*([uniq] if uniq else []), *keys]]
+    if len(model) > index_num - 1:
+        assert len(service.files) > 1, "the index must have rolled"
+    for topic, key, max_num, begin_s, span_s in queries:
+        begin = T0 + begin_s * 1000
+        end = begin + span_s * 1000
+        wanted = index_key_hash_code(f"{topic}#{key}")
+        expect = [
+            off
+            for full, off, ts in reversed(model)
+            if index_key_hash_code(full) == wanted and begin <= ts <= end
+        ][: min(max_num, 8)]
+        assert service.query_offsets(topic, key, max_num, begin, end) == expect
+    service.shutdown()
+
+
+def test_replayed_records_are_not_indexed_twice(tmp_path: Path):
+    service = IndexService(tmp_path, 11, 100)
+    service.load()
+    for offset in (0, 100, 200):
+        service.dispatch(_req(offset, "T", ["k"], T0))
+    service.dispatch(_req(100, "T", ["k"], T0))  # replay after a restart
+    service.dispatch(_req(200, "T", ["k"], T0))
+    assert service.query_offsets("T", "k", 10, 0, T0 + 1) == [200, 100, 0]
+    service.shutdown()
+    reopened = IndexService(tmp_path, 11, 100)
+    reopened.load()
+    assert reopened.last_indexed_offset == 200
+    reopened.dispatch(_req(200, "T", ["k"], T0))
+    assert reopened.query_offsets("T", "k", 10, 0, T0 + 1) == [200, 100, 0]
+    reopened.shutdown()
+
+
+def test_discard_after_deletes_files_past_an_offset_and_says_where_to_rebuild(tmp_path: Path):
+    service = IndexService(tmp_path, 3, 4)  # 3 entries per file
+    service.load()
+    for offset in range(0, 1000, 100):  # 10 entries: files [0,100,200] [300,400,500] [600,700,800] [900]
+        service.dispatch(_req(offset, "T", ["k"], T0 + offset))
+    assert len(service.files) == 4
+    assert service.discard_after(1000) is None
+    assert service.discard_after(450) == 300  # the file holding 300..500 and all after it go
+    assert [f.begin_phy_offset for f in service.files] == [0]
+    assert service.last_indexed_offset == 200
+    for offset in range(300, 1000, 100):  # rebuild
+        service.dispatch(_req(offset, "T", ["k"], T0 + offset))
+    assert service.query_offsets("T", "k", 64, 0, T0 + 10_000) == list(range(900, -1, -100))
+    assert service.discard_after(0) == 0 and service.files == [] and service.last_indexed_offset == -1
+    service.shutdown()
