@@ -194,6 +194,15 @@ class ConsumeQueue:
         if phy_offset + size <= self.max_physic_offset:
             return False
         expect = queue_offset * CQ_STORE_UNIT_SIZE
+        files = self.queue.mapped_files
+        if files:  # the common case: the next unit of a segment with room
+            mf = files[-1]
+            pos = mf.wrote_position
+            if expect == mf.file_from_offset + pos and pos + CQ_STORE_UNIT_SIZE <= mf.file_size:
+                _UNIT.pack_into(mf.buffer, pos, phy_offset, size, tags_code)
+                mf.wrote_position = pos + CQ_STORE_UNIT_SIZE
+                self.max_physic_offset = phy_offset + size
+                return True
         current = self.queue.get_max_wrote_position()
         if not self.queue.mapped_files:
             current = expect - expect % self.mapped_file_size

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from libstore.consume_queue import ConsumeQueue
@@ -29,6 +29,9 @@ from libstore.record_codec import DispatchRequest
 from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
+
+# PREPARED and ROLLBACK records get no ConsumeQueue unit (spec §9).
+_NO_UNIT = frozenset({MessageSysFlag.TRANSACTION_PREPARED_TYPE, MessageSysFlag.TRANSACTION_ROLLBACK_TYPE})
 
 
 class ConsumeQueueStore:
@@ -109,17 +112,27 @@ class ConsumeQueueStore:
 
     # -- dispatch -------------------------------------------------------------------------------
     def dispatch(self, req: DispatchRequest) -> None:
-        """Apply one CommitLog record: a unit for NOT/COMMIT records, nothing for the others.
+        """Apply one record (see :meth:`dispatch_batch`)."""
+        self.dispatch_batch((req,))
 
-        Raises StoreIOError when the queue cannot be written.
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
+        """Apply consecutive records: a unit for NOT/COMMIT records, nothing for the others.
+
+        Raises StoreIOError when a queue cannot be written.
         """
-        tx = req.sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK
-        if tx == MessageSysFlag.TRANSACTION_PREPARED_TYPE or tx == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE:
-            return
-        cq = self._queues.get((req.topic, req.queue_id)) or self.find_or_create(req.topic, req.queue_id)
-        cq.put_message_position_info(
-            req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
-        )
+        queues = self._queues
+        no_unit = _NO_UNIT
+        mask = MessageSysFlag.TRANSACTION_TYPE_MASK
+        for req in requests:
+            if req.sys_flag & mask in no_unit:
+                continue
+            cq = queues.get((req.topic, req.queue_id))
+            if cq is None:
+                cq = self.find_or_create(req.topic, req.queue_id)
+                queues = self._queues
+            cq.put_message_position_info(
+                req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
+            )
 
     def truncate_dirty(self, phy_offset: int) -> int:
         """Cut units pointing at or past CommitLog offset ``phy_offset``; returns how many."""

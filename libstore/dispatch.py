@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -38,10 +38,11 @@ QueueKey = tuple[str, int]
 class CommitLogDispatcher(Protocol):
     """Something built from CommitLog records (ConsumeQueueStore, IndexService).
 
-    ``dispatch`` must be idempotent: the same record may be handed in again after a restart.
+    ``dispatch_batch`` gets consecutive records in log order and must be idempotent: the same
+    records may be handed in again after a restart.
     """
 
-    def dispatch(self, req: DispatchRequest) -> None: ...
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None: ...
 
 
 class RecordSource(Protocol):
@@ -131,47 +132,48 @@ class ReputMessageService(ServiceThread):
         end = source.confirm_offset
         if start >= end:
             return False
-        offset = start
-        arrived: dict[QueueKey, int] = {}
-        count = 0
-        gets_queue_offset = MessageSysFlag.gets_queue_offset
-        try:
-            for req in source.scan_records(offset, end):
-                if not req.success:
-                    if 0 < req.msg_size <= end - req.commit_log_offset:
-                        log.error(
-                            "skipping %d bytes at CommitLog offset %d that do not decode as a record",
-                            req.msg_size,
-                            req.commit_log_offset,
-                        )
-                        offset = req.commit_log_offset + req.msg_size
-                    elif not self._failing:
-                        log.error(
-                            "cannot dispatch past CommitLog offset %d: not a record", req.commit_log_offset
-                        )
-                        self._failing = True
-                    break
-                if req.msg_size == 0:  # blank END record: the next segment
-                    offset = source.roll_next_file(req.commit_log_offset)
-                    continue
+        chunk: list[DispatchRequest] = []
+        scanned_to = start  # just past the last record or blank END record scanned
+        for req in source.scan_records(start, end):
+            if not req.success:
+                if 0 < req.msg_size <= end - req.commit_log_offset:
+                    log.error(
+                        "skipping %d bytes at CommitLog offset %d that do not decode as a record",
+                        req.msg_size,
+                        req.commit_log_offset,
+                    )
+                    scanned_to = req.commit_log_offset + req.msg_size
+                elif not self._failing:
+                    log.error("cannot dispatch past CommitLog offset %d: not a record", req.commit_log_offset)
+                    self._failing = True
+                break
+            if req.msg_size == 0:  # blank END record: the scan goes on in the next segment
+                scanned_to = source.roll_next_file(req.commit_log_offset)
+                continue
+            chunk.append(req)
+            scanned_to = req.commit_log_offset + req.msg_size
+            if len(chunk) >= self.chunk_records:
+                break
+        if chunk:
+            try:
                 for dispatcher in self.dispatchers:
-                    dispatcher.dispatch(req)
-                offset = req.commit_log_offset + req.msg_size
-                if gets_queue_offset(req.sys_flag):
-                    arrived[(req.topic, req.queue_id)] = req.consume_queue_offset + 1
-                count += 1
-                if count >= self.chunk_records:
-                    break
-        except StoreError as exc:
-            if not self._failing:
-                log.error("dispatch stopped at CommitLog offset %d: %s; retrying", offset, exc)
-            self._failing = True
-        else:
-            if self._failing:
-                log.info("dispatch resumed at CommitLog offset %d", offset)
+                    dispatcher.dispatch_batch(chunk)
+            except StoreError as exc:
+                if not self._failing:
+                    log.error("dispatch stopped at CommitLog offset %d: %s; retrying", start, exc)
+                self._failing = True
+                return False
+        if self._failing and chunk:
+            log.info("dispatch resumed at CommitLog offset %d", start)
             self._failing = False
-        self._advance(offset, count, arrived)
-        return offset > start
+        no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
+        arrived = {
+            (req.topic, req.queue_id): req.consume_queue_offset + 1
+            for req in chunk
+            if not req.sys_flag & no_queue_offset
+        }
+        self._advance(scanned_to, len(chunk), arrived)
+        return scanned_to > start
 
     def _advance(self, offset: int, count: int, arrived: Mapping[QueueKey, int]) -> None:
         with self._progress:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
-from libstore.message import MessageConst, MessageRecord
+from libstore.message import MessageRecord
 from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.record_codec import check_record, decode_record
 from libstore.results import GetMessageStatus
@@ -100,8 +100,7 @@ def get_messages(
             continue
         if exact:
             req = check_record(raw, 0, len(raw), check_crc=False)
-            tags = req.properties.get(MessageConst.TAGS) if req.properties else None
-            if not req.success or not tag_filter.matches_tags(tags):
+            if not req.success or not tag_filter.matches_tags(req.tags):
                 continue
         result.records.append(raw)
         result.queue_offsets.append(unit.queue_offset)

@@ -56,7 +56,12 @@ def index_file_size(hash_slot_num: int, index_num: int) -> int:
 
 def index_key_hash_code(key: str) -> int:
     """abs(Java ``String.hashCode``), with Integer.MIN_VALUE mapped to 0 (RocketMQ's rule)."""
-    h = abs(java_string_hash(key))
+    return index_hash_of(java_string_hash(key))
+
+
+def index_hash_of(java_hash: int) -> int:
+    """The IndexFile hash of a key whose Java ``String.hashCode`` is ``java_hash``."""
+    h = abs(java_hash)
     return 0 if h > _INT_MAX else h
 
 
@@ -155,9 +160,12 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Add one entry; False when the file is full (the caller rolls to a new file)."""
+        return self.put_hashed(index_key_hash_code(key), phy_offset, store_timestamp)
+
+    def put_hashed(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        """:meth:`put_key` with the key's :func:`index_key_hash_code` already computed."""
         if self.index_count >= self.index_num:
             return False
-        key_hash = index_key_hash_code(key)
         slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
         mm = self._mmap
         slot_value = _SLOT.unpack_from(mm, slot_pos)[0]

@@ -24,12 +24,14 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from libstore.errors import StoreIOError
-from libstore.index_file import IndexFile
+from libstore.index_file import IndexFile, index_hash_of
 from libstore.message import MessageSysFlag
 from libstore.record_codec import DispatchRequest
+from libstore.tags import java_string_hashes
 
 log = logging.getLogger(__name__)
 
@@ -158,30 +160,42 @@ class IndexService:
 
     # -- build ----------------------------------------------------------------------------------
     def dispatch(self, req: DispatchRequest) -> None:
-        """Index one record's unique key and keys. Raises StoreIOError when a file cannot be made."""
-        offset = req.commit_log_offset
-        if offset <= self.last_indexed_offset:
-            return
-        if req.sys_flag & MessageSysFlag.TRANSACTION_TYPE_MASK == MessageSysFlag.TRANSACTION_ROLLBACK_TYPE:
-            return
-        keys = req.keys
-        uniq = req.uniq_key
-        if not keys and not uniq:
-            return
-        prefix = req.topic + "#"
-        ts = req.store_timestamp
-        if uniq:
-            self._put(prefix + uniq, offset, ts)
-        for key in keys:
-            self._put(prefix + key, offset, ts)
-        self.last_indexed_offset = offset
+        """Index one record's unique key and keys (see :meth:`dispatch_batch`)."""
+        self.dispatch_batch((req,))
 
-    def _put(self, key: str, offset: int, store_timestamp: int) -> None:
-        f = self.files[-1] if self.files else None
-        if f is None:
-            f = self._new_file(None)
-        while not f.put_key(key, offset, store_timestamp):
-            f = self._new_file(f)
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
+        """Index ``topic#UNIQ_KEY`` and ``topic#k`` per KEYS token of each record, skipping
+        ROLLBACK records and records at or before the last indexed offset (replays). The keys of
+        the whole batch are hashed at once. Raises StoreIOError when a file cannot be made."""
+        last = self.last_indexed_offset
+        keys: list[str] = []
+        entries: list[tuple[int, int]] = []  # (offset, store time) per key
+        rollback = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+        mask = MessageSysFlag.TRANSACTION_TYPE_MASK
+        for req in requests:
+            offset = req.commit_log_offset
+            if offset <= last or req.sys_flag & mask == rollback:
+                continue
+            uniq = req.uniq_key
+            if not req.keys and not uniq:
+                continue
+            prefix = req.topic + "#"
+            if uniq:
+                keys.append(prefix + uniq)
+                entries.append((offset, req.store_timestamp))
+            for key in req.keys:
+                keys.append(prefix + key)
+                entries.append((offset, req.store_timestamp))
+            last = offset
+        if not keys:
+            return
+        f = self.files[-1] if self.files else self._new_file(None)
+        for java_hash, (offset, ts) in zip(java_string_hashes(keys), entries, strict=True):
+            key_hash = index_hash_of(java_hash)
+            while not f.put_hashed(key_hash, offset, ts):
+                self._dirty.add(f.file_name)
+                f = self._new_file(f)
+            self.last_indexed_offset = offset
         self._dirty.add(f.file_name)
 
     def _new_file(self, full: IndexFile | None) -> IndexFile:

@@ -35,32 +35,36 @@ def scan_log(
         mf = queue.find_mapped_file_by_offset(offset)
         if mf is None or mf.closed:
             return
-        pos = offset - mf.file_from_offset
+        base = mf.file_from_offset
+        pos = offset - base
         limit = mf.readable_position
         if end_offset is not None:
-            limit = min(limit, end_offset - mf.file_from_offset)
-        if pos >= limit:
-            return
-        try:
-            req = check_record(
-                mf.buffer,
-                pos,
-                limit,
-                check_crc=check_crc,
-                expected_phy_offset=offset,
-                decode_properties=decode_properties,
-            )
-        except ValueError:  # mapping closed under us
-            return
-        if not req.success:
-            req.commit_log_offset = offset
-            yield req
-            return
-        if req.msg_size == 0:
-            if yield_blanks:
-                req.commit_log_offset = offset
+            limit = min(limit, end_offset - base)
+        buf = mf.buffer
+        # Records never span segments: walk this one until its end, a blank or bad bytes.
+        while pos < limit:
+            try:
+                req = check_record(
+                    buf,
+                    pos,
+                    limit,
+                    check_crc=check_crc,
+                    expected_phy_offset=base + pos,
+                    decode_properties=decode_properties,
+                )
+            except ValueError:  # mapping closed under us
+                return
+            if not req.success:
+                req.commit_log_offset = base + pos
                 yield req
-            offset = queue.roll_next_file(offset)
-            continue
-        yield req
-        offset += req.msg_size
+                return
+            if req.msg_size == 0:
+                if yield_blanks:
+                    req.commit_log_offset = base + pos
+                    yield req
+                break
+            yield req
+            pos += req.msg_size
+        else:
+            return  # reached the readable end (or end_offset) inside this segment
+        offset = queue.roll_next_file(base + pos)

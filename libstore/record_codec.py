@@ -98,6 +98,7 @@ def _header_struct(born_len: int, store_len: int) -> struct.Struct:
 
 # Whole fixed header up to and including BODYLEN, per (born host, store host) size.
 _HEADERS = {(b, s): _header_struct(b, s) for b in (8, 20) for s in (8, 20)}
+_HEADER_V4_V4 = _HEADERS[(8, 8)]
 
 
 def encode_blank(max_blank: int) -> bytes:
@@ -387,9 +388,9 @@ class DispatchRequest:
 
     ``success`` False means the bytes at the position are not a valid record; ``msg_size`` is then
     the TOTALSIZE read (or -1). A blank end-of-file record is ``success`` True with ``msg_size`` 0.
-    ``tags_code`` is the hash of TAGS (spec §3); ``keys`` the KEYS property split on spaces.
-    Properties are only decoded when asked for; otherwise ``properties`` is None and
-    ``tags_code``/``keys``/``uniq_key`` are unset (0, [], None).
+    When properties are decoded: ``tags`` is the TAGS property, ``tags_code`` its hash (spec §3),
+    ``keys`` the KEYS property split on spaces, ``uniq_key`` the UNIQ_KEY property; otherwise
+    they are None, 0, [] and None.
     """
 
     __slots__ = (
@@ -399,31 +400,47 @@ class DispatchRequest:
         "keys",
         "msg_size",
         "prepared_transaction_offset",
-        "properties",
         "queue_id",
         "store_timestamp",
         "success",
         "sys_flag",
+        "tags",
         "tags_code",
         "topic",
         "uniq_key",
     )
 
-    def __init__(self, success: bool, msg_size: int) -> None:
+    def __init__(
+        self,
+        success: bool,
+        msg_size: int,
+        topic: str = "",
+        queue_id: int = 0,
+        commit_log_offset: int = -1,
+        consume_queue_offset: int = 0,
+        sys_flag: int = 0,
+        born_timestamp: int = 0,
+        store_timestamp: int = 0,
+        prepared_transaction_offset: int = 0,
+        tags: str | None = None,
+        tags_code: int = 0,
+        keys: list[str] | None = None,
+        uniq_key: str | None = None,
+    ) -> None:
         self.success = success
         self.msg_size = msg_size
-        self.topic = ""
-        self.queue_id = 0
-        self.commit_log_offset = -1
-        self.consume_queue_offset = 0
-        self.sys_flag = 0
-        self.born_timestamp = 0
-        self.store_timestamp = 0
-        self.prepared_transaction_offset = 0
-        self.tags_code = 0
-        self.keys: list[str] = []
-        self.uniq_key: str | None = None
-        self.properties: dict[str, str] | None = None
+        self.topic = topic
+        self.queue_id = queue_id
+        self.commit_log_offset = commit_log_offset
+        self.consume_queue_offset = consume_queue_offset
+        self.sys_flag = sys_flag
+        self.born_timestamp = born_timestamp
+        self.store_timestamp = store_timestamp
+        self.prepared_transaction_offset = prepared_transaction_offset
+        self.tags = tags
+        self.tags_code = tags_code
+        self.keys: list[str] = keys if keys is not None else []
+        self.uniq_key = uniq_key
 
     @property
     def is_blank(self) -> bool:
@@ -445,6 +462,23 @@ class DispatchRequest:
         )
 
 
+# The three properties dispatch reads, found in one pass: a name at the start or after a
+# \x02, then \x01, then the value up to the next \x02 (RocketMQ's parse; the last one wins).
+_DISPATCH_PROPERTIES = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
+_TOPIC_NAMES: dict[bytes, str] = {}
+
+
+def _topic_name(raw: bytes) -> str:
+    """Decoded topic name, cached (a log holds few topics). Raises UnicodeDecodeError."""
+    name = _TOPIC_NAMES.get(raw)
+    if name is None:
+        name = raw.decode("utf-8")
+        if len(_TOPIC_NAMES) > 10_000:
+            _TOPIC_NAMES.clear()
+        _TOPIC_NAMES[raw] = name
+    return name
+
+
 def check_record(
     buf: Any,
     pos: int,
@@ -455,6 +489,9 @@ def check_record(
     decode_properties: bool = True,
 ) -> DispatchRequest:
     """Validate the record at ``buf[pos:]`` and return what dispatch and recovery need (spec §1).
+
+    With ``decode_properties`` the TAGS, KEYS and UNIQ_KEY properties are read (the rest are not
+    parsed: dispatch needs only these).
 
     ``buf`` is any bytes-like object (bytes, bytearray, mmap); ``limit`` the end of the readable
     bytes in it. Checks: room for a header, magic (blank → size 0), TOTALSIZE within ``limit``,
@@ -477,24 +514,40 @@ def check_record(
         return DispatchRequest(False, -1)
     if total < RECORD_OVERHEAD_V1_IPV4 or total > remaining:
         return DispatchRequest(False, total)
+    # The common layout (IPv4 born and store hosts) in one call; redo for IPv6 hosts.
+    header = _HEADER_V4_V4
+    fields = header.unpack_from(buf, pos)
+    sys_flag = fields[7]
+    if sys_flag & _HOST_V6_FLAGS:
+        header = _HEADERS[
+            (
+                20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8,
+                20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8,
+            )
+        ]
+        if header.size > total:
+            return DispatchRequest(False, total)
+        fields = header.unpack_from(buf, pos)
     (
         _,
         _,
         body_crc,
         queue_id,
-        _flag,
+        _,
         queue_offset,
         phy_offset,
-        sys_flag,
+        _,
         born_ts,
-    ) = _HEAD.unpack_from(buf, pos)
+        _,
+        store_ts,
+        _,
+        _,
+        prepared_tx,
+        body_len,
+    ) = fields
     if 0 <= expected_phy_offset != phy_offset:
         return DispatchRequest(False, total)
-    p = pos + 48 + (20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8)
-    store_ts = _LONG.unpack_from(buf, p)[0]
-    p += 8 + (20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8)
-    _reconsume, prepared_tx, body_len = _TAIL.unpack_from(buf, p)
-    p += 16
+    p = pos + header.size
     end = pos + total
     if body_len < 0 or p + body_len + topic_len_size + 2 > end:
         return DispatchRequest(False, total)
@@ -506,7 +559,7 @@ def check_record(
     if topic_len <= 0 or p + topic_len + 2 > end:
         return DispatchRequest(False, total)
     try:
-        topic = bytes(buf[p : p + topic_len]).decode("utf-8")
+        topic = _topic_name(bytes(buf[p : p + topic_len]))
     except UnicodeDecodeError:
         return DispatchRequest(False, total)
     p += topic_len
@@ -514,24 +567,39 @@ def check_record(
     p += 2
     if prop_len < 0 or p + prop_len != end:
         return DispatchRequest(False, total)
-    req = DispatchRequest(True, total)
-    req.topic = topic
-    req.queue_id = queue_id
-    req.commit_log_offset = phy_offset
-    req.consume_queue_offset = queue_offset
-    req.sys_flag = sys_flag
-    req.born_timestamp = born_ts
-    req.store_timestamp = store_ts
-    req.prepared_transaction_offset = prepared_tx
-    if decode_properties:
-        props = bytes_to_properties(buf[p:end]) if prop_len else {}
-        req.properties = props
-        req.tags_code = compute_tags_code(props.get(MessageConst.TAGS))
-        raw_keys = props.get(MessageConst.KEYS)
-        if raw_keys:
-            req.keys = [k for k in raw_keys.split(MessageConst.KEY_SEPARATOR) if k]
-        req.uniq_key = props.get(MessageConst.UNIQ_KEY)
-    return req
+    tags = uniq_key = None
+    code = 0
+    keys: list[str] | None = None
+    if decode_properties and prop_len:
+        found = dict(_DISPATCH_PROPERTIES.findall(bytes(buf[p:end])))
+        if found:
+            raw_tags = found.get(b"TAGS")
+            if raw_tags:
+                tags = raw_tags.decode("utf-8", "replace")
+                code = compute_tags_code(tags)
+            raw_keys = found.get(b"KEYS")
+            if raw_keys:
+                text = raw_keys.decode("utf-8", "replace")
+                keys = [text] if " " not in text else [k for k in text.split(MessageConst.KEY_SEPARATOR) if k]
+            raw_uniq = found.get(b"UNIQ_KEY")
+            if raw_uniq:
+                uniq_key = raw_uniq.decode("utf-8", "replace")
+    return DispatchRequest(
+        True,
+        total,
+        topic,
+        queue_id,
+        phy_offset,
+        queue_offset,
+        sys_flag,
+        born_ts,
+        store_ts,
+        prepared_tx,
+        tags,
+        code,
+        keys,
+        uniq_key,
+    )
 
 
 def decode_record(
