@@ -16,14 +16,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import baseline, commit_log_bench
+from bench import baseline, commit_log_bench, store_bench
 from bench.harness import machine_facts, scratch_dir
 from libstore import FlushDiskType
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
-BEGIN = "<!-- results:commit_log:begin -->"
-END = "<!-- results:commit_log:end -->"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=Path("data/bench"),
         help="where stores are created (the disk under test); default ./data/bench",
+    )
+    parser.add_argument(
+        "--suite",
+        choices=("all", "commit_log", "store"),
+        default="all",
+        help="commit_log: append matrix; store: dispatch, key query, pull",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -46,6 +50,21 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts(data_dir)
     console.print(f"[bold]mqstore bench[/] on {facts['cpu']} x{facts['cores']}, {facts['filesystem']}")
 
+    failed = 0
+    if args.suite in ("all", "store"):
+        lines = _store_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("store", lines)
+    if args.suite in ("all", "commit_log"):
+        failed += _commit_log_suite(console, args, data_dir, facts)
+    if args.write_readme:
+        console.print(f"updated {README}")
+    return 1 if failed else 0
+
+
+def _commit_log_suite(
+    console: Console, args: argparse.Namespace, data_dir: Path, facts: dict[str, str]
+) -> int:
     with scratch_dir(data_dir, "baseline") as d:
         raw = baseline.encode_copy(d, args.seconds)
         sync = baseline.fdatasync_loop(d, args.seconds)
@@ -122,13 +141,51 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / f"commit_log-{stamp}.json").write_text(json.dumps(payload, indent=1))
     (out_dir / "commit_log-latest.md").write_text("\n".join(lines) + "\n")
     if args.write_readme:
-        _write_readme(lines)
-        console.print(f"updated {README}")
+        _write_readme("commit_log", lines)
     failed = sum(r.failed_puts for r in results)
     if failed:
         console.print(f"[red]{failed} puts did not return PUT_OK[/]")
-        return 1
-    return 0
+    return failed
+
+
+def _store_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}, "
+        f"data on `{facts['filesystem']}`.",
+        "",
+        "| dispatch (1 KiB messages) | records | append msgs/s | dispatch records/s | dispatch / append |",
+        "|---|---|---|---|---|",
+    ]
+    for shape in ("tags", "keyed"):
+        console.print(f"  dispatch {shape} ...", end="")
+        with scratch_dir(data_dir, "dispatch") as d:
+            r = store_bench.dispatch(d, shape, 300_000)
+        console.print(
+            f" {r.dispatch_records_per_s:,.0f} records/s (append {r.append_msgs_per_s:,.0f} msgs/s)"
+        )
+        label = "TAGS only" if shape == "tags" else "TAGS + KEYS + UNIQ_KEY (2 index entries)"
+        lines.append(
+            f"| {label} | {r.records:,} | {r.append_msgs_per_s:,.0f} | {r.dispatch_records_per_s:,.0f} | "
+            f"{r.dispatch_records_per_s / r.append_msgs_per_s:.2f} |"
+        )
+    lines += ["", "| latency | calls | p50 ms | p99 ms | setup |", "|---|---|---|---|---|"]
+    for name, run in (("key query", store_bench.key_query), ("pull", store_bench.pull)):
+        console.print(f"  {name} ...", end="")
+        with scratch_dir(data_dir, name.replace(" ", "-")) as d:
+            results = run(d)
+        for res in results:
+            smp = res.sample
+            console.print(f" {res.name}: p99 {smp.percentile_ms(99):.3f} ms", end="")
+            lines.append(
+                f"| {res.name} | {len(smp.latencies_ns):,} | {smp.percentile_ms(50):.3f} | "
+                f"{smp.percentile_ms(99):.3f} | {res.note} |"
+            )
+        console.print()
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "store-latest.md").write_text("\n".join(lines) + "\n")
+    for line in lines:
+        console.print(line, markup=False)
+    return lines
 
 
 def _vs(res: commit_log_bench.Result, raw_rate: float, sync_rate: float) -> str:
@@ -181,13 +238,15 @@ def _markdown(
     return lines
 
 
-def _write_readme(lines: list[str]) -> None:
+def _write_readme(block: str, lines: list[str]) -> None:
+    """Replace the ``results:<block>`` section of bench/README.md with ``lines``."""
+    begin, end = f"<!-- results:{block}:begin -->", f"<!-- results:{block}:end -->"
     text = README.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{README} lacks the {BEGIN} / {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail, encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{README} lacks the {begin} / {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    README.write_text(head + begin + "\n" + "\n".join(lines) + "\n" + end + tail, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ class CommitLog:
             commit_log.recover()
             commit_log.start()
         except BaseException:
-            commit_log._release_after_failed_open()
+            commit_log.abandon()
             raise
         return commit_log
 
@@ -263,9 +263,7 @@ class CommitLog:
         file (only when the store is still writeable), unmap and unlock. Idempotent."""
         if not self._loaded:
             return
-        self._running = False
-        with self._put_lock:  # let an in-flight append finish
-            pass
+        self.stop_accepting()
         for svc in (self._snapshot_service, self._commit_service, self._flush_service, self._allocator):
             if svc is not None:
                 svc.shutdown()
@@ -298,7 +296,9 @@ class CommitLog:
             self._lock_file.release()
         self._loaded = False
 
-    def _release_after_failed_open(self) -> None:
+    def abandon(self) -> None:
+        """Stop services and release files and the lock without persisting anything: for an open
+        that failed part-way (a checkpoint or snapshot of an unrecovered log would be wrong)."""
         self._running = False
         for svc in self._services:
             svc.shutdown()

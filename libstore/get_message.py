@@ -74,20 +74,32 @@ def get_messages(
     status = _status_for_offset(offset, min_offset, max_offset)
     if status is not None:
         return GetMessageResult(status[0], status[1], min_offset, max_offset)
-    units = read_units(offset, max(MAX_FILTER_UNITS, max_count))
-    if not units:
-        return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
+    window = min(max(MAX_FILTER_UNITS, max_count), max_offset - offset)
     selected: list[CqUnit] = []
     total = 0
     next_offset = offset
-    for unit in units:
-        if len(selected) >= max_count or (selected and total + unit.size > max_bytes):
+    scanned = 0
+    full = False
+    # Read units in chunks: an unfiltered pull needs max_count of them; a filtered one goes on
+    # through the window while the filter skips units.
+    while not full and scanned < window:
+        units = read_units(next_offset, min(window - scanned, max(max_count - len(selected), 32)))
+        if not units:
+            if scanned == 0:
+                return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
             break
-        next_offset = unit.queue_offset + 1
-        if unit.size == BLANK_UNIT_SIZE or not tag_filter.matches_code(unit.tags_code):
-            continue
-        selected.append(unit)
-        total += unit.size
+        scanned += len(units)
+        for unit in units:
+            if len(selected) >= max_count or (selected and total + unit.size > max_bytes):
+                full = True
+                break
+            next_offset = unit.queue_offset + 1
+            if unit.size == BLANK_UNIT_SIZE or not tag_filter.matches_code(unit.tags_code):
+                continue
+            selected.append(unit)
+            total += unit.size
+        if len(selected) >= max_count:
+            full = True
     result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, next_offset, min_offset, max_offset)
     if not selected:
         return result

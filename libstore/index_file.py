@@ -32,6 +32,7 @@ import contextlib
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -189,6 +190,56 @@ class IndexFile:
         self.end_timestamp = store_timestamp
         self._write_header()
         return True
+
+    def put_many(
+        self, key_hashes: Sequence[int], offsets: Sequence[int], timestamps: Sequence[int], start: int = 0
+    ) -> int:
+        """Add entries ``start..`` of the three parallel sequences (index hashes, CommitLog offsets,
+        store times) until the file is full; returns how many were added.
+
+        The header is written first with the batch's final count and end offset, then the
+        entries, then the header again: a crash in between leaves a header that claims the
+        batch, so recovery (which drops files past the dispatch checkpoint) rebuilds this file
+        instead of trusting slots that point past a stale entry count.
+        """
+        count = self.index_count
+        n = min(len(key_hashes) - start, self.index_num - count)
+        if n <= 0:
+            return 0
+        stop = start + n
+        if count <= 1:  # the first entry defines the file's begin (see module docstring)
+            self.begin_phy_offset = offsets[start]
+            self.begin_timestamp = timestamps[start]
+        self.index_count = count + n
+        self.end_phy_offset = offsets[stop - 1]
+        self.end_timestamp = timestamps[stop - 1]
+        self._write_header()
+        mm = self._mmap
+        slot_num = self.hash_slot_num
+        entries_at = self._entries_at
+        begin = self.begin_timestamp
+        unpack_slot = _SLOT.unpack_from
+        pack_slot = _SLOT.pack_into
+        pack_entry = _ENTRY.pack_into
+        new_slots = 0
+        for k in range(start, stop):
+            key_hash = key_hashes[k]
+            slot_pos = INDEX_HEADER_SIZE + (key_hash % slot_num) * HASH_SLOT_SIZE
+            slot_value = unpack_slot(mm, slot_pos)[0]
+            if slot_value <= INVALID_INDEX or slot_value > count:
+                slot_value = INVALID_INDEX
+                new_slots += 1
+            if begin <= 0:
+                time_diff = 0
+            else:
+                time_diff = (timestamps[k] - begin) // 1000
+                time_diff = 0 if time_diff < 0 else _INT_MAX if time_diff > _INT_MAX else time_diff
+            pack_entry(mm, entries_at + count * INDEX_SIZE, key_hash, offsets[k], time_diff, slot_value)
+            pack_slot(mm, slot_pos, count)
+            count += 1
+        self.hash_slot_count += new_slots
+        self._write_header()
+        return n
 
     # -- read -----------------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:

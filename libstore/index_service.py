@@ -169,7 +169,8 @@ class IndexService:
         the whole batch are hashed at once. Raises StoreIOError when a file cannot be made."""
         last = self.last_indexed_offset
         keys: list[str] = []
-        entries: list[tuple[int, int]] = []  # (offset, store time) per key
+        offsets: list[int] = []  # per key: the record's CommitLog offset and store time
+        timestamps: list[int] = []
         rollback = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
         mask = MessageSysFlag.TRANSACTION_TYPE_MASK
         for req in requests:
@@ -180,23 +181,27 @@ class IndexService:
             if not req.keys and not uniq:
                 continue
             prefix = req.topic + "#"
+            ts = req.store_timestamp
             if uniq:
                 keys.append(prefix + uniq)
-                entries.append((offset, req.store_timestamp))
+                offsets.append(offset)
+                timestamps.append(ts)
             for key in req.keys:
                 keys.append(prefix + key)
-                entries.append((offset, req.store_timestamp))
+                offsets.append(offset)
+                timestamps.append(ts)
             last = offset
         if not keys:
             return
+        hashes = [index_hash_of(h) for h in java_string_hashes(keys)]
         f = self.files[-1] if self.files else self._new_file(None)
-        for java_hash, (offset, ts) in zip(java_string_hashes(keys), entries, strict=True):
-            key_hash = index_hash_of(java_hash)
-            while not f.put_hashed(key_hash, offset, ts):
-                self._dirty.add(f.file_name)
-                f = self._new_file(f)
-            self.last_indexed_offset = offset
+        done = f.put_many(hashes, offsets, timestamps)
         self._dirty.add(f.file_name)
+        while done < len(hashes):  # the file is full: roll
+            f = self._new_file(f)
+            done += f.put_many(hashes, offsets, timestamps, done)
+            self._dirty.add(f.file_name)
+        self.last_indexed_offset = last
 
     def _new_file(self, full: IndexFile | None) -> IndexFile:
         now = time.time_ns() // 1_000_000

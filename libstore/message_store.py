@@ -247,8 +247,7 @@ class MessageStore:
         if self.index_service is not None:
             for f in self.index_service.files:
                 f.close()
-        self.commit_log.shutdown()
-        self.commit_log._release_after_failed_open()
+        self.commit_log.abandon()
 
     def _on_io_error(self, exc: StoreIOError) -> None:
         log.error("derived store I/O error: %s", exc)

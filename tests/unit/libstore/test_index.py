@@ -6,9 +6,11 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import libstore.index_file as index_file
 from libstore.index_file import IndexFile, index_file_size, index_key_hash_code
 from libstore.index_service import IndexService, index_file_name, index_file_time
 from libstore.message import MessageSysFlag
@@ -93,15 +95,19 @@ def _workload(draw):
 
 
 @settings(max_examples=120, deadline=None)
-@given(_workload(), st.integers(1, 5), st.integers(2, 7))
-def test_index_service_answers_like_a_dict_model(tmp_path_factory, workload, slots, index_num):
+@given(_workload(), st.integers(1, 5), st.integers(2, 7), st.integers(1, 9))
+def test_index_service_answers_like_a_dict_model(tmp_path_factory, workload, slots, index_num, chunk):
     records, queries = workload
     service = IndexService(tmp_path_factory.mktemp("index"), slots, index_num, max_msgs_num_batch=8)
     service.load()
     model: list[tuple[str, int, int]] = []  # (topic#key, offset, ts) in insertion order
-    for offset, topic, keys, uniq, ts, rollback in records:
+    pending = []
+    for n, (offset, topic, keys, uniq, ts, rollback) in enumerate(records, 1):
         flag = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE if rollback else 0
-        service.dispatch(_req(offset, topic, keys, ts, uniq, flag))
+        pending.append(_req(offset, topic, keys, ts, uniq, flag))
+        if len(pending) == chunk or n == len(records):  # batches of any size, as dispatch sends
+            service.dispatch_batch(pending)
+            pending = []
         if not rollback:
             model += [(f"{topic}#{k}", offset, ts) for k in [*([uniq] if uniq else []), *keys]]
     if len(model) > index_num - 1:
@@ -151,3 +157,40 @@ def test_discard_after_deletes_files_past_an_offset_and_says_where_to_rebuild(tm
     assert service.query_offsets("T", "k", 64, 0, T0 + 10_000) == list(range(900, -1, -100))
     assert service.discard_after(0) == 0 and service.files == [] and service.last_indexed_offset == -1
     service.shutdown()
+
+
+def test_a_batch_interrupted_midway_leaves_a_header_that_claims_it(tmp_path: Path, monkeypatch):
+    """put_many writes the header (with the batch's end offset) before the entries, so recovery,
+    which drops files past the dispatch checkpoint, rebuilds a file whose batch was cut short."""
+    service = IndexService(tmp_path, 7, 100)
+    service.load()
+    service.dispatch_batch([_req(o, "T", ["k"], T0) for o in (0, 100)])
+    calls = {"n": 0}
+    real = index_file._ENTRY
+
+    class Dying:
+        size = real.size
+
+        @staticmethod
+        def pack_into(*args):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError("process killed here")
+            real.pack_into(*args)
+
+        unpack_from = real.unpack_from
+
+    monkeypatch.setattr(index_file, "_ENTRY", Dying)
+    with pytest.raises(OSError, match="killed"):
+        service.dispatch_batch([_req(o, "T", ["k"], T0) for o in (200, 300, 400)])
+    monkeypatch.setattr(index_file, "_ENTRY", real)
+    f = service.files[-1]
+    f.close()
+    on_disk = IndexFile.open(f.path, 7, 100)
+    assert on_disk.end_phy_offset == 400 and on_disk.index_count == 6  # the whole batch is claimed
+    on_disk.close()
+    service.files = []
+    reopened = IndexService(tmp_path, 7, 100)
+    reopened.load()
+    assert reopened.discard_after(200) == 0  # checkpoint at 200: the file is rebuilt from its start
+    reopened.shutdown()

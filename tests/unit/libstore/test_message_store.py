@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from libstore import Message, MessageSysFlag, StoreConfig
+from libstore import Message, MessageSysFlag, StoreConfig, StoreIOError
 from libstore.message_store import MessageStore
 
 TX_PREPARED = MessageSysFlag.TRANSACTION_PREPARED_TYPE
@@ -153,5 +153,27 @@ def test_a_cut_log_tail_cuts_units_and_index_entries_past_it(config: StoreConfig
         res = store.put_messages([Message(lost[0].topic, b"again", lost[0].queue_id, keys=["again"])])
         assert res.all_ok and store.wait_dispatched(10)
         assert store.query_message(lost[0].topic, "again")[0].phy_offset == victim.commit_log_offset
+    finally:
+        store.shutdown()
+
+
+def test_a_failed_open_persists_nothing_and_releases_the_store(config: StoreConfig):
+    root = Path(config.store_path_root_dir)
+    store = MessageStore.open(config)
+    _workload(store, rounds=1)
+    end = store.commit_log.max_offset
+    store.shutdown()
+    (root / "abort").touch()  # as after a crash
+    bad = root / "consumequeue" / "Orders" / "0" / f"{10**12:020d}"
+    bad.write_bytes(b"short")  # a segment of the wrong size: loading fails
+    snapshot = (root / "config" / "queueOffsetTable.json").read_bytes()
+    with pytest.raises(StoreIOError, match="bytes but segments are"):
+        MessageStore.open(config)
+    assert (root / "abort").exists(), "the next open must still recover abnormally"
+    assert (root / "config" / "queueOffsetTable.json").read_bytes() == snapshot
+    bad.unlink()
+    store = MessageStore.open(config)  # the lock was released
+    try:
+        assert not store.commit_log.last_exit_ok and store.commit_log.max_offset == end
     finally:
         store.shutdown()
