@@ -3,16 +3,22 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PROTOS := $(shell find protos -name '*.proto')
+PB     := services/pb/manifest.json
 
 .PHONY: install run test lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(PB)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# Generated gRPC code (services/pb, not committed): rebuilt whenever a .proto changes.
+$(PB): $(STAMP) $(PROTOS) services/_protogen.py
+	$(BIN)/python -m services._protogen
 
 run: install
 	$(BIN)/mqstore demo
@@ -28,4 +34,4 @@ bench: install
 	$(BIN)/python -m bench --write-readme
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis services/pb

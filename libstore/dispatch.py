@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Protocol
 
 from libstore._files import atomic_write
+from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import StoreError, StoreIOError
+from libstore.index_service import IndexService
 from libstore.message import MessageSysFlag
 from libstore.record_codec import DispatchRequest
 from libstore.service_thread import ServiceThread
@@ -82,6 +84,55 @@ class DispatchCheckpoint:
     def save(self, reput_offset: int) -> None:
         """Persist ``reput_offset``. Raises StoreIOError."""
         atomic_write(self.path, json.dumps({"reputOffset": reput_offset}).encode("utf-8"))
+
+
+def apply_chunk(
+    dispatchers: Sequence[CommitLogDispatcher], chunk: Sequence[DispatchRequest]
+) -> dict[QueueKey, int]:
+    """Hand consecutive records to every dispatcher; return {(topic, queue id): new max queue
+    offset} of the queues they reached (for long polling). Raises what a dispatcher raises."""
+    for dispatcher in dispatchers:
+        dispatcher.dispatch_batch(chunk)
+    no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
+    return {
+        (req.topic, req.queue_id): req.consume_queue_offset + 1
+        for req in chunk
+        if not req.sys_flag & no_queue_offset
+    }
+
+
+def resume_offset(checkpoint: DispatchCheckpoint, log_min: int, log_max: int) -> int:
+    """Where a derived store resumes: its checkpoint clamped into the log, the log's start without one."""
+    saved = checkpoint.load()
+    if saved is None:
+        return log_min
+    return min(max(saved, log_min), log_max)
+
+
+def recover_consume_queues(
+    store: ConsumeQueueStore, checkpoint: DispatchCheckpoint, log_min: int, log_max: int
+) -> tuple[int, int]:
+    """Bring loaded ConsumeQueues in line with a log holding ``[log_min, log_max)``: keep each
+    queue's valid prefix, cut units pointing past the log's end, fix min offsets. Returns
+    (CommitLog offset to resume dispatch from, units cut)."""
+    store.recover()
+    cut = store.truncate_dirty(log_max)
+    store.correct_min_offsets(log_min)
+    return resume_offset(checkpoint, log_min, log_max), cut
+
+
+def recover_index(
+    index: IndexService, checkpoint: DispatchCheckpoint, log_min: int, log_max: int, last_exit_ok: bool
+) -> tuple[int, int | None]:
+    """Bring loaded IndexFiles in line with the log: files with entries past the log's end, or
+    (after a crash) past the checkpoint, may be torn and are deleted. Returns (CommitLog offset
+    to resume dispatch from, offset the rebuild starts at or None)."""
+    resume = resume_offset(checkpoint, log_min, log_max)
+    restart = index.discard_after(log_max if last_exit_ok else min(resume, log_max))
+    if restart is None:
+        return resume, None
+    resume = min(resume, max(restart, log_min))
+    return resume, resume
 
 
 class ReputMessageService(ServiceThread):
@@ -154,24 +205,18 @@ class ReputMessageService(ServiceThread):
             scanned_to = req.commit_log_offset + req.msg_size
             if len(chunk) >= self.chunk_records:
                 break
+        arrived: dict[QueueKey, int] = {}
         if chunk:
             try:
-                for dispatcher in self.dispatchers:
-                    dispatcher.dispatch_batch(chunk)
+                arrived = apply_chunk(self.dispatchers, chunk)
             except StoreError as exc:
                 if not self._failing:
                     log.error("dispatch stopped at CommitLog offset %d: %s; retrying", start, exc)
                 self._failing = True
                 return False
-        if self._failing and chunk:
-            log.info("dispatch resumed at CommitLog offset %d", start)
-            self._failing = False
-        no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
-        arrived = {
-            (req.topic, req.queue_id): req.consume_queue_offset + 1
-            for req in chunk
-            if not req.sys_flag & no_queue_offset
-        }
+            if self._failing:
+                log.info("dispatch resumed at CommitLog offset %d", start)
+                self._failing = False
         self._advance(scanned_to, len(chunk), arrived)
         return scanned_to > start
 

@@ -14,7 +14,9 @@ holds one), :func:`get_messages`:
 4. reads the selected records and drops those whose exact TAGS do not match.
 
 The next begin offset is the queue offset after the last unit scanned, so a consumer never sees a
-unit twice and never skips one.
+unit twice and never skips one. Steps 1-3 (:func:`select_units`) run where the ConsumeQueue is,
+step 4 (:func:`fetch_messages`) where the records are read: in the split topology, the dispatch
+service and the gateway.
 """
 
 from __future__ import annotations
@@ -60,20 +62,32 @@ class GetMessageResult:
         return [decode_record(raw) for raw in self.records]
 
 
-def get_messages(
+@dataclass
+class UnitSelection:
+    """Phase 1 of a pull, where the ConsumeQueue is: ``status`` is set when the offset holds no
+    unit (and ``units`` is empty); else ``units`` passed the tags-code filter and
+    ``next_offset`` follows the last unit scanned."""
+
+    status: GetMessageStatus | None
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    units: list[CqUnit] = field(default_factory=list)
+
+
+def select_units(
     offset: int,
     max_count: int,
     min_offset: int,
     max_offset: int,
     read_units: Callable[[int, int], Sequence[CqUnit]],
-    read_records: Callable[[list[tuple[int, int]]], Sequence[bytes | None]],
     tag_filter: TagFilter = ACCEPT_ALL,
     max_bytes: int = 256 * 1024,
-) -> GetMessageResult:
-    """One pull from a queue whose units are ``min_offset..max_offset-1`` (see module docstring)."""
+) -> UnitSelection:
+    """Steps 1-3 of the module docstring: offset checks, then the units to read."""
     status = _status_for_offset(offset, min_offset, max_offset)
     if status is not None:
-        return GetMessageResult(status[0], status[1], min_offset, max_offset)
+        return UnitSelection(status[0], status[1], min_offset, max_offset)
     window = min(max(MAX_FILTER_UNITS, max_count), max_offset - offset)
     selected: list[CqUnit] = []
     total = 0
@@ -86,7 +100,7 @@ def get_messages(
         units = read_units(next_offset, min(window - scanned, max(max_count - len(selected), 32)))
         if not units:
             if scanned == 0:
-                return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
+                return UnitSelection(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
             break
         scanned += len(units)
         for unit in units:
@@ -100,14 +114,27 @@ def get_messages(
             total += unit.size
         if len(selected) >= max_count:
             full = True
-    result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, next_offset, min_offset, max_offset)
-    if not selected:
-        return result
-    raws = read_records([(u.phy_offset, u.size) for u in selected])
+    return UnitSelection(None, next_offset, min_offset, max_offset, selected)
+
+
+def fetch_messages(
+    selection: UnitSelection,
+    raws: Sequence[bytes | None],
+    tag_filter: TagFilter = ACCEPT_ALL,
+) -> GetMessageResult:
+    """Step 4 of the module docstring: ``raws`` are the records of ``selection.units`` (None
+    where the CommitLog no longer holds one); drops those whose exact TAGS do not match."""
+    if selection.status is not None:
+        return GetMessageResult(
+            selection.status, selection.next_offset, selection.min_offset, selection.max_offset
+        )
+    result = GetMessageResult(
+        GetMessageStatus.NO_MATCHED_MESSAGE, selection.next_offset, selection.min_offset, selection.max_offset
+    )
     removed = 0
     exact = not tag_filter.accepts_all
-    for unit, raw in zip(selected, raws, strict=True):
-        if raw is None:
+    for unit, raw in zip(selection.units, raws, strict=True):
+        if not raw:
             removed += 1
             continue
         if exact:
@@ -122,6 +149,22 @@ def get_messages(
     elif removed:
         result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
     return result
+
+
+def get_messages(
+    offset: int,
+    max_count: int,
+    min_offset: int,
+    max_offset: int,
+    read_units: Callable[[int, int], Sequence[CqUnit]],
+    read_records: Callable[[list[tuple[int, int]]], Sequence[bytes | None]],
+    tag_filter: TagFilter = ACCEPT_ALL,
+    max_bytes: int = 256 * 1024,
+) -> GetMessageResult:
+    """One pull from a queue whose units are ``min_offset..max_offset-1`` (see module docstring)."""
+    selection = select_units(offset, max_count, min_offset, max_offset, read_units, tag_filter, max_bytes)
+    raws = read_records([(u.phy_offset, u.size) for u in selection.units]) if selection.units else []
+    return fetch_messages(selection, raws, tag_filter)
 
 
 def _status_for_offset(offset: int, min_offset: int, max_offset: int) -> tuple[GetMessageStatus, int] | None:

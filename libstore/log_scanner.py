@@ -68,3 +68,31 @@ def scan_log(
         else:
             return  # reached the readable end (or end_offset) inside this segment
         offset = queue.roll_next_file(base + pos)
+
+
+def scan_buffer(
+    buf: bytes | bytearray | memoryview, base_offset: int, *, decode_properties: bool = True
+) -> tuple[list[DispatchRequest], int, DispatchRequest | None]:
+    """Decode the whole records in ``buf`` (CommitLog bytes starting at ``base_offset``, e.g. a
+    Tail chunk). Returns (records, offset just past the last record or blank END record read,
+    the invalid request if bytes that are not a record stopped the scan)."""
+    out: list[DispatchRequest] = []
+    pos = 0
+    limit = len(buf)
+    while pos < limit:
+        req = check_record(
+            buf,
+            pos,
+            limit,
+            check_crc=False,
+            expected_phy_offset=base_offset + pos,
+            decode_properties=decode_properties,
+        )
+        if not req.success:
+            req.commit_log_offset = base_offset + pos
+            return out, base_offset + pos, req
+        if req.msg_size == 0:  # blank END record: nothing else in this segment
+            return out, base_offset + limit, None
+        out.append(req)
+        pos += req.msg_size
+    return out, base_offset + pos, None

@@ -33,7 +33,13 @@ from libstore.config import StoreConfig
 from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
 from libstore.consume_queue_store import ConsumeQueueStore, FlushConsumeQueueService
 from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffsetPersistService
-from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, ReputMessageService
+from libstore.dispatch import (
+    CommitLogDispatcher,
+    DispatchCheckpoint,
+    ReputMessageService,
+    recover_consume_queues,
+    recover_index,
+)
 from libstore.errors import (
     CorruptRecordError,
     InvalidArgumentError,
@@ -142,23 +148,14 @@ class MessageStore:
         self.commit_log.recover()
         log_min, log_max = self.commit_log.min_offset, self.commit_log.max_offset
         report = DerivedRecovery()
-        cqs = self.consume_queue_store
-        cqs.recover()
-        report.consume_queue_units_cut = cqs.truncate_dirty(log_max)
-        cq_from = self._resume_offset(self._cq_checkpoint, log_min, log_max)
-        reput_from = cq_from
-        index = self.index_service
-        if index is not None:
-            index_from = self._resume_offset(self._index_checkpoint, log_min, log_max)
-            # After a crash, IndexFiles written past the checkpoint may be torn; past the log's
-            # end they point at nothing. Either way: delete and rebuild them.
-            limit = log_max if self.commit_log.last_exit_ok else min(index_from, log_max)
-            restart = index.discard_after(limit)
-            if restart is not None:
-                index_from = min(index_from, max(restart, log_min))
-                report.index_rebuild_from = index_from
+        reput_from, report.consume_queue_units_cut = recover_consume_queues(
+            self.consume_queue_store, self._cq_checkpoint, log_min, log_max
+        )
+        if self.index_service is not None:
+            index_from, report.index_rebuild_from = recover_index(
+                self.index_service, self._index_checkpoint, log_min, log_max, self.commit_log.last_exit_ok
+            )
             reput_from = min(reput_from, index_from)
-        cqs.correct_min_offsets(log_min)
         report.reput_from_offset = reput_from
         self.derived_recovery = report
         log.info(
@@ -170,13 +167,6 @@ class MessageStore:
             else "",
         )
         return report
-
-    @staticmethod
-    def _resume_offset(checkpoint: DispatchCheckpoint, log_min: int, log_max: int) -> int:
-        saved = checkpoint.load()
-        if saved is None:
-            return log_min
-        return min(max(saved, log_min), log_max)
 
     def start(self) -> None:
         """Start the CommitLog, dispatch, the derived-file flusher and the offset persister."""
