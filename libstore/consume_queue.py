@@ -28,7 +28,7 @@ import contextlib
 import enum
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -300,33 +300,38 @@ class ConsumeQueue:
         first offset stored at or after ``timestamp_ms`` (the max offset when none is); UPPER: the
         last offset stored at or before it (the min offset when none is).
         """
+        search = self.search_by_time(timestamp_ms, boundary)
+        try:
+            probe = next(search)
+            while True:
+                probe = search.send(store_time_of(*probe))
+        except StopIteration as done:
+            return int(done.value)
+
+    def search_by_time(
+        self, timestamp_ms: int, boundary: BoundaryType = BoundaryType.LOWER
+    ) -> Generator[tuple[int, int], int, int]:
+        """:meth:`get_offset_in_queue_by_time` as a generator, for callers that read store times
+        asynchronously: it yields (phy_offset, size) of each message to probe, is sent that
+        message's store time (-1: gone), and returns the queue offset."""
         lo, hi = self.min_offset_in_queue, self.max_offset_in_queue
         if lo >= hi:
             return lo
-        if boundary is BoundaryType.LOWER:
-            # first index in [lo, hi) with time >= ts
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if self._time_at(mid, store_time_of) >= timestamp_ms:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return lo
         first = lo
-        # last index with time <= ts: first index with time > ts, minus one
+        upper = boundary is BoundaryType.UPPER
+        # LOWER: first index with time >= ts. UPPER: first index with time > ts, minus one.
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._time_at(mid, store_time_of) > timestamp_ms:
+            unit = self.read_unit(mid)
+            if unit is None or unit.size == BLANK_UNIT_SIZE:
+                t = -1
+            else:
+                t = yield (unit.phy_offset, unit.size)
+            if (t > timestamp_ms) if upper else (t >= timestamp_ms):
                 hi = mid
             else:
                 lo = mid + 1
-        return max(first, lo - 1)
-
-    def _time_at(self, queue_offset: int, store_time_of: Callable[[int, int], int]) -> int:
-        unit = self.read_unit(queue_offset)
-        if unit is None or unit.size == BLANK_UNIT_SIZE:
-            return -1
-        return store_time_of(unit.phy_offset, unit.size)
+        return max(first, lo - 1) if upper else lo
 
     # -- truncation ------------------------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> int:

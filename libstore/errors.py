@@ -2,6 +2,7 @@
 
 Outcomes (a flush that timed out, an empty pull) are status values in results, not exceptions;
 see :mod:`libstore.results`. Exceptions mean nothing was done (bad input) or the store stopped.
+Each class has a ``reason``: the RocketMQ-style name the services put in ``google.rpc.ErrorInfo``.
 
 ::
 
@@ -13,6 +14,7 @@ see :mod:`libstore.results`. Exceptions mean nothing was done (bad input) or the
     │   └── QueueIdOutOfRangeError       queue id outside the topic's queues
     ├── InvalidArgumentError             a malformed request parameter (message id, offset, count)
     ├── TopicNotFoundError               unknown topic and auto-create is off
+    ├── MessageNotFoundError             no message with the id asked for
     ├── OffsetOutOfRangeError            a physical range outside what the log holds
     ├── CorruptRecordError               bytes that do not decode as a CommitLog record
     ├── StoreLockedError                 another process holds the store's lock file
@@ -29,62 +31,100 @@ from __future__ import annotations
 class StoreError(Exception):
     """Root of libstore's exceptions."""
 
+    reason = "STORE_ERROR"
+
 
 class ConfigError(StoreError):
     """A configuration key or value is invalid."""
+
+    reason = "CONFIG_ILLEGAL"
 
 
 class MessageIllegalError(StoreError):
     """A message violates a store limit (RocketMQ MESSAGE_ILLEGAL). Nothing was written."""
 
+    reason = "MESSAGE_ILLEGAL"
+
 
 class IllegalTopicError(MessageIllegalError):
     """The topic name is empty, too long or holds characters outside ``[A-Za-z0-9_%|-]``."""
+
+    reason = "TOPIC_ILLEGAL"
 
 
 class PropertiesSizeExceededError(MessageIllegalError):
     """Serialized properties exceed 32767 bytes (RocketMQ PROPERTIES_SIZE_EXCEEDED)."""
 
+    reason = "PROPERTIES_SIZE_EXCEEDED"
+
 
 class QueueIdOutOfRangeError(MessageIllegalError):
     """The queue id is negative or not below the topic's write queue count."""
+
+    reason = "QUEUE_ID_ILLEGAL"
 
 
 class InvalidArgumentError(StoreError):
     """A request parameter is malformed (a message id that does not decode, a negative count...)."""
 
+    reason = "INVALID_ARGUMENT"
+
 
 class TopicNotFoundError(StoreError):
     """The topic does not exist and auto-creation is disabled."""
+
+    reason = "TOPIC_NOT_EXIST"
+
+
+class MessageNotFoundError(StoreError):
+    """No message matches the id or key asked for."""
+
+    reason = "MESSAGE_NOT_FOUND"
 
 
 class OffsetOutOfRangeError(StoreError):
     """A physical offset or range lies outside the log's readable bytes."""
 
+    reason = "OFFSET_ILLEGAL"
+
 
 class CorruptRecordError(StoreError):
     """Bytes at an offset are not a valid CommitLog record."""
+
+    reason = "CORRUPT_RECORD"
 
 
 class StoreLockedError(StoreError):
     """Another process holds the store's ``lock`` file."""
 
+    reason = "STORE_LOCKED"
+
 
 class ServiceNotAvailableError(StoreError):
     """The store cannot take the request now (shut down, not writeable, or a slave)."""
+
+    reason = "SERVICE_NOT_AVAILABLE"
 
 
 class NotMasterError(ServiceNotAvailableError):
     """The store is a SLAVE: it takes bytes from its master, not puts."""
 
+    reason = "NOT_MASTER"
+
 
 class OSPageCacheBusyError(ServiceNotAvailableError):
     """The put lock has been held longer than ``osPageCacheBusyTimeOutMills`` (OS_PAGE_CACHE_BUSY)."""
+
+    reason = "OS_PAGE_CACHE_BUSY"
 
 
 class StoreIOError(StoreError):
     """An OSError hit the store's files; the store stops accepting writes (fail-stop)."""
 
+    reason = "STORE_IO_ERROR"
+
 
 class DiskFullError(StoreIOError):
     """No space left to allocate a new file."""
+
+    reason = "DISK_FULL"

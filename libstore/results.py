@@ -180,6 +180,11 @@ class PutMessageResults(Sequence[PutMessageResult]):
         )
 
     @property
+    def store_host(self) -> bytes:
+        """The encoded store host (8 or 20 bytes) of the message ids."""
+        return self._store_host
+
+    @property
     def all_ok(self) -> bool:
         """True when every message was stored and is durable under the configured policy."""
         return self.appended == self._count and self.status is PutMessageStatus.PUT_OK

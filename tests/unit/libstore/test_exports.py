@@ -27,6 +27,7 @@ EXPECTED = {
     "Message",
     "MessageConst",
     "MessageIllegalError",
+    "MessageNotFoundError",
     "MessageRecord",
     "MessageSysFlag",
     "NotMasterError",

@@ -1,0 +1,34 @@
+"""StoreDirectory: a folder of derived state (a dispatch or index service's root) owned by one
+process: the exclusive ``lock`` file and the ``abort`` marker, as the CommitLog's root has.
+
+``last_exit_ok`` is False when the marker was found at open (the owner crashed): derived files
+written after their last checkpoint may then be torn, and recovery distrusts them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from libstore._files import StoreLock
+from libstore.store_paths import abort_path, lock_path
+
+
+class StoreDirectory:
+    """Lock ``root`` (StoreLockedError if another process holds it) and read the abort marker."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = StoreLock(lock_path(self.root))
+        self.last_exit_ok = not abort_path(self.root).exists()
+
+    def mark_running(self) -> None:
+        """Create the abort marker: from now on an exit without :meth:`mark_clean` is a crash."""
+        abort_path(self.root).touch()
+
+    def mark_clean(self) -> None:
+        """Remove the abort marker (after a complete, flushed shutdown)."""
+        abort_path(self.root).unlink(missing_ok=True)
+
+    def release(self) -> None:
+        self._lock.release()

@@ -1,0 +1,182 @@
+"""Protobuf ⇄ libstore conversions for mqstore.v1 (messages, put results, topics, views).
+
+Bad input raises libstore errors (InvalidArgumentError, MessageIllegalError), which the server
+interceptor turns into INVALID_ARGUMENT: a malformed field never reaches the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from libstore import (
+    InvalidArgumentError,
+    Message,
+    MessageConst,
+    MessageRecord,
+    PutMessageResults,
+    PutMessageStatus,
+    TopicConfig,
+    TopicMessageType,
+)
+from libstore.message_id import create_message_id
+from services.proto import common_pb, gateway_pb
+
+_PUT_STATUS_TO_PB = {s: common_pb.PutStatus.Value(s.name) for s in PutMessageStatus}
+_PUT_STATUS_FROM_PB = {v: k for k, v in _PUT_STATUS_TO_PB.items()}
+
+
+def parse_host(text: str, default: tuple[str, int]) -> tuple[str, int]:
+    """``"ip:port"`` (``"[v6]:port"`` too) as (ip, port); ``default`` when empty."""
+    if not text:
+        return default
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidArgumentError(f"born_host must be 'ip:port', got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def peer_host(peer: str) -> tuple[str, int]:
+    """The caller's address from a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host, _, port = rest.rpartition(":")
+        if port.isdigit():
+            return host.strip("[]"), int(port)
+    return "127.0.0.1", 0
+
+
+def message_from_pb(pb: common_pb.Message, default_host: tuple[str, int]) -> Message:
+    """A libstore Message from the wire. TAGS and KEYS come from their fields (they override
+    same-named properties); ``queue_id`` must already be chosen."""
+    props = dict(pb.properties)
+    if pb.tags:
+        props[MessageConst.TAGS] = pb.tags
+    if pb.keys:
+        props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(pb.keys)
+    return Message(
+        pb.topic,
+        pb.body,
+        pb.queue_id,
+        properties=props,
+        flag=pb.flag,
+        sys_flag=pb.sys_flag,
+        born_timestamp=pb.born_timestamp,
+        born_host=parse_host(pb.born_host, default_host),
+        reconsume_times=pb.reconsume_times,
+        prepared_transaction_offset=pb.prepared_transaction_offset,
+    )
+
+
+def message_to_pb(m: Message) -> common_pb.Message:
+    host, port = m.born_host
+    return common_pb.Message(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        body=bytes(m.body),
+        properties=m.properties,
+        flag=m.flag,
+        sys_flag=m.sys_flag,
+        born_timestamp=m.born_timestamp,
+        born_host=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+        reconsume_times=m.reconsume_times,
+        prepared_transaction_offset=m.prepared_transaction_offset,
+    )
+
+
+def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
+    """Column results on the wire, with the appended messages' offset message ids."""
+    host = results.store_host
+    phys = results.phy_offsets
+    return common_pb.PutResults(
+        count=len(results),
+        appended=results.appended,
+        status=_PUT_STATUS_TO_PB[results.status],
+        failed_status=_PUT_STATUS_TO_PB[results.failed_status],
+        phy_offsets=phys,
+        sizes=results.sizes[: results.appended],
+        queue_offsets=results.queue_offsets,
+        store_timestamp=results.store_timestamp,
+        store_host=host,
+        msg_ids=[create_message_id(host, p) for p in phys] if host else [],
+    )
+
+
+def results_from_pb(pb: common_pb.PutResults) -> PutMessageResults:
+    out = PutMessageResults(
+        pb.count,
+        phy_offsets=list(pb.phy_offsets),
+        sizes=list(pb.sizes),
+        queue_offsets=list(pb.queue_offsets),
+        store_timestamp=pb.store_timestamp,
+        store_host=pb.store_host,
+        failed_status=_PUT_STATUS_FROM_PB.get(pb.failed_status, PutMessageStatus.UNKNOWN_ERROR),
+    )
+    out.status = _PUT_STATUS_FROM_PB.get(pb.status, PutMessageStatus.UNKNOWN_ERROR)
+    return out
+
+
+def topic_to_pb(config: TopicConfig) -> common_pb.TopicConfig:
+    return common_pb.TopicConfig(
+        topic=config.topic_name,
+        read_queue_nums=config.read_queue_nums,
+        write_queue_nums=config.write_queue_nums,
+        perm=config.perm,
+        message_type=config.message_type.value,
+    )
+
+
+def topic_from_pb(pb: common_pb.TopicConfig, default_queue_nums: int = 8) -> TopicConfig:
+    """A TopicConfig from the wire; zero queue counts take ``default_queue_nums``."""
+    if not pb.topic:
+        raise InvalidArgumentError("topic must be non-empty")
+    try:
+        message_type = TopicMessageType(pb.message_type or "NORMAL")
+    except ValueError as exc:
+        raise InvalidArgumentError(f"unknown message type {pb.message_type!r}") from exc
+    write = pb.write_queue_nums or default_queue_nums
+    return TopicConfig(
+        topic_name=pb.topic,
+        read_queue_nums=pb.read_queue_nums or write,
+        write_queue_nums=write,
+        perm=pb.perm or 6,
+        message_type=message_type,
+    )
+
+
+def record_to_view(record: MessageRecord) -> gateway_pb.MessageView:
+    """A decoded record as the gateway shows it."""
+    props = record.properties
+    born_ip, born_port = record.born_host
+    store_ip, store_port = record.store_host
+    return gateway_pb.MessageView(
+        topic=record.topic,
+        queue_id=record.queue_id,
+        queue_offset=record.queue_offset,
+        phy_offset=record.phy_offset,
+        msg_id=record.msg_id,
+        body=record.body,
+        tags=props.get(MessageConst.TAGS, ""),
+        keys=record.keys,
+        properties=props,
+        born_timestamp=record.born_timestamp,
+        store_timestamp=record.store_timestamp,
+        born_host=f"{born_ip}:{born_port}",
+        store_host=f"{store_ip}:{store_port}",
+        reconsume_times=record.reconsume_times,
+        flag=record.flag,
+        sys_flag=record.sys_flag,
+    )
+
+
+def ranges_to_columns(ranges: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    offsets: list[int] = []
+    sizes: list[int] = []
+    for offset, size in ranges:
+        offsets.append(offset)
+        sizes.append(size)
+    return offsets, sizes
+
+
+def records_or_none(records: Sequence[bytes]) -> list[bytes | None]:
+    """The wire marks a missing record with empty bytes (records are never empty)."""
+    return [r or None for r in records]

@@ -1,0 +1,162 @@
+"""DerivedStoreApp: the life of a service that holds state derived from the CommitLog (the
+dispatch service's ConsumeQueues, the index service's IndexFiles).
+
+start: lock its folder and read the abort marker → load its files → wait for the commitlog
+service → recover against the log's bounds (cut what points past the log's end; after a crash,
+distrust what was written past the last checkpoint) → follow the Tail stream from the resume
+offset → flush periodically and checkpoint (the checkpoint is a reput offset sampled before a
+full flush, so it never claims more than the files durably hold).
+
+stop: stop following → final flush and checkpoint → close files → remove the abort marker.
+Deleting the folder and restarting rebuilds everything from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+
+from libstore import ServiceNotAvailableError, StoreConfig, StoreIOError
+from libstore.consume_queue_store import FlushConsumeQueueService
+from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint
+from libstore.store_directory import StoreDirectory
+from services._common.tail_follower import QueueKey, TailFollower
+from services.ports import CommitLogPort, DerivedStatus, LogOffsets
+
+log = logging.getLogger(__name__)
+
+
+class DerivedStoreApp:
+    """Base of DispatchApp and IndexApp; subclasses fill in the ``_hooks``."""
+
+    name = "derived"
+
+    def __init__(self, config: StoreConfig, commitlog: CommitLogPort) -> None:
+        self.config = config
+        self.root = Path(config.store_path_root_dir)
+        self.commitlog = commitlog
+        self.directory: StoreDirectory | None = None
+        self.follower: TailFollower | None = None
+        self._flusher: FlushConsumeQueueService | None = None
+        self.start_offsets: LogOffsets | None = None
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
+        """Bring the files in line with the log; return the CommitLog offset to resume from."""
+        raise NotImplementedError
+
+    def _dispatchers(self) -> Sequence[CommitLogDispatcher]:
+        raise NotImplementedError
+
+    def _on_arrival(self, arrived: Mapping[QueueKey, int]) -> None:
+        """Queues that grew (for long polling)."""
+
+    def _cut(self, log_end: int, reput_offset: int) -> int:
+        """The log now ends at ``log_end``: drop what points past it; return where to resume."""
+        raise NotImplementedError
+
+    def _flush(self, least_pages: int) -> None:
+        raise NotImplementedError
+
+    def _flush_all(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def _checkpoint_file(self) -> DispatchCheckpoint:
+        raise NotImplementedError
+
+    # -- life -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.directory = StoreDirectory(self.root)
+        try:
+            await asyncio.to_thread(self._load)
+            offsets = await self._wait_for_commitlog()
+            self.start_offsets = offsets
+            resume = await asyncio.to_thread(
+                self._recover, offsets.min_offset, offsets.max_offset, self.directory.last_exit_ok
+            )
+        except BaseException:
+            self.directory.release()
+            raise
+        log.info(
+            "%s: resuming dispatch at CommitLog offset %d (log ends at %d)",
+            self.name,
+            resume,
+            offsets.max_offset,
+        )
+        self.follower = TailFollower(
+            self.name,
+            self.commitlog,
+            self._dispatchers(),
+            resume,
+            on_arrival=self._on_arrival,
+            on_ahead=self._on_ahead,
+        )
+        cfg = self.config
+        self._flusher = FlushConsumeQueueService(
+            self._flush,
+            self.checkpoint,
+            self._on_io_error,
+            interval_ms=cfg.flush_interval_consume_queue,
+            least_pages=cfg.flush_consume_queue_least_pages,
+            thorough_interval_ms=cfg.flush_consume_queue_thorough_interval,
+        )
+        self._flusher.start()
+        self.directory.mark_running()
+        self.follower.start()
+
+    async def _wait_for_commitlog(self) -> LogOffsets:
+        delay = 0.1
+        while True:
+            try:
+                return await self.commitlog.offsets()
+            except (ServiceNotAvailableError, grpc.RpcError) as exc:
+                log.info("%s: waiting for the commitlog service (%s)", self.name, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _on_ahead(self, log_end: int) -> int:
+        assert self.follower is not None
+        return await asyncio.to_thread(self._cut, log_end, self.follower.reput_offset)
+
+    def checkpoint(self) -> None:
+        """Flush everything, then record the reput offset sampled before the flush."""
+        if self.follower is None:
+            return
+        offset = self.follower.reput_offset
+        self._flush_all()
+        self._checkpoint_file().save(offset)
+
+    def _on_io_error(self, exc: StoreIOError) -> None:
+        log.error("%s: I/O error in derived files: %s", self.name, exc)
+
+    async def wait_caught_up(self, timeout_s: float) -> bool:
+        """True once everything the commitlog had confirmed at start is applied."""
+        if self.follower is None or self.start_offsets is None:
+            return False
+        return await self.follower.wait_for(self.start_offsets.confirm_offset, timeout_s)
+
+    async def stop(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+        if self._flusher is not None:
+            await asyncio.to_thread(self._flusher.shutdown)  # final thorough flush + checkpoint
+        await asyncio.to_thread(self._close)
+        if self.directory is not None:
+            self.directory.mark_clean()
+            self.directory.release()
+
+    def derived_status(self, files: int = 0) -> DerivedStatus:
+        f = self.follower
+        if f is None:
+            return DerivedStatus(0, 0, 0, files)
+        return DerivedStatus(f.reput_offset, f.confirm_offset, f.records_dispatched, files)

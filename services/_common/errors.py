@@ -1,0 +1,173 @@
+"""StoreError ⇄ gRPC status, mapped once per direction (DESIGN "Error model").
+
+Server side, :class:`StoreErrorInterceptor` turns a StoreError escaping a servicer into a
+``google.rpc.Status`` with the matching code and an ``ErrorInfo`` whose ``reason`` is the
+error's RocketMQ-style name (``MESSAGE_ILLEGAL``, ``TOPIC_NOT_EXIST``...); any other exception
+becomes INTERNAL with the trace id, and is logged. Servicers therefore hold no try/except.
+
+Client side, :func:`store_error_from_rpc` maps a failed call back to the same StoreError class
+(by reason, else by code), so callers of a remote port see what callers of a local one see.
+
+    StoreError                      code
+    MessageIllegalError (+subs),
+    InvalidArgumentError, Config    INVALID_ARGUMENT
+    TopicNotFoundError, MessageNotFound NOT_FOUND
+    OffsetOutOfRangeError           OUT_OF_RANGE
+    NotMasterError, StoreLocked     FAILED_PRECONDITION
+    OSPageCacheBusy, DiskFull       RESOURCE_EXHAUSTED
+    ServiceNotAvailable, StoreIO    UNAVAILABLE
+    CorruptRecordError              DATA_LOSS
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+from opentelemetry import trace
+
+from libstore import errors as E
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "mqstore"
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+# Most specific first: the first isinstance match wins.
+_CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
+    (E.NotMasterError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.OSPageCacheBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (E.DiskFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (E.MessageIllegalError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (E.TopicNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (E.MessageNotFoundError, grpc.StatusCode.NOT_FOUND),
+    (E.OffsetOutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
+    (E.StoreLockedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.CorruptRecordError, grpc.StatusCode.DATA_LOSS),
+    (E.ServiceNotAvailableError, grpc.StatusCode.UNAVAILABLE),
+    (E.StoreIOError, grpc.StatusCode.UNAVAILABLE),
+]
+_BY_REASON: dict[str, type[E.StoreError]] = {
+    cls.reason: cls for cls in vars(E).values() if isinstance(cls, type) and issubclass(cls, E.StoreError)
+}
+_BY_CODE: dict[grpc.StatusCode, type[E.StoreError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: E.InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: E.TopicNotFoundError,
+    grpc.StatusCode.OUT_OF_RANGE: E.OffsetOutOfRangeError,
+    grpc.StatusCode.FAILED_PRECONDITION: E.ServiceNotAvailableError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: E.ServiceNotAvailableError,
+    grpc.StatusCode.UNAVAILABLE: E.ServiceNotAvailableError,
+    grpc.StatusCode.DATA_LOSS: E.CorruptRecordError,
+}
+
+
+def status_code_of(exc: E.StoreError) -> grpc.StatusCode:
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def to_rpc_status(exc: E.StoreError) -> grpc.Status:
+    """A rich status for ``exc``: code, message, ErrorInfo(reason, domain "mqstore")."""
+    code = status_code_of(exc)
+    info = error_details_pb2.ErrorInfo(reason=type(exc).reason, domain=DOMAIN)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    proto = status_pb2.Status(code=code.value[0], message=str(exc) or type(exc).__name__, details=[detail])
+    return rpc_status.to_status(proto)
+
+
+def _internal_status(exc: BaseException) -> grpc.Status:
+    span = trace.get_current_span().get_span_context()
+    trace_id = f"{span.trace_id:032x}" if span.is_valid else "none"
+    proto = status_pb2.Status(
+        code=code_pb2.INTERNAL, message=f"internal error ({type(exc).__name__}); trace id {trace_id}"
+    )
+    return rpc_status.to_status(proto)
+
+
+class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps exceptions escaping unary and server-streaming handlers to statuses (module doc)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                try:
+                    return await inner(request, context)
+                except E.StoreError as exc:
+                    await context.abort_with_status(to_rpc_status(exc))
+                except (grpc.aio.AbortError, grpc.aio.UsageError):
+                    raise
+                except Exception as exc:
+                    log.exception("%s failed", method)
+                    await context.abort_with_status(_internal_status(exc))
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except E.StoreError as exc:
+                    await context.abort_with_status(to_rpc_status(exc))
+                except (grpc.aio.AbortError, grpc.aio.UsageError):
+                    raise
+                except Exception as exc:
+                    log.exception("%s failed", method)
+                    await context.abort_with_status(_internal_status(exc))
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+def error_reason(err: grpc.RpcError) -> str | None:
+    """The ErrorInfo reason of a failed call, if the server sent one."""
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == _STATUS_DETAILS_KEY:
+            proto = status_pb2.Status.FromString(value)
+            for detail in proto.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info.reason
+    return None
+
+
+def store_error_from_rpc(err: grpc.RpcError) -> E.StoreError | None:
+    """The StoreError a failed call stands for (None for codes with no store meaning, such as
+    DEADLINE_EXCEEDED or CANCELLED: callers decide about those)."""
+    code = err.code() if hasattr(err, "code") else None
+    message = err.details() if hasattr(err, "details") else str(err)
+    cls = _BY_REASON.get(error_reason(err) or "")
+    if cls is None:
+        cls = _BY_CODE.get(code)  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    exc = cls(message or cls.__name__)
+    exc.grpc_code = code  # type: ignore[attr-defined]
+    return exc

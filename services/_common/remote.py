@@ -1,0 +1,56 @@
+"""What every remote port shares: a traced channel, and unary calls with a deadline, tenacity
+retries (only where repeating is safe, see :mod:`services._common.retry`) and errors mapped back
+to libstore's StoreError classes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from services._common.errors import store_error_from_rpc
+from services._common.retry import retrying
+from services._common.server import CHANNEL_OPTIONS
+from services._common.telemetry import client_interceptors
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT_S = 10.0
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """An insecure channel to ``address`` ("host:port") with tracing interceptors."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+
+
+async def call(
+    method: Callable[..., Awaitable[T]],
+    request: Any,
+    *,
+    idempotent: bool,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> T:
+    """``await method(request)`` within ``timeout_s`` in total, retried per the policy; a failed
+    call raises the matching StoreError (grpc.RpcError when it has no store meaning)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        async for attempt in retrying(idempotent=idempotent, deadline_s=timeout_s):
+            with attempt:
+                left = max(0.001, deadline - time.monotonic())
+                return await method(request, timeout=left)
+    except grpc.RpcError as err:
+        mapped = store_error_from_rpc(err)
+        if mapped is not None:
+            raise mapped from None
+        raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reraise_mapped(err: grpc.RpcError) -> None:
+    """Raise the StoreError ``err`` stands for, else ``err`` itself."""
+    mapped = store_error_from_rpc(err)
+    if mapped is not None:
+        raise mapped from None
+    raise err

@@ -1,0 +1,144 @@
+"""TailFollower: the split topology's reput. It follows a CommitLogPort's Tail stream from its
+reput offset and applies the records to its dispatchers (ConsumeQueues or IndexFiles), then
+reports the queues that grew (long polling).
+
+Decoding and applying run in a worker thread, so the service's event loop keeps answering RPCs
+while a backlog is replayed. The stream reconnects with backoff after the commitlog service
+goes away; if the log is now shorter than the reput offset (it lost an unflushed tail in a
+crash), ``on_ahead(log_end)`` cuts the derived state back and returns where to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import grpc
+
+from libstore import OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
+from libstore.dispatch import CommitLogDispatcher, apply_chunk
+from libstore.log_scanner import scan_buffer
+from services._common.telemetry import tracer
+from services.ports import CommitLogPort, TailChunk
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, int]
+
+
+class TailFollower:
+    """See module docstring. ``name`` labels logs and spans ("dispatch", "index")."""
+
+    def __init__(
+        self,
+        name: str,
+        port: CommitLogPort,
+        dispatchers: Sequence[CommitLogDispatcher],
+        reput_offset: int,
+        *,
+        on_arrival: Callable[[Mapping[QueueKey, int]], None] | None = None,
+        on_ahead: Callable[[int], Awaitable[int]] | None = None,
+        max_chunk_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.name = name
+        self.port = port
+        self.dispatchers = list(dispatchers)
+        self.reput_offset = reput_offset
+        self.confirm_offset = reput_offset
+        self.records_dispatched = 0
+        self.on_arrival = on_arrival
+        self.on_ahead = on_ahead
+        self.max_chunk_bytes = max_chunk_bytes
+        self.caught_up = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self._tracer = tracer(f"mqstore.{name}")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name=f"{self.name}-tail")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                async for chunk in self.port.tail(self.reput_offset, max_chunk_bytes=self.max_chunk_bytes):
+                    await self._apply(chunk)
+                    delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except OffsetOutOfRangeError:
+                offsets = await self.port.offsets()
+                if self.on_ahead is None:
+                    raise
+                resume = await self.on_ahead(offsets.max_offset)
+                log.warning(
+                    "%s: the CommitLog ends at %d, before reput offset %d: cut back, resuming at %d",
+                    self.name,
+                    offsets.max_offset,
+                    self.reput_offset,
+                    resume,
+                )
+                self.reput_offset = resume
+                continue
+            except (ServiceNotAvailableError, grpc.RpcError) as exc:
+                log.info("%s: CommitLog tail interrupted (%s); reconnecting", self.name, _short(exc))
+            except StoreError as exc:
+                log.error("%s: dispatch failed at %d: %s; retrying", self.name, self.reput_offset, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _apply(self, chunk: TailChunk) -> None:
+        self.confirm_offset = chunk.confirm_offset
+        if chunk.offset > self.reput_offset:
+            log.warning(
+                "%s: the CommitLog now starts at %d, past reput offset %d",
+                self.name,
+                chunk.offset,
+                self.reput_offset,
+            )
+        if chunk.data:
+            with self._tracer.start_as_current_span(f"{self.name}.dispatch") as span:
+                count, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
+                span.set_attribute("mqstore.records", count)
+                span.set_attribute("mqstore.offset", chunk.offset)
+            self.records_dispatched += count
+            if arrived and self.on_arrival is not None:
+                self.on_arrival(arrived)
+        async with self._progress:
+            self.reput_offset = chunk.next_offset
+            self._progress.notify_all()
+        if self.reput_offset >= self.confirm_offset:
+            self.caught_up.set()
+
+    def _decode_and_apply(self, chunk: TailChunk) -> tuple[int, dict[QueueKey, int]]:
+        records, _, invalid = scan_buffer(chunk.data, chunk.offset)
+        if invalid is not None:
+            raise OffsetOutOfRangeError(f"the tail chunk at {chunk.offset} holds bytes that are not records")
+        arrived = apply_chunk(self.dispatchers, records) if records else {}
+        return len(records), arrived
+
+    async def wait_for(self, offset: int, timeout_s: float) -> bool:
+        """Wait until everything before ``offset`` is applied (True) or ``timeout_s`` passes."""
+        async with self._progress:
+            try:
+                await asyncio.wait_for(
+                    self._progress.wait_for(lambda: self.reput_offset >= offset), timeout_s
+                )
+            except TimeoutError:
+                return False
+        return True
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return f"{exc.code().name}"  # type: ignore[attr-defined]
+    return str(exc)

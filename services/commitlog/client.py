@@ -1,0 +1,112 @@
+"""RemoteCommitLog: the CommitLogPort over the CommitLogService stub (split topology)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from libstore import Message, PutMessageResults, TopicConfig, TopicNotFoundError
+from services._common import convert
+from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
+from services.ports import LogOffsets, TailChunk
+from services.proto import commitlog_grpc, commitlog_pb
+
+
+class RemoteCommitLog:
+    """CommitLogPort over ``channel``; ``timeout_s`` bounds each call (retries included)."""
+
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.stub = commitlog_grpc.CommitLogServiceStub(channel)
+        self.timeout_s = timeout_s
+
+    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+        request = commitlog_pb.AppendRequest(messages=[convert.message_to_pb(m) for m in messages])
+        reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
+        return convert.results_from_pb(reply.results)
+
+    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        offsets, sizes = convert.ranges_to_columns(ranges)
+        reply = await call(
+            self.stub.Read,
+            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return convert.records_or_none(reply.records)
+
+    async def tail(
+        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0
+    ) -> AsyncIterator[TailChunk]:
+        """The Tail stream; ends with the mapped StoreError (or grpc.RpcError) when it breaks:
+        the caller reconnects from its own reput offset."""
+        request = commitlog_pb.TailRequest(
+            from_offset=from_offset, max_chunk_bytes=max_chunk_bytes, heartbeat_ms=heartbeat_ms
+        )
+        stream = self.stub.Tail(request)
+        try:
+            async for chunk in stream:
+                yield TailChunk(
+                    chunk.offset, chunk.data, chunk.next_offset, chunk.confirm_offset, chunk.min_offset
+                )
+        except grpc.RpcError as err:
+            reraise_mapped(err)
+        finally:
+            stream.cancel()
+
+    async def offsets(self) -> LogOffsets:
+        o = await call(
+            self.stub.GetMaxOffset,
+            commitlog_pb.GetMaxOffsetRequest(),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return LogOffsets(
+            o.min_offset,
+            o.max_offset,
+            o.confirm_offset,
+            o.flushed_offset,
+            o.flush_disk_type,
+            o.broker_role,
+            o.mapped_file_size,
+            o.disk_free_bytes,
+            o.disk_total_bytes,
+        )
+
+    async def upsert_topic(self, config: TopicConfig) -> TopicConfig:
+        reply = await call(
+            self.stub.UpsertTopic,
+            commitlog_pb.UpsertTopicRequest(config=convert.topic_to_pb(config)),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return convert.topic_from_pb(reply)
+
+    async def get_topic(self, topic: str, *, create: bool = False) -> TopicConfig | None:
+        try:
+            reply = await call(
+                self.stub.GetTopic,
+                commitlog_pb.GetTopicRequest(topic=topic, create_if_missing=create),
+                idempotent=True,
+                timeout_s=self.timeout_s,
+            )
+        except TopicNotFoundError:
+            if create:
+                raise
+            return None
+        return convert.topic_from_pb(reply)
+
+    async def list_topics(self) -> list[TopicConfig]:
+        reply = await call(
+            self.stub.ListTopics, commitlog_pb.ListTopicsRequest(), idempotent=True, timeout_s=self.timeout_s
+        )
+        return [convert.topic_from_pb(t) for t in reply.topics]
+
+    async def delete_topic(self, topic: str) -> bool:
+        reply = await call(
+            self.stub.DeleteTopic,
+            commitlog_pb.DeleteTopicRequest(topic=topic),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return reply.deleted

@@ -1,0 +1,101 @@
+"""CommitLogServicer: mqstore.v1.CommitLogService over a LocalCommitLog (a thin translation:
+parse, call the port, build the reply; errors are mapped by the server interceptor)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from libstore import InvalidArgumentError, TopicNotFoundError
+from services._common import convert
+from services.commitlog.local import LocalCommitLog
+from services.proto import commitlog_grpc, commitlog_pb, common_pb
+
+SERVICE_NAME = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"].full_name
+
+
+class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
+    def __init__(self, port: LocalCommitLog) -> None:
+        self.port = port
+
+    async def Append(
+        self, request: commitlog_pb.AppendRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.AppendResponse:
+        host = convert.peer_host(context.peer())
+        messages = [convert.message_from_pb(m, host) for m in request.messages]
+        results = await self.port.append(messages)
+        return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
+
+    async def Read(
+        self, request: commitlog_pb.ReadRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.ReadResponse:
+        if len(request.offsets) != len(request.sizes):
+            raise InvalidArgumentError("offsets and sizes must have the same length")
+        records = await self.port.read(list(zip(request.offsets, request.sizes, strict=True)))
+        return commitlog_pb.ReadResponse(records=[r or b"" for r in records])
+
+    async def Tail(
+        self, request: commitlog_pb.TailRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[commitlog_pb.TailChunk]:
+        if request.from_offset < 0 or request.max_chunk_bytes < 0 or request.heartbeat_ms < 0:
+            raise InvalidArgumentError("from_offset, max_chunk_bytes and heartbeat_ms must be >= 0")
+        mapped_file_size = self.port.log.config.mapped_file_size_commit_log
+        async for chunk in self.port.tail(
+            request.from_offset, max_chunk_bytes=request.max_chunk_bytes, heartbeat_ms=request.heartbeat_ms
+        ):
+            yield commitlog_pb.TailChunk(
+                offset=chunk.offset,
+                data=chunk.data,
+                next_offset=chunk.next_offset,
+                confirm_offset=chunk.confirm_offset,
+                min_offset=chunk.min_offset,
+                mapped_file_size=mapped_file_size,
+            )
+
+    async def GetMaxOffset(
+        self, request: commitlog_pb.GetMaxOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.LogOffsets:
+        o = await self.port.offsets()
+        return commitlog_pb.LogOffsets(
+            min_offset=o.min_offset,
+            max_offset=o.max_offset,
+            confirm_offset=o.confirm_offset,
+            flushed_offset=o.flushed_offset,
+            flush_disk_type=o.flush_disk_type,
+            broker_role=o.broker_role,
+            mapped_file_size=o.mapped_file_size,
+            disk_free_bytes=o.disk_free_bytes,
+            disk_total_bytes=o.disk_total_bytes,
+        )
+
+    async def UpsertTopic(
+        self, request: commitlog_pb.UpsertTopicRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb.TopicConfig:
+        config = convert.topic_from_pb(request.config, self.port.log.config.default_topic_queue_nums)
+        return convert.topic_to_pb(await self.port.upsert_topic(config))
+
+    async def GetTopic(
+        self, request: commitlog_pb.GetTopicRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb.TopicConfig:
+        config = await self.port.get_topic(request.topic, create=request.create_if_missing)
+        if config is None:
+            raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        return convert.topic_to_pb(config)
+
+    async def ListTopics(
+        self, request: commitlog_pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.ListTopicsResponse:
+        return commitlog_pb.ListTopicsResponse(
+            topics=[convert.topic_to_pb(t) for t in await self.port.list_topics()]
+        )
+
+    async def DeleteTopic(
+        self, request: commitlog_pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.DeleteTopicResponse:
+        return commitlog_pb.DeleteTopicResponse(deleted=await self.port.delete_topic(request.topic))
+
+
+def add_to_server(servicer: CommitLogServicer, server: grpc.aio.Server) -> list[str]:
+    commitlog_grpc.add_CommitLogServiceServicer_to_server(servicer, server)
+    return [SERVICE_NAME]

@@ -1,0 +1,95 @@
+"""DispatchApp: the dispatch service's objects (ConsumeQueues, consumer offsets, long polling,
+the tail follower) and, when given an address, its gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from libstore import StoreConfig
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffsetPersistService
+from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_consume_queues
+from libstore.long_polling import LongPollingService
+from libstore.record_codec import check_record
+from libstore.store_paths import consume_queue_dir, consumer_offset_path, dispatch_checkpoint_path
+from services._common.derived_app import DerivedStoreApp
+from services._common.tail_follower import QueueKey
+from services.dispatch.local import LocalDispatch
+from services.ports import CommitLogPort
+
+
+class DispatchApp(DerivedStoreApp):
+    """Folder ``config.store_path_root_dir``: ``consumequeue/`` and ``config/consumerOffset.json``."""
+
+    name = "dispatch"
+
+    def __init__(self, config: StoreConfig, commitlog: CommitLogPort) -> None:
+        super().__init__(config, commitlog)
+        self.queues = ConsumeQueueStore(consume_queue_dir(self.root), config.mapped_file_size_consume_queue)
+        self.offsets = ConsumerOffsetManager(consumer_offset_path(self.root))
+        self.long_polling = LongPollingService(self._max_offset_of)
+        self.port = LocalDispatch(
+            self.queues,
+            self.offsets,
+            self.long_polling,
+            self._store_time_of,
+            lambda: self.derived_status(),
+            max_batch=config.max_pull_batch_size,
+            max_bytes=config.max_transfer_bytes_on_message_in_memory,
+        )
+        self._offset_persist = ConsumerOffsetPersistService(
+            self.offsets, config.flush_consumer_offset_interval, self._on_io_error
+        )
+
+    def _max_offset_of(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset_in_queue if cq is not None else 0
+
+    async def _store_time_of(self, phy_offset: int, size: int) -> int:
+        (raw,) = await self.commitlog.read([(phy_offset, size)])
+        if not raw:
+            return -1
+        req = check_record(raw, 0, len(raw), check_crc=False, decode_properties=False)
+        return req.store_timestamp if req.success else -1
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _load(self) -> None:
+        self.queues.load()
+        self.offsets.load()
+
+    def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
+        resume, _ = recover_consume_queues(self.queues, self._checkpoint_file(), log_min, log_max)
+        return resume
+
+    def _dispatchers(self) -> Sequence[CommitLogDispatcher]:
+        return [self.queues]
+
+    def _on_arrival(self, arrived: Mapping[QueueKey, int]) -> None:
+        self.long_polling.notify_many(arrived)
+
+    def _cut(self, log_end: int, reput_offset: int) -> int:
+        self.queues.truncate_dirty(log_end)
+        return min(reput_offset, log_end)
+
+    def _flush(self, least_pages: int) -> None:
+        self.queues.flush(least_pages)
+
+    def _flush_all(self) -> None:
+        self.queues.flush_all()
+
+    def _close(self) -> None:
+        self.queues.shutdown()
+
+    def _checkpoint_file(self) -> DispatchCheckpoint:
+        return DispatchCheckpoint(dispatch_checkpoint_path(consume_queue_dir(self.root)))
+
+    # -- life -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await super().start()
+        self._offset_persist.start()
+
+    async def stop(self) -> None:
+        self.long_polling.wake_all()
+        await super().stop()
+        await asyncio.to_thread(self._offset_persist.shutdown)

@@ -1,0 +1,101 @@
+"""RemoteDispatch: the DispatchPort over the DispatchService stub (split topology)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from libstore.consume_queue import BoundaryType
+from libstore.message_store import QueueProgress
+from services._common.remote import DEFAULT_TIMEOUT_S, call
+from services.dispatch.servicer import PULL_STATUS_FROM_PB
+from services.ports import DerivedStatus, Entries, QueueInfo
+from services.proto import dispatch_grpc, dispatch_pb
+
+
+class RemoteDispatch:
+    """DispatchPort over ``channel``; long-polled calls get their hold time on top of the timeout."""
+
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.stub = dispatch_grpc.DispatchServiceStub(channel)
+        self.timeout_s = timeout_s
+
+    async def get_entries(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        max_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> Entries:
+        request = dispatch_pb.GetEntriesRequest(
+            topic=topic,
+            queue_id=queue_id,
+            offset=offset,
+            max_count=max_count,
+            max_bytes=max_bytes,
+            tag_codes=list(tag_codes),
+            wait_ms=wait_ms,
+        )
+        r = await call(
+            self.stub.GetEntries, request, idempotent=True, timeout_s=self.timeout_s + wait_ms / 1000.0
+        )
+        return Entries(
+            PULL_STATUS_FROM_PB[r.status],
+            r.next_offset,
+            r.min_offset,
+            r.max_offset,
+            list(r.queue_offsets),
+            list(r.phy_offsets),
+            list(r.sizes),
+        )
+
+    async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
+        r = await call(
+            self.stub.GetQueueInfo,
+            dispatch_pb.GetQueueInfoRequest(topic=topic, queue_id=queue_id),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return [QueueInfo(q.queue_id, q.min_offset, q.max_offset) for q in r.queues]
+
+    async def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: BoundaryType = BoundaryType.LOWER
+    ) -> int:
+        request = dispatch_pb.GetOffsetByTimeRequest(
+            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms, upper=boundary is BoundaryType.UPPER
+        )
+        r = await call(self.stub.GetOffsetByTime, request, idempotent=True, timeout_s=self.timeout_s)
+        return r.offset
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        request = dispatch_pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, offset=offset)
+        await call(self.stub.CommitOffset, request, idempotent=True, timeout_s=self.timeout_s)
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        request = dispatch_pb.QueryOffsetRequest(group=group, topic=topic, queue_id=queue_id)
+        return (await call(self.stub.QueryOffset, request, idempotent=True, timeout_s=self.timeout_s)).offset
+
+    async def consumer_progress(self, group: str, topic: str, queue_nums: int) -> list[QueueProgress]:
+        request = dispatch_pb.GetConsumerProgressRequest(group=group, topic=topic, queue_nums=queue_nums)
+        r = await call(self.stub.GetConsumerProgress, request, idempotent=True, timeout_s=self.timeout_s)
+        known = {q.queue_id: q for q in r.queues}
+        return [
+            QueueProgress(qid, known[qid].committed_offset, known[qid].min_offset, known[qid].max_offset)
+            if qid in known
+            else QueueProgress(qid, -1, 0, 0)
+            for qid in range(queue_nums)
+        ]
+
+    async def status(self) -> DerivedStatus:
+        r = await call(
+            self.stub.GetDispatchStatus,
+            dispatch_pb.GetDispatchStatusRequest(),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return DerivedStatus(r.reput_offset, r.confirm_offset, r.records_dispatched)

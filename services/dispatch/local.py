@@ -1,0 +1,161 @@
+"""LocalDispatch: the DispatchPort over this process's ConsumeQueues, consumer offsets and long
+polling. Unit selection is libstore's (select_units: offset statuses, tags-code filter, count
+and byte limits); a pull that finds nothing new is held on the long-polling service until
+dispatch reports the queue grew or ``wait_ms`` passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+from libstore import InvalidArgumentError, OffsetOutOfRangeError
+from libstore.consume_queue import BoundaryType, ConsumeQueue
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.get_message import select_units
+from libstore.long_polling import LongPollingService
+from libstore.message_filter import TagFilter
+from libstore.message_store import QueueProgress
+from libstore.results import GetMessageStatus
+from services._common.telemetry import tracer
+from services.ports import DerivedStatus, Entries, QueueInfo
+
+_WAITING = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE)
+
+
+class CodeFilter(TagFilter):
+    """A tag filter known only by tags codes (what a GetEntries request carries)."""
+
+    def __init__(self, codes: Sequence[int]) -> None:
+        super().__init__("*")
+        if codes:
+            self.codes = frozenset(codes)
+            self.tags = frozenset()  # exact tags are checked where the records are read
+            self.expression = f"codes {sorted(self.codes)}"
+
+
+class LocalDispatch:
+    """DispatchPort over local objects. ``store_time_of(phy, size)`` reads a message's store time
+    from the CommitLog (a remote read in the split topology); ``status_of`` reports progress."""
+
+    def __init__(
+        self,
+        queues: ConsumeQueueStore,
+        offsets: ConsumerOffsetManager,
+        long_polling: LongPollingService,
+        store_time_of: Callable[[int, int], Awaitable[int]],
+        status_of: Callable[[], DerivedStatus],
+        *,
+        max_batch: int = 1024,
+        max_bytes: int = 256 * 1024,
+    ) -> None:
+        self.queues = queues
+        self.offsets = offsets
+        self.long_polling = long_polling
+        self._store_time_of = store_time_of
+        self._status_of = status_of
+        self.max_batch = max_batch
+        self.max_bytes = max_bytes
+        self._tracer = tracer("mqstore.dispatch")
+
+    def max_offset_of(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.find(topic, queue_id)
+        return cq.max_offset_in_queue if cq is not None else 0
+
+    def _select(
+        self, cq: ConsumeQueue | None, offset: int, max_count: int, max_bytes: int, filt: TagFilter
+    ) -> Entries:
+        if cq is None:
+            return Entries(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        sel = select_units(
+            offset, max_count, cq.min_offset_in_queue, cq.max_offset_in_queue, cq.read_units, filt, max_bytes
+        )
+        status = sel.status if sel.status is not None else GetMessageStatus.FOUND
+        if sel.status is None and not sel.units:
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        return Entries(
+            status,
+            sel.next_offset,
+            sel.min_offset,
+            sel.max_offset,
+            [u.queue_offset for u in sel.units],
+            [u.phy_offset for u in sel.units],
+            [u.size for u in sel.units],
+        )
+
+    async def get_entries(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        max_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> Entries:
+        if not topic or queue_id < 0:
+            raise InvalidArgumentError("topic must be non-empty and queue_id >= 0")
+        if offset < 0:
+            raise InvalidArgumentError(f"queue offset must be >= 0, got {offset}")
+        if not 1 <= max_count <= self.max_batch:
+            raise InvalidArgumentError(f"max_count must be within 1..{self.max_batch}, got {max_count}")
+        if max_bytes < 0 or wait_ms < 0:
+            raise InvalidArgumentError("max_bytes and wait_ms must be >= 0")
+        filt = CodeFilter(tag_codes)
+        limit = max_bytes or self.max_bytes
+        with self._tracer.start_as_current_span("dispatch.get_entries") as span:
+            entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
+            if entries.status in _WAITING and wait_ms > 0 and offset >= entries.max_offset:
+                span.add_event("long polling")
+                if await self.long_polling.wait_for_messages_async(topic, queue_id, offset, wait_ms):
+                    entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
+            span.set_attribute("mqstore.units", len(entries.phy_offsets))
+            return entries
+
+    async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
+        ids = [queue_id] if queue_id >= 0 else self.queues.topics().get(topic, [])
+        out = []
+        for qid in ids:
+            cq = self.queues.find(topic, qid)
+            out.append(
+                QueueInfo(qid, cq.min_offset_in_queue, cq.max_offset_in_queue) if cq else QueueInfo(qid, 0, 0)
+            )
+        return out
+
+    async def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: BoundaryType = BoundaryType.LOWER
+    ) -> int:
+        cq = self.queues.find(topic, queue_id)
+        if cq is None:
+            return 0
+        search = cq.search_by_time(timestamp_ms, boundary)
+        try:
+            probe = next(search)
+            while True:
+                probe = search.send(await self._store_time_of(*probe))
+        except StopIteration as done:
+            return int(done.value)
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        max_offset = self.max_offset_of(topic, queue_id)
+        if offset > max_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is past the max offset {max_offset} of {topic}-{queue_id}"
+            )
+        self.offsets.commit_offset(group, topic, queue_id, offset)
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.query_offset(group, topic, queue_id)
+
+    async def consumer_progress(self, group: str, topic: str, queue_nums: int) -> list[QueueProgress]:
+        committed = self.offsets.offsets_of(group, topic)
+        out = []
+        for qid in range(queue_nums):
+            cq = self.queues.find(topic, qid)
+            lo, hi = (cq.min_offset_in_queue, cq.max_offset_in_queue) if cq else (0, 0)
+            out.append(QueueProgress(qid, committed.get(qid, -1), lo, hi))
+        return out
+
+    async def status(self) -> DerivedStatus:
+        return self._status_of()

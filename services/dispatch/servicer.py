@@ -1,0 +1,120 @@
+"""DispatchServicer: mqstore.v1.DispatchService over a LocalDispatch (thin translation)."""
+
+from __future__ import annotations
+
+import grpc
+
+from libstore.consume_queue import BoundaryType
+from libstore.results import GetMessageStatus
+from services.dispatch.local import LocalDispatch
+from services.proto import common_pb, dispatch_grpc, dispatch_pb
+
+SERVICE_NAME = dispatch_pb.DESCRIPTOR.services_by_name["DispatchService"].full_name
+PULL_STATUS_TO_PB = {s: common_pb.PullStatus.Value(s.name) for s in GetMessageStatus}
+PULL_STATUS_FROM_PB = {v: k for k, v in PULL_STATUS_TO_PB.items()}
+
+
+class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
+    def __init__(self, port: LocalDispatch) -> None:
+        self.port = port
+
+    async def GetEntries(
+        self, request: dispatch_pb.GetEntriesRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.GetEntriesResponse:
+        e = await self.port.get_entries(
+            request.topic,
+            request.queue_id,
+            request.offset,
+            request.max_count,
+            max_bytes=request.max_bytes,
+            tag_codes=list(request.tag_codes),
+            wait_ms=request.wait_ms,
+        )
+        return dispatch_pb.GetEntriesResponse(
+            status=PULL_STATUS_TO_PB[e.status],
+            next_offset=e.next_offset,
+            min_offset=e.min_offset,
+            max_offset=e.max_offset,
+            queue_offsets=e.queue_offsets,
+            phy_offsets=e.phy_offsets,
+            sizes=e.sizes,
+        )
+
+    async def GetQueueInfo(
+        self, request: dispatch_pb.GetQueueInfoRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.GetQueueInfoResponse:
+        infos = await self.port.queue_info(request.topic, request.queue_id)
+        return dispatch_pb.GetQueueInfoResponse(
+            queues=[
+                dispatch_pb.QueueInfo(queue_id=q.queue_id, min_offset=q.min_offset, max_offset=q.max_offset)
+                for q in infos
+            ]
+        )
+
+    async def GetOffsetByTime(
+        self, request: dispatch_pb.GetOffsetByTimeRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.GetOffsetByTimeResponse:
+        boundary = BoundaryType.UPPER if request.upper else BoundaryType.LOWER
+        offset = await self.port.offset_by_time(
+            request.topic, request.queue_id, request.timestamp_ms, boundary
+        )
+        return dispatch_pb.GetOffsetByTimeResponse(offset=offset)
+
+    async def CommitOffset(
+        self, request: dispatch_pb.CommitOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.CommitOffsetResponse:
+        await self.port.commit_offset(request.group, request.topic, request.queue_id, request.offset)
+        return dispatch_pb.CommitOffsetResponse()
+
+    async def QueryOffset(
+        self, request: dispatch_pb.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.QueryOffsetResponse:
+        return dispatch_pb.QueryOffsetResponse(
+            offset=await self.port.query_offset(request.group, request.topic, request.queue_id)
+        )
+
+    async def GetConsumerProgress(
+        self, request: dispatch_pb.GetConsumerProgressRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.ConsumerProgress:
+        queue_nums = request.queue_nums or 1 + max(
+            (q.queue_id for q in await self.port.queue_info(request.topic)), default=-1
+        )
+        return progress_to_pb(
+            request.group,
+            request.topic,
+            await self.port.consumer_progress(request.group, request.topic, queue_nums),
+        )
+
+    async def GetDispatchStatus(
+        self, request: dispatch_pb.GetDispatchStatusRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.DispatchStatus:
+        s = await self.port.status()
+        return dispatch_pb.DispatchStatus(
+            reput_offset=s.reput_offset,
+            confirm_offset=s.confirm_offset,
+            records_dispatched=s.records_dispatched,
+            behind_bytes=max(0, s.confirm_offset - s.reput_offset),
+        )
+
+
+def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.ConsumerProgress:  # type: ignore[type-arg]
+    return dispatch_pb.ConsumerProgress(
+        group=group,
+        topic=topic,
+        queues=[
+            dispatch_pb.QueueProgress(
+                queue_id=q.queue_id,
+                committed_offset=q.committed_offset,
+                min_offset=q.min_offset,
+                max_offset=q.max_offset,
+                lag=q.lag,
+            )
+            for q in queues
+        ],
+        total_lag=sum(q.lag for q in queues),
+    )
+
+
+def add_to_server(servicer: DispatchServicer, server: grpc.aio.Server) -> list[str]:
+    dispatch_grpc.add_DispatchServiceServicer_to_server(servicer, server)
+    return [SERVICE_NAME]

@@ -1,0 +1,336 @@
+"""GatewayServicer: mqstore.v1.Gateway, the client-facing API, over three ports.
+
+* Produce: messages without a queue get one round robin over the topic's write queues; messages
+  without UNIQ_KEY get one, so a retried append is de-duplicated by the commitlog service.
+* Pull: the committed offset when the request says -1 (else the queue's min); ConsumeQueue units
+  from dispatch (tags-code filter, long polling), records from the commitlog, the exact tag
+  checked here (libstore.get_message's two phases).
+* QueryMessage by key (index, keys confirmed on the records), by offset message id, or by time
+  (one message per queue, the first stored at or after it).
+* Admin: topics, consumer progress, store stats, route.
+
+Bad input raises libstore errors, mapped to gRPC codes by the server interceptor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import grpc
+
+from libstore import (
+    InvalidArgumentError,
+    MessageConst,
+    MessageNotFoundError,
+    QueueIdOutOfRangeError,
+    TopicConfig,
+    TopicNotFoundError,
+    UniqKeyGenerator,
+    decode_message_id,
+    decode_record,
+)
+from libstore.consume_queue import CqUnit
+from libstore.get_message import UnitSelection, fetch_messages
+from libstore.message_filter import TagFilter
+from libstore.results import GetMessageStatus
+from services._common import convert
+from services._common.telemetry import tracer
+from services.dispatch.servicer import PULL_STATUS_TO_PB, progress_to_pb
+from services.ports import CommitLogPort, DispatchPort, IndexPort
+from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
+
+SERVICE_NAME = gateway_pb.DESCRIPTOR.services_by_name["Gateway"].full_name
+MAX_PRODUCE_BATCH = 4096
+MAX_TIMESTAMP = 2**63 - 1
+
+
+class TopicCache:
+    """Topic configs from the commitlog service, kept ``ttl_s`` seconds."""
+
+    def __init__(self, commitlog: CommitLogPort, ttl_s: float = 3.0) -> None:
+        self.commitlog = commitlog
+        self.ttl_s = ttl_s
+        self._entries: dict[str, tuple[float, TopicConfig]] = {}
+
+    async def get(self, topic: str, *, create: bool = False) -> TopicConfig | None:
+        """The topic's config (cached); with ``create``, auto-created as a put would."""
+        now = time.monotonic()
+        hit = self._entries.get(topic)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        config = await self.commitlog.get_topic(topic, create=create)
+        if config is not None:  # absent topics are not cached: they may appear any moment
+            self._entries[topic] = (now + self.ttl_s, config)
+        return config
+
+    def forget(self, topic: str) -> None:
+        self._entries.pop(topic, None)
+
+
+class GatewayServicer(gateway_grpc.GatewayServicer):
+    """The gateway over its ports. ``endpoints`` are the addresses clients should use."""
+
+    def __init__(
+        self,
+        commitlog: CommitLogPort,
+        dispatch: DispatchPort,
+        index: IndexPort,
+        *,
+        endpoints: list[str],
+        max_pull_batch: int = 1024,
+        max_hold_ms: int = 30_000,
+    ) -> None:
+        self.commitlog = commitlog
+        self.dispatch = dispatch
+        self.index = index
+        self.endpoints = endpoints
+        self.max_pull_batch = max_pull_batch
+        self.max_hold_ms = max_hold_ms
+        self.topics = TopicCache(commitlog)
+        self._uniq = UniqKeyGenerator()
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._tracer = tracer("mqstore.gateway")
+
+    # -- produce ----------------------------------------------------------------------------------
+    async def Produce(
+        self, request: gateway_pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.ProduceResponse:
+        n = len(request.messages)
+        if n > MAX_PRODUCE_BATCH:
+            raise InvalidArgumentError(f"a produce carries at most {MAX_PRODUCE_BATCH} messages, got {n}")
+        with self._tracer.start_as_current_span("gateway.produce") as span:
+            span.set_attribute("mqstore.messages", n)
+            host = convert.peer_host(context.peer())
+            messages = []
+            for pb in request.messages:
+                m = convert.message_from_pb(pb, host)
+                if pb.queue_id < 0:
+                    m.queue_id = await self._choose_queue(pb.topic)
+                if MessageConst.UNIQ_KEY not in m.properties:
+                    m.properties[MessageConst.UNIQ_KEY] = self._uniq.next()
+                messages.append(m)
+            results = await self.commitlog.append(messages)
+            span.set_attribute("mqstore.status", results.status.name)
+            return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
+
+    async def _choose_queue(self, topic: str) -> int:
+        config = await self.topics.get(topic, create=True)
+        if config is None:  # pragma: no cover - create=True returns a config or raises
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        counter = self._round_robin.setdefault(topic, itertools.count())
+        return next(counter) % config.write_queue_nums
+
+    # -- pull -------------------------------------------------------------------------------------
+    async def _readable(self, topic: str, queue_id: int) -> TopicConfig:
+        config = await self.topics.get(topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        if not 0 <= queue_id < config.read_queue_nums:
+            raise QueueIdOutOfRangeError(
+                f"queue id {queue_id} out of range: topic {topic!r} has {config.read_queue_nums} read queues"
+            )
+        if not config.readable:
+            raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})")
+        return config
+
+    async def Pull(
+        self, request: gateway_pb.PullRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.PullResponse:
+        if not request.group:
+            raise InvalidArgumentError("group must be non-empty")
+        if not 1 <= request.max_count <= self.max_pull_batch:
+            raise InvalidArgumentError(
+                f"max_count must be within 1..{self.max_pull_batch}, got {request.max_count}"
+            )
+        if request.offset < -1 or request.wait_ms < 0:
+            raise InvalidArgumentError("offset must be >= 0 (or -1: the committed offset) and wait_ms >= 0")
+        await self._readable(request.topic, request.queue_id)
+        with self._tracer.start_as_current_span("gateway.pull") as span:
+            offset = request.offset
+            if offset < 0:
+                offset = await self._start_offset(request.group, request.topic, request.queue_id)
+            filt = TagFilter(request.tag_expression)
+            entries = await self.dispatch.get_entries(
+                request.topic,
+                request.queue_id,
+                offset,
+                request.max_count,
+                tag_codes=sorted(filt.codes) if filt.codes else (),
+                wait_ms=min(request.wait_ms, self.max_hold_ms),
+            )
+            units = [
+                CqUnit(q, p, s, 0)
+                for q, p, s in zip(entries.queue_offsets, entries.phy_offsets, entries.sizes, strict=True)
+            ]
+            selection = UnitSelection(
+                None if entries.status in _SELECTED else entries.status,
+                entries.next_offset,
+                entries.min_offset,
+                entries.max_offset,
+                units,
+            )
+            raws = await self.commitlog.read([(u.phy_offset, u.size) for u in units]) if units else []
+            result = fetch_messages(selection, raws, filt)
+            span.set_attribute("mqstore.messages", len(result.records))
+            reply = gateway_pb.PullResponse(
+                status=PULL_STATUS_TO_PB[result.status],
+                next_offset=result.next_begin_offset,
+                min_offset=result.min_offset,
+                max_offset=result.max_offset,
+            )
+            if request.raw:
+                reply.records.extend(result.records)
+                reply.queue_offsets.extend(result.queue_offsets)
+            else:
+                reply.messages.extend(convert.record_to_view(r) for r in result.decode())
+            return reply
+
+    async def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+        committed = await self.dispatch.query_offset(group, topic, queue_id)
+        if committed >= 0:
+            return committed
+        infos = await self.dispatch.queue_info(topic, queue_id)
+        return infos[0].min_offset if infos else 0
+
+    async def CommitOffset(
+        self, request: dispatch_pb.CommitOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.CommitOffsetResponse:
+        await self._readable(request.topic, request.queue_id)
+        await self.dispatch.commit_offset(request.group, request.topic, request.queue_id, request.offset)
+        return dispatch_pb.CommitOffsetResponse()
+
+    async def QueryOffset(
+        self, request: dispatch_pb.QueryOffsetRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.QueryOffsetResponse:
+        await self._readable(request.topic, request.queue_id)
+        offset = await self.dispatch.query_offset(request.group, request.topic, request.queue_id)
+        return dispatch_pb.QueryOffsetResponse(offset=offset)
+
+    # -- query ------------------------------------------------------------------------------------
+    async def QueryMessage(
+        self, request: gateway_pb.QueryMessageRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.QueryMessageResponse:
+        which = request.WhichOneof("by")
+        max_count = request.max_count or 32
+        if max_count < 0:
+            raise InvalidArgumentError("max_count must be >= 0")
+        with self._tracer.start_as_current_span("gateway.query") as span:
+            span.set_attribute("mqstore.query", which or "")
+            if which == "msg_id":
+                records = await self._by_msg_id(request.msg_id)
+            elif which == "key":
+                records = await self._by_key(request, max_count)
+            elif which == "timestamp_ms":
+                records = await self._by_time(request.topic, request.timestamp_ms)
+            else:
+                raise InvalidArgumentError("query by key, msg_id or timestamp_ms")
+            return gateway_pb.QueryMessageResponse(messages=[convert.record_to_view(r) for r in records])
+
+    async def _by_msg_id(self, msg_id: str) -> list:  # type: ignore[type-arg]
+        parts = decode_message_id(msg_id)
+        (raw,) = await self.commitlog.read([(parts.phy_offset, 0)])
+        if raw is None:
+            raise MessageNotFoundError(f"no message with id {msg_id}")
+        try:
+            record = decode_record(raw)
+        except Exception as exc:
+            raise MessageNotFoundError(f"no message starts at offset {parts.phy_offset}") from exc
+        if record.phy_offset != parts.phy_offset:
+            raise MessageNotFoundError(f"no message with id {msg_id}")
+        return [record]
+
+    async def _by_key(self, request: gateway_pb.QueryMessageRequest, max_count: int) -> list:  # type: ignore[type-arg]
+        if await self.topics.get(request.topic) is None:
+            raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        offsets = await self.index.query_by_key(
+            request.topic, request.key, request.begin_ms, request.end_ms or MAX_TIMESTAMP, max_count
+        )
+        raws = await self.commitlog.read([(o, 0) for o in offsets]) if offsets else []
+        out = []
+        for raw in raws:
+            if raw is None:
+                continue
+            record = decode_record(raw)
+            if record.topic == request.topic and (
+                request.key in record.keys or record.uniq_key == request.key
+            ):
+                out.append(record)
+        return out
+
+    async def _by_time(self, topic: str, timestamp_ms: int) -> list:  # type: ignore[type-arg]
+        config = await self.topics.get(topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        out = []
+        for qid in range(config.read_queue_nums):
+            offset = await self.dispatch.offset_by_time(topic, qid, timestamp_ms)
+            entries = await self.dispatch.get_entries(topic, qid, offset, 1)
+            if entries.phy_offsets:
+                (raw,) = await self.commitlog.read([(entries.phy_offsets[0], entries.sizes[0])])
+                if raw is not None:
+                    out.append(decode_record(raw))
+        return out
+
+    # -- admin ------------------------------------------------------------------------------------
+    async def CreateTopic(
+        self, request: gateway_pb.CreateTopicRequest, context: grpc.aio.ServicerContext
+    ) -> common_pb.TopicConfig:
+        config = await self.commitlog.upsert_topic(convert.topic_from_pb(request.config))
+        self.topics.forget(config.topic_name)
+        return convert.topic_to_pb(config)
+
+    async def ListTopics(
+        self, request: commitlog_pb.ListTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.ListTopicsResponse:
+        return commitlog_pb.ListTopicsResponse(
+            topics=[convert.topic_to_pb(t) for t in await self.commitlog.list_topics()]
+        )
+
+    async def GetConsumerProgress(
+        self, request: dispatch_pb.GetConsumerProgressRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.ConsumerProgress:
+        if not request.group:
+            raise InvalidArgumentError("group must be non-empty")
+        config = await self.topics.get(request.topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        progress = await self.dispatch.consumer_progress(request.group, request.topic, config.read_queue_nums)
+        return progress_to_pb(request.group, request.topic, progress)
+
+    async def GetStoreStats(
+        self, request: gateway_pb.GetStoreStatsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.StoreStats:
+        offsets = await self.commitlog.offsets()
+        dispatch = await self.dispatch.status()
+        index = await self.index.status()
+        topics = await self.commitlog.list_topics()
+        return gateway_pb.StoreStats(
+            commit_log_min_offset=offsets.min_offset,
+            commit_log_max_offset=offsets.max_offset,
+            confirm_offset=offsets.confirm_offset,
+            flushed_offset=offsets.flushed_offset,
+            dispatch_offset=dispatch.reput_offset,
+            index_offset=index.reput_offset,
+            topics=len(topics),
+            flush_disk_type=offsets.flush_disk_type,
+            broker_role=offsets.broker_role,
+            disk_free_bytes=offsets.disk_free_bytes,
+            disk_total_bytes=offsets.disk_total_bytes,
+        )
+
+    async def GetRoute(
+        self, request: gateway_pb.GetRouteRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.Route:
+        config = await self.topics.get(request.topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        return gateway_pb.Route(topic=convert.topic_to_pb(config), endpoints=self.endpoints)
+
+
+_SELECTED = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE)
+
+
+def add_to_server(servicer: GatewayServicer, server: grpc.aio.Server) -> list[str]:
+    gateway_grpc.add_GatewayServicer_to_server(servicer, server)
+    return [SERVICE_NAME]

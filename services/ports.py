@@ -1,0 +1,146 @@
+"""Ports: what each service offers the others, as Python Protocols (DESIGN "Services").
+
+Every port has two implementations with the same behaviour: a local one over libstore objects
+(``services/<service>/local.py``) and a remote one over the gRPC stub, with deadlines and
+retries (``services/<service>/client.py``). Servicers and the gateway hold a port and do not
+know which. Failures are libstore's StoreError classes in both cases.
+
+Offsets are CommitLog byte offsets (``phy_offset``) or ConsumeQueue unit indexes
+(``queue_offset``); times are ms since the epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from libstore import Message, PutMessageResults, TopicConfig
+from libstore.consume_queue import BoundaryType
+from libstore.message_store import QueueProgress
+from libstore.results import GetMessageStatus
+
+
+@dataclass(frozen=True)
+class LogOffsets:
+    """A CommitLog's watermarks (bytes) and policies."""
+
+    min_offset: int
+    max_offset: int
+    confirm_offset: int
+    flushed_offset: int
+    flush_disk_type: str
+    broker_role: str
+    mapped_file_size: int
+    disk_free_bytes: int = 0
+    disk_total_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class TailChunk:
+    """Raw log bytes from ``offset`` (whole records, maybe a final blank END record);
+    ``next_offset`` is where the following chunk starts. Empty ``data``: a heartbeat."""
+
+    offset: int
+    data: bytes
+    next_offset: int
+    confirm_offset: int
+    min_offset: int
+
+
+@dataclass
+class Entries:
+    """ConsumeQueue units selected for a pull (see libstore.get_message.select_units)."""
+
+    status: GetMessageStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    queue_offsets: list[int] = field(default_factory=list)
+    phy_offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    queue_id: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class DerivedStatus:
+    """How far a derived store (ConsumeQueues or IndexFiles) has applied the log."""
+
+    reput_offset: int
+    confirm_offset: int
+    records_dispatched: int
+    files: int = 0
+
+
+class CommitLogPort(Protocol):
+    """The commitlog service: the single writer of the log."""
+
+    async def append(self, messages: Sequence[Message]) -> PutMessageResults: ...
+
+    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        """Raw records at (offset, size) ranges; size 0 reads the whole record at the offset;
+        None where the log no longer holds it."""
+        ...
+
+    def tail(
+        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0
+    ) -> AsyncIterator[TailChunk]: ...
+
+    async def offsets(self) -> LogOffsets: ...
+
+    async def upsert_topic(self, config: TopicConfig) -> TopicConfig: ...
+
+    async def get_topic(self, topic: str, *, create: bool = False) -> TopicConfig | None:
+        """The topic's config; with ``create``, auto-created as a put would (TopicNotFoundError
+        when auto-creation is off)."""
+        ...
+
+    async def list_topics(self) -> list[TopicConfig]: ...
+
+    async def delete_topic(self, topic: str) -> bool: ...
+
+
+class DispatchPort(Protocol):
+    """The dispatch service: ConsumeQueues, held pulls, consumer offsets."""
+
+    async def get_entries(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        max_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> Entries: ...
+
+    async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]: ...
+
+    async def offset_by_time(
+        self, topic: str, queue_id: int, timestamp_ms: int, boundary: BoundaryType = BoundaryType.LOWER
+    ) -> int: ...
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int: ...
+
+    async def consumer_progress(self, group: str, topic: str, queue_nums: int) -> list[QueueProgress]: ...
+
+    async def status(self) -> DerivedStatus: ...
+
+
+class IndexPort(Protocol):
+    """The index service: key lookups."""
+
+    async def query_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
+    ) -> list[int]: ...
+
+    async def status(self) -> DerivedStatus: ...
