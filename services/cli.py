@@ -1,28 +1,404 @@
-"""The ``mqstore`` command line (typer). Bad input gives a one-line error and exit code 2."""
+"""The ``mqstore`` command line (typer). Bad input gives a one-line error and exit code 2; a
+store or connection failure exit code 1; never a traceback.
+
+    mqstore serve                          the embedded suite (gateway on 127.0.0.1:8081, ./data)
+    mqstore serve --role commitlog|dispatch|index|gateway ...   one service of the split topology
+    mqstore produce --topic T --count N --size B    (or --file F, or --stdin: one message per line)
+    mqstore consume --group G --topic T [--tags "a || b"] [--output F]
+    mqstore query --topic T --key K | --id MSGID | --time MS
+    mqstore topic create T --queues 16 ; mqstore topic list
+    mqstore progress --group G --topic T ; mqstore stats
+    mqstore demo                           the libstore demo (no services)
+
+Options of ``serve`` also come from MQSTORE_* environment variables (MQSTORE_ROLE,
+MQSTORE_DATA_DIR, MQSTORE_LISTEN, ...); store keys from ``--set key=value``, MQSTORE_<FIELD> and
+``--config`` (a broker.conf), in that order of precedence.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
+import grpc
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from libstore import FlushDiskType, StoreError
-from services.demo import default_data_dir, run_demo
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
+topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
+app.add_typer(topic_app, name="topic")
 console = Console()
 err_console = Console(stderr=True)
 
+AddressOpt = Annotated[
+    str, typer.Option("--address", "-a", envvar="MQSTORE_ADDRESS", help="gateway host:port")
+]
+DEFAULT_GATEWAY = "127.0.0.1:8081"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err_console.print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(code)
+
+
+class _Errors:
+    """Turn store and RPC failures into one-line errors."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, StoreError):
+            raise _fail(str(exc), 1 if type(exc).reason in ("SERVICE_NOT_AVAILABLE", "STORE_IO_ERROR") else 2)
+        if isinstance(exc, grpc.RpcError):
+            raise _fail(f"{self.address}: {exc.code().name} {exc.details() or ''}".strip(), 1)  # type: ignore[attr-defined]
+        return False
+
 
 @app.callback()
-def _root() -> None:
+def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO")] = False) -> None:
     """mqstore: a RocketMQ-style message store."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
 
 
+# -- serve ----------------------------------------------------------------------------------------
+@app.command()
+def serve(
+    role: Annotated[
+        str, typer.Option(envvar="MQSTORE_ROLE", help="embedded|commitlog|dispatch|index|gateway")
+    ] = "embedded",
+    data: Annotated[Path, typer.Option(envvar="MQSTORE_DATA_DIR", help="data folder")] = Path("data"),
+    listen: Annotated[
+        str, typer.Option(envvar="MQSTORE_LISTEN", help="host:port to serve on (role default)")
+    ] = "",
+    commitlog: Annotated[
+        str, typer.Option(envvar="MQSTORE_COMMITLOG_ADDR", help="commitlog service")
+    ] = "127.0.0.1:10911",
+    dispatch: Annotated[
+        str, typer.Option(envvar="MQSTORE_DISPATCH_ADDR", help="dispatch service")
+    ] = "127.0.0.1:10921",
+    index: Annotated[
+        str, typer.Option(envvar="MQSTORE_INDEX_ADDR", help="index service")
+    ] = "127.0.0.1:10931",
+    config: Annotated[
+        Path | None, typer.Option(envvar="MQSTORE_CONFIG_FILE", help="broker.conf-style file")
+    ] = None,
+    flush_disk_type: Annotated[FlushDiskType | None, typer.Option(help="SYNC_FLUSH or ASYNC_FLUSH")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="store key=value (repeatable)")] = None,
+) -> None:
+    """Run the embedded suite (default) or one service of the split topology until SIGTERM."""
+    from services.serve import ROLES, ServeOptions, serve_forever
+
+    if role not in ROLES:
+        raise _fail(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+    store: dict[str, str] = {}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _fail(f"--set takes key=value, got {item!r}")
+        store[key.strip()] = value.strip()
+    if flush_disk_type is not None:
+        store["flushDiskType"] = flush_disk_type.value
+    options = ServeOptions(
+        role=role,
+        data_dir=data,
+        listen=listen,
+        commitlog=commitlog,
+        dispatch=dispatch,
+        index=index,
+        store=store,
+        conf_file=config,
+        env=dict(os.environ),
+    )
+    if role != "commitlog" and not listen and role in ("embedded", "gateway"):
+        err_console.print(f"mqstore {role}: gateway on {options.address}, data in {data.resolve()}")
+    with _Errors(options.address):
+        try:
+            asyncio.run(serve_forever(options))
+        except OSError as exc:
+            raise _fail(f"cannot serve on {options.address}: {exc}", 1) from None
+
+
+# -- produce --------------------------------------------------------------------------------------
+def _payloads(file: Path | None, stdin: bool, count: int, size: int) -> tuple[Iterator[bytes], int | None]:
+    if file is not None:
+        try:
+            data = file.read_bytes()
+        except OSError as exc:
+            raise _fail(f"cannot read {file}: {exc.strerror}") from None
+        return iter([data]), 1
+    if stdin:
+        return (line.rstrip(b"\n") for line in sys.stdin.buffer), None
+    pool = os.urandom(max(size * 4, 1 << 16))
+
+    def generated() -> Iterator[bytes]:
+        for i in range(count):
+            start = (i * 4099) % (len(pool) - size) if len(pool) > size else 0
+            yield pool[start : start + size]
+
+    return generated(), count
+
+
+@app.command()
+def produce(
+    topic: Annotated[str, typer.Option(help="topic to send to")],
+    count: Annotated[int, typer.Option(min=1, help="generated messages")] = 1000,
+    size: Annotated[int, typer.Option(min=1, max=4 * 1024 * 1024, help="generated body size (bytes)")] = 1024,
+    file: Annotated[Path | None, typer.Option(help="send this file as one message")] = None,
+    stdin: Annotated[bool, typer.Option(help="send each stdin line as a message")] = False,
+    tags: Annotated[str | None, typer.Option(help="TAGS of every message")] = None,
+    key_prefix: Annotated[str | None, typer.Option(help="KEYS: <prefix>-<n> per message")] = None,
+    batch: Annotated[int, typer.Option(min=1, max=4096, help="messages per Produce call")] = 256,
+    inflight: Annotated[int, typer.Option(min=1, max=64, help="batches in flight")] = 4,
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Send messages; prints throughput and the ids of the first and last."""
+    from services.client import OutgoingMessage, Producer
+
+    payloads, total = _payloads(file, stdin, count, size)
+    sent = 0
+    first_id = last_id = ""
+    failed = 0
+    t0 = time.perf_counter()
+    with _Errors(address), Producer(address) as producer, _progress(total) as (bar, task):
+        pending = []
+
+        def settle(fut) -> None:
+            nonlocal failed, first_id, last_id
+            results = fut.result()
+            if results.appended:
+                first_id = first_id or results[0].msg_id
+                last_id = results[results.appended - 1].msg_id
+            failed += len(results) - (results.appended if results.status.name == "PUT_OK" else 0)
+            bar.advance(task, len(results))
+
+        chunk: list[OutgoingMessage] = []
+        for n, body in enumerate(payloads):
+            keys = [f"{key_prefix}-{n}"] if key_prefix else []
+            chunk.append(OutgoingMessage(topic, body, tags, keys))
+            if len(chunk) >= batch:
+                pending.append(producer.send_batch_async(chunk))
+                sent += len(chunk)
+                chunk = []
+                while len(pending) >= inflight:
+                    settle(pending.pop(0))
+        if chunk:
+            pending.append(producer.send_batch_async(chunk))
+            sent += len(chunk)
+        for fut in pending:
+            settle(fut)
+    seconds = time.perf_counter() - t0
+    console.print(
+        f"sent {sent:,} messages to {topic} in {seconds:.2f} s: {sent / seconds:,.0f} msgs/s"
+        + (f", {failed:,} not stored durably" if failed else "")
+    )
+    if first_id:
+        console.print(f"first msg id {first_id}, last msg id {last_id}")
+    if failed:
+        raise typer.Exit(1)
+
+
+class _progress:
+    def __init__(self, total: int | None) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+        )
+        self.total = total
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self.bar, self.bar.add_task("messages", total=self.total)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(*exc)  # type: ignore[arg-type]
+
+
+# -- consume --------------------------------------------------------------------------------------
+@app.command()
+def consume(
+    group: Annotated[str, typer.Option(help="consumer group")],
+    topic: Annotated[str, typer.Option(help="topic")],
+    tags: Annotated[str, typer.Option(help='tag expression: "*" or "a || b"')] = "*",
+    max_messages: Annotated[int, typer.Option("--max", min=0, help="stop after this many (0: no limit)")] = 0,
+    idle_exit_ms: Annotated[
+        int, typer.Option(min=0, help="stop after this long without messages (0: never)")
+    ] = 3000,
+    output: Annotated[Path | None, typer.Option(help="write bodies here, one JSON line per message")] = None,
+    quiet: Annotated[bool, typer.Option(help="do not print messages")] = False,
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Consume as a group from its committed offsets, committing as it goes."""
+    from services.client import PullConsumer
+
+    received = 0
+    out = output.open("w", encoding="utf-8") if output else None
+    t0 = time.perf_counter()
+    last = time.monotonic()
+    try:
+        with _Errors(address), PullConsumer(address, group, topic, tag_expression=tags) as consumer:
+            while True:
+                batch = consumer.poll(timeout_ms=500)
+                for rec in batch:
+                    line = {
+                        "queue_id": rec.queue_id,
+                        "queue_offset": rec.queue_offset,
+                        "msg_id": rec.msg_id,
+                        "tags": rec.tags,
+                        "keys": rec.keys,
+                        "body": rec.body.decode("utf-8", "replace"),
+                    }
+                    if out is not None:
+                        out.write(json.dumps(line) + "\n")
+                    elif not quiet:
+                        console.print(json.dumps(line), markup=False, highlight=False)
+                received += len(batch)
+                if batch:
+                    last = time.monotonic()
+                    consumer.commit()
+                if max_messages and received >= max_messages:
+                    break
+                if idle_exit_ms and (time.monotonic() - last) * 1000 >= idle_exit_ms:
+                    break
+            consumer.commit()
+    finally:
+        if out is not None:
+            out.close()
+    seconds = time.perf_counter() - t0
+    err_console.print(f"received {received:,} messages in {seconds:.2f} s")
+
+
+# -- query ----------------------------------------------------------------------------------------
+@app.command()
+def query(
+    topic: Annotated[str, typer.Option(help="topic (for --key and --time)")] = "",
+    key: Annotated[str | None, typer.Option(help="KEYS entry or UNIQ_KEY")] = None,
+    msg_id: Annotated[str | None, typer.Option("--id", help="offset message id")] = None,
+    at: Annotated[
+        int | None, typer.Option("--time", help="ms since the epoch: first message per queue")
+    ] = None,
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Find messages by key, by message id or by store time."""
+    from services.client import Admin
+
+    if sum(x is not None for x in (key, msg_id, at)) != 1:
+        raise _fail("give exactly one of --key, --id, --time")
+    if (key is not None or at is not None) and not topic:
+        raise _fail("--topic is required with --key and --time")
+    with _Errors(address), Admin(address) as admin:
+        if key is not None:
+            views = admin.query_by_key(topic, key)
+        elif msg_id is not None:
+            views = [admin.query_by_id(msg_id)]
+        else:
+            views = admin.query_by_time(topic, at or 0)
+    table = Table("msg id", "topic", "queue", "offset", "tags", "keys", "stored", "body")
+    for v in views:
+        stored = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.store_timestamp / 1000))
+        body = v.body[:40].decode("utf-8", "replace")
+        table.add_row(
+            v.msg_id, v.topic, str(v.queue_id), str(v.queue_offset), v.tags, " ".join(v.keys), stored, body
+        )
+    console.print(table)
+    if not views:
+        raise typer.Exit(1)
+
+
+# -- admin ----------------------------------------------------------------------------------------
+@topic_app.command("create")
+def topic_create(
+    topic: Annotated[str, typer.Argument(help="topic name")],
+    queues: Annotated[int, typer.Option(min=1, max=1024, help="read and write queues")] = 8,
+    message_type: Annotated[str, typer.Option(help="NORMAL, FIFO, DELAY, TRANSACTION")] = "NORMAL",
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Create or update a topic."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address) as admin:
+        t = admin.create_topic(topic, queues, message_type=message_type)
+    console.print(f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {t.message_type.value}")
+
+
+@topic_app.command("list")
+def topic_list(address: AddressOpt = DEFAULT_GATEWAY) -> None:
+    """List topics."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address) as admin:
+        topics = admin.list_topics()
+    table = Table("topic", "read queues", "write queues", "perm", "type")
+    for t in topics:
+        table.add_row(
+            t.topic_name, str(t.read_queue_nums), str(t.write_queue_nums), str(t.perm), t.message_type.value
+        )
+    console.print(table)
+
+
+@app.command()
+def progress(
+    group: Annotated[str, typer.Option(help="consumer group")],
+    topic: Annotated[str, typer.Option(help="topic")],
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Committed offset and lag per queue of a consumer group."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address) as admin:
+        p = admin.consumer_progress(group, topic)
+    table = Table("queue", "committed", "min", "max", "lag", title=f"{group} on {topic}: lag {p.total_lag:,}")
+    for q in p.queues:
+        table.add_row(
+            str(q.queue_id), str(q.committed_offset), str(q.min_offset), str(q.max_offset), f"{q.lag:,}"
+        )
+    console.print(table)
+
+
+@app.command()
+def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
+    """Store statistics: log offsets, dispatch progress, disk."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address) as admin:
+        s = admin.store_stats()
+    table = Table("stat", "value")
+    for name, value in (
+        ("CommitLog min offset", s.commit_log_min_offset),
+        ("CommitLog max offset", s.commit_log_max_offset),
+        ("confirm offset", s.confirm_offset),
+        ("flushed offset", s.flushed_offset),
+        ("dispatch offset", s.dispatch_offset),
+        ("index offset", s.index_offset),
+        ("topics", s.topics),
+        ("flush disk type", s.flush_disk_type),
+        ("broker role", s.broker_role),
+        ("disk free", f"{s.disk_free_bytes / 2**30:,.1f} GiB of {s.disk_total_bytes / 2**30:,.1f} GiB"),
+    ):
+        table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+
+
+# -- demo -----------------------------------------------------------------------------------------
 @app.command()
 def demo(
     data: Annotated[Path | None, typer.Option(help="store folder (default ./data/demo; wiped first)")] = None,
@@ -32,7 +408,9 @@ def demo(
     batch: Annotated[int, typer.Option(min=1, max=4096, help="messages per put")] = 256,
     flush: Annotated[FlushDiskType, typer.Option(help="flush disk type")] = FlushDiskType.ASYNC_FLUSH,
 ) -> None:
-    """Append generated messages, reopen the store (recovery), read everything back."""
+    """libstore alone: append generated messages, reopen (recovery), read everything back."""
+    from services.demo import default_data_dir, run_demo
+
     folder = data or default_data_dir()
     with Progress(
         TextColumn("{task.description}"),
@@ -73,11 +451,6 @@ def demo(
     table.add_row("read back + verify", f"{report.read_rate:,.0f} msgs/s ({report.verified:,} identical)")
     console.print(table)
     console.print(f"store folder: {folder}")
-
-
-def _fail(message: str) -> typer.Exit:
-    err_console.print(f"error: {message}")
-    return typer.Exit(2)
 
 
 def main() -> None:

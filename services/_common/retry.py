@@ -15,7 +15,7 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_random_exponential,
 )
 
 IDEMPOTENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -30,12 +30,13 @@ def _is_retryable(codes: frozenset[grpc.StatusCode]):
 
 
 def retrying(*, idempotent: bool, deadline_s: float, attempts: int = 5) -> AsyncRetrying:
-    """A tenacity policy: exponential backoff with jitter (50 ms .. 2 s), at most ``attempts``
+    """A tenacity policy: exponential backoff with full jitter (up to 50 ms × 2^n, at most 2 s),
+    at most ``attempts``
     tries and never past ``deadline_s`` seconds in total; the last error is re-raised."""
     codes = IDEMPOTENT_CODES if idempotent else APPEND_CODES
     return AsyncRetrying(
         retry=retry_if_exception(_is_retryable(codes)),
-        wait=wait_exponential_jitter(initial=0.05, max=2.0),
+        wait=wait_random_exponential(multiplier=0.05, max=2.0),
         stop=stop_after_attempt(attempts) | stop_after_delay(deadline_s),
         reraise=True,
     )

@@ -1,0 +1,366 @@
+"""The Python client of mqstore's gateway (used by the CLI, the tests and the benchmarks).
+
+* :class:`Producer` sends batches in one Produce call each. Every message gets a UNIQ_KEY before
+  the first try, so retrying (UNAVAILABLE, DEADLINE_EXCEEDED) is safe: the commitlog service
+  answers a repeated key with the first result. Beyond its de-duplication window delivery is
+  at-least-once. :meth:`Producer.send_batch_async` keeps several batches in flight.
+* :class:`PullConsumer` consumes a topic as a group: one long-polling pull in flight per queue,
+  records fetched raw and decoded here, each queue in order. :meth:`PullConsumer.commit` records
+  the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
+  processing); a new consumer of the group resumes from them.
+* :class:`Admin` covers topics, queries, consumer progress and store stats.
+
+Failures raise libstore's StoreError classes (TopicNotFoundError, MessageIllegalError, ...),
+mapped from the gRPC status as the services map them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from libstore import (
+    MessageConst,
+    MessageRecord,
+    PutMessageResults,
+    PutMessageStatus,
+    ServiceNotAvailableError,
+    TopicConfig,
+    UniqKeyGenerator,
+    decode_record,
+)
+from services._common import convert
+from services._common.errors import store_error_from_rpc
+from services._common.server import CHANNEL_OPTIONS
+from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
+
+DEFAULT_ADDRESS = "127.0.0.1:8081"
+_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _raise(err: grpc.RpcError) -> None:
+    mapped = store_error_from_rpc(err)
+    if mapped is not None:
+        raise mapped from None
+    raise err
+
+
+@dataclass
+class OutgoingMessage:
+    """A message to send; ``queue_id`` -1 lets the gateway choose."""
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    queue_id: int = -1
+
+    def to_pb(self, uniq_key: str) -> common_pb.Message:
+        props = dict(self.properties)
+        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
+        return common_pb.Message(
+            topic=self.topic,
+            queue_id=self.queue_id,
+            body=self.body,
+            tags=self.tags or "",
+            keys=list(self.keys),
+            properties=props,
+            born_timestamp=time.time_ns() // 1_000_000,
+        )
+
+
+class _Connection:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = gateway_grpc.GatewayStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def call(
+        self, method: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float, retries: int
+    ) -> object:
+        delay = 0.05
+        for attempt in range(retries + 1):
+            try:
+                return method(request, timeout=timeout_s)
+            except grpc.RpcError as err:
+                if err.code() not in _RETRY_CODES or attempt == retries:  # type: ignore[attr-defined]
+                    _raise(err)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class Producer:
+    """Sends messages through the gateway at ``address`` (see module docstring)."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0, retries: int = 5) -> None:
+        self._conn = _Connection(address)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self._uniq = UniqKeyGenerator()
+
+    def _request(self, messages: Iterable[OutgoingMessage]) -> gateway_pb.ProduceRequest:
+        return gateway_pb.ProduceRequest(messages=[m.to_pb(self._uniq.next()) for m in messages])
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Sequence[str] = (),
+        queue_id: int = -1,
+    ) -> PutMessageResults:
+        return self.send_batch([OutgoingMessage(topic, body, tags, keys, queue_id=queue_id)])
+
+    def send_batch(self, messages: Sequence[OutgoingMessage]) -> PutMessageResults:
+        """One Produce call (retried as the module docstring says); one result per message."""
+        reply = self._conn.call(
+            self._conn.stub.Produce, self._request(messages), self.timeout_s, self.retries
+        )
+        return convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+
+    def send_batch_async(
+        self, messages: Sequence[OutgoingMessage]
+    ) -> concurrent.futures.Future[PutMessageResults]:
+        """Start a Produce call; the future gives the results (retries included)."""
+        request = self._request(messages)
+        out: concurrent.futures.Future[PutMessageResults] = concurrent.futures.Future()
+        attempts = [0]
+
+        def start() -> None:
+            call = self._conn.stub.Produce.future(request, timeout=self.timeout_s)
+            call.add_done_callback(done)
+
+        def done(call: grpc.Future) -> None:
+            try:
+                reply = call.result()
+            except grpc.RpcError as err:
+                if err.code() in _RETRY_CODES and attempts[0] < self.retries:  # type: ignore[attr-defined]
+                    attempts[0] += 1
+                    threading.Timer(0.05 * 2 ** attempts[0], start).start()
+                    return
+                mapped = store_error_from_rpc(err)
+                out.set_exception(mapped if mapped is not None else err)
+                return
+            out.set_result(convert.results_from_pb(reply.results))
+
+        start()
+        return out
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PullConsumer:
+    """Consumes ``topic`` as ``group`` from every read queue (or ``queues``), see module docstring."""
+
+    def __init__(
+        self,
+        address: str,
+        group: str,
+        topic: str,
+        *,
+        tag_expression: str = "*",
+        batch_size: int = 256,
+        hold_ms: int = 2000,
+        queues: Sequence[int] | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        self._conn = _Connection(address)
+        self.group = group
+        self.topic = topic
+        self.tag_expression = tag_expression
+        self.batch_size = batch_size
+        self.hold_ms = hold_ms
+        self.timeout_s = timeout_s
+        if queues is None:
+            route = self._conn.call(
+                self._conn.stub.GetRoute, gateway_pb.GetRouteRequest(topic=topic), timeout_s, 3
+            )
+            queues = range(route.topic.read_queue_nums)  # type: ignore[attr-defined]
+        self.queues = list(queues)
+        self._next: dict[int, int] = dict.fromkeys(self.queues, -1)  # -1: the group's committed offset
+        self._consumed: dict[int, int] = {}  # offsets to commit: after what poll() returned
+        self._committed: dict[int, int] = {}
+        self._inflight: dict[int, grpc.Future] = {}
+        self._done: queue.Queue[int] = queue.Queue()  # queue ids whose pull completed
+
+    def _pull(self, queue_id: int, wait_ms: int) -> grpc.Future:
+        request = gateway_pb.PullRequest(
+            group=self.group,
+            topic=self.topic,
+            queue_id=queue_id,
+            offset=self._next[queue_id],
+            max_count=self.batch_size,
+            tag_expression=self.tag_expression,
+            wait_ms=wait_ms,
+            raw=True,
+        )
+        return self._conn.stub.Pull.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
+
+    def poll(self, timeout_ms: int = 1000) -> list[MessageRecord]:
+        """Messages from whichever queues have some (each queue in order), waiting up to
+        ``timeout_ms`` when none has. Pulls that are still held stay in flight for the next poll."""
+        for qid in self.queues:
+            if qid not in self._inflight:
+                fut = self._pull(qid, self.hold_ms)
+                self._inflight[qid] = fut
+                fut.add_done_callback(lambda _f, q=qid: self._done.put(q))
+        out: list[MessageRecord] = []
+        try:
+            ready = [self._done.get(timeout=timeout_ms / 1000.0)]
+        except queue.Empty:
+            return out
+        while True:  # and whatever else completed meanwhile
+            try:
+                ready.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        for qid in ready:
+            fut = self._inflight.pop(qid, None)
+            if fut is not None:
+                out.extend(self._take(qid, fut))
+        return out
+
+    def _take(self, queue_id: int, fut: grpc.Future) -> list[MessageRecord]:
+        try:
+            reply = fut.result()
+        except grpc.RpcError as err:
+            if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
+                return []  # re-pulled on the next poll
+            _raise(err)
+        self._next[queue_id] = reply.next_offset
+        if reply.records:
+            self._consumed[queue_id] = reply.next_offset
+            records = [decode_record(raw) for raw in reply.records]
+        else:
+            records = []
+            if reply.next_offset >= 0 and self._consumed.get(queue_id, -1) < reply.next_offset:
+                # filtered-out or skipped units still move the committed position
+                self._consumed[queue_id] = reply.next_offset
+        return records
+
+    def commit(self) -> None:
+        """Commit, per queue, the offset after the last message returned by :meth:`poll`."""
+        for qid, offset in list(self._consumed.items()):
+            if self._committed.get(qid) == offset:
+                continue
+            request = dispatch_pb.CommitOffsetRequest(
+                group=self.group, topic=self.topic, queue_id=qid, offset=offset
+            )
+            self._conn.call(self._conn.stub.CommitOffset, request, self.timeout_s, 3)
+            self._committed[qid] = offset
+
+    def close(self) -> None:
+        for fut in self._inflight.values():
+            fut.cancel()
+        self._inflight.clear()
+        self._conn.close()
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Admin:
+    """Topics, queries, progress and stats through the gateway."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0) -> None:
+        self._conn = _Connection(address)
+        self.timeout_s = timeout_s
+
+    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:
+        return self._conn.call(method, request, self.timeout_s, 3)
+
+    def create_topic(
+        self, topic: str, queues: int = 0, *, perm: int = 6, message_type: str = "NORMAL"
+    ) -> TopicConfig:
+        pb = common_pb.TopicConfig(
+            topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm, message_type=message_type
+        )
+        return convert.topic_from_pb(
+            self._call(self._conn.stub.CreateTopic, gateway_pb.CreateTopicRequest(config=pb))
+        )  # type: ignore[arg-type]
+
+    def list_topics(self) -> list[TopicConfig]:
+        reply = self._call(self._conn.stub.ListTopics, commitlog_pb.ListTopicsRequest())
+        return [convert.topic_from_pb(t) for t in reply.topics]  # type: ignore[attr-defined]
+
+    def query_by_key(
+        self, topic: str, key: str, *, max_count: int = 32, begin_ms: int = 0, end_ms: int = 0
+    ) -> list[gateway_pb.MessageView]:
+        request = gateway_pb.QueryMessageRequest(
+            topic=topic, key=key, max_count=max_count, begin_ms=begin_ms, end_ms=end_ms
+        )
+        return list(self._call(self._conn.stub.QueryMessage, request).messages)  # type: ignore[attr-defined]
+
+    def query_by_id(self, msg_id: str) -> gateway_pb.MessageView:
+        reply = self._call(self._conn.stub.QueryMessage, gateway_pb.QueryMessageRequest(msg_id=msg_id))
+        return reply.messages[0]  # type: ignore[attr-defined,no-any-return]
+
+    def query_by_time(self, topic: str, timestamp_ms: int) -> list[gateway_pb.MessageView]:
+        request = gateway_pb.QueryMessageRequest(topic=topic, timestamp_ms=timestamp_ms)
+        return list(self._call(self._conn.stub.QueryMessage, request).messages)  # type: ignore[attr-defined]
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Set ``group``'s offset in a queue (a reset when moving back). OffsetOutOfRangeError
+        past the queue's max."""
+        request = dispatch_pb.CommitOffsetRequest(group=group, topic=topic, queue_id=queue_id, offset=offset)
+        self._call(self._conn.stub.CommitOffset, request)
+
+    def consumer_progress(self, group: str, topic: str) -> dispatch_pb.ConsumerProgress:
+        request = dispatch_pb.GetConsumerProgressRequest(group=group, topic=topic)
+        return self._call(self._conn.stub.GetConsumerProgress, request)  # type: ignore[return-value]
+
+    def store_stats(self) -> gateway_pb.StoreStats:
+        return self._call(self._conn.stub.GetStoreStats, gateway_pb.GetStoreStatsRequest())  # type: ignore[return-value]
+
+    def wait_until_serving(self, timeout_s: float = 60.0) -> None:
+        """Block until the gateway's health check says SERVING (ServiceNotAvailableError after
+        ``timeout_s``)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._conn.channel)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise ServiceNotAvailableError(f"{self._conn.address} is not serving after {timeout_s:.0f} s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def all_ok(results: PutMessageResults) -> bool:
+    return results.appended == len(results) and results.status is PutMessageStatus.PUT_OK

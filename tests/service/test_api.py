@@ -1,0 +1,220 @@
+"""The gateway API over real gRPC on 127.0.0.1, in both topologies: embedded (four services in
+one process) and split (four processes). Each test uses its own topic."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from libstore import (
+    IllegalTopicError,
+    MessageIllegalError,
+    MessageNotFoundError,
+    OffsetOutOfRangeError,
+    QueueIdOutOfRangeError,
+    TopicNotFoundError,
+)
+from services._common.errors import error_reason
+from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from services.proto import common_pb, dispatch_pb, gateway_grpc, gateway_pb
+from tests.service.conftest import embedded_options
+from tests.service.harness import InProcessSuites, SplitCluster
+
+_topics = itertools.count()
+
+
+@pytest.fixture(scope="module", params=["embedded", "split"])
+def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root: Path = tmp_path_factory.mktemp(request.param)
+    if request.param == "embedded":
+        suites = InProcessSuites()
+        suite = suites.start(embedded_options(root))
+        suites.wait_ready(suite)
+        yield suite.address
+        suites.close()
+    else:
+        cluster = SplitCluster(root)
+        cluster.start_all()
+        yield cluster.gateway
+        cluster.stop_all()
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}{next(_topics)}"
+
+
+def test_produce_then_pull_each_queue_in_order(gateway: str):
+    topic = _topic("Orders")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 4)
+    with Producer(gateway) as producer:
+        results = producer.send_batch(
+            [OutgoingMessage(topic, f"m{i}".encode(), tags="t", keys=[f"k{i}"]) for i in range(40)]
+        )
+    assert results.all_ok and len(results) == 40
+    assert [r.queue_offset for r in results] == [i // 4 for i in range(40)]  # round robin over 4 queues
+    assert len({r.msg_id for r in results}) == 40
+    with PullConsumer(gateway, "g", topic) as consumer:
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 40 and time.monotonic() < deadline:
+            got += consumer.poll(500)
+    by_queue: dict[int, list[int]] = {}
+    for rec in got:
+        by_queue.setdefault(rec.queue_id, []).append(rec.queue_offset)
+    assert sorted(rec.body for rec in got) == sorted(f"m{i}".encode() for i in range(40))
+    assert all(offsets == list(range(10)) for offsets in by_queue.values()) and len(by_queue) == 4
+
+
+def test_tag_filter_and_query_by_key_id_and_time(gateway: str):
+    topic = _topic("Tagged")
+    with Producer(gateway) as producer:
+        res = producer.send_batch(
+            [
+                OutgoingMessage(topic, b"x%d" % i, tags="A" if i % 3 else "B", keys=[f"key-{i}"], queue_id=0)
+                for i in range(12)
+            ]
+        )
+    assert res.all_ok
+    with PullConsumer(gateway, "g", topic, tag_expression="B", queues=[0]) as consumer:
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < 4 and time.monotonic() < deadline:
+            got += consumer.poll(500)
+    assert [r.queue_offset for r in got] == [0, 3, 6, 9] and {r.tags for r in got} == {"B"}
+    with Admin(gateway) as admin:
+        deadline = time.monotonic() + 20
+        while not (hits := admin.query_by_key(topic, "key-7")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the index service may lag a moment behind
+        assert [h.body for h in hits] == [b"x7"] and list(hits[0].keys) == ["key-7"]
+        by_id = admin.query_by_id(res[5].msg_id)
+        assert by_id.body == b"x5" and by_id.queue_offset == 5
+        by_time = admin.query_by_time(topic, hits[0].store_timestamp)
+        assert by_time and by_time[0].queue_id == 0
+        assert admin.query_by_key(topic, "nothing") == []
+
+
+def test_committed_offsets_and_progress(gateway: str):
+    topic = _topic("Progress")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 2)
+    with Producer(gateway) as producer:
+        assert producer.send_batch([OutgoingMessage(topic, b"p", queue_id=i % 2) for i in range(10)]).all_ok
+    with PullConsumer(gateway, "grp", topic, batch_size=3, queues=[1]) as consumer:
+        first: list = []
+        deadline = time.monotonic() + 20
+        while not first and time.monotonic() < deadline:
+            first = consumer.poll(500)
+        consumer.commit()
+    with Admin(gateway) as admin:
+        progress = {q.queue_id: q for q in admin.consumer_progress("grp", topic).queues}
+    assert progress[1].committed_offset == len(first) == 3 and progress[1].lag == 2
+    assert progress[0].committed_offset == -1 and progress[0].lag == 5
+    with PullConsumer(gateway, "grp", topic, queues=[1]) as again:  # resumes at the commit
+        rest: list = []
+        deadline = time.monotonic() + 20
+        while len(rest) < 2 and time.monotonic() < deadline:
+            rest += again.poll(500)
+    assert [r.queue_offset for r in rest] == [3, 4]
+
+
+def test_long_polling_pull_returns_when_a_message_arrives(gateway: str):
+    topic = _topic("Held")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 1)
+    channel = grpc.insecure_channel(gateway)
+    stub = gateway_grpc.GatewayStub(channel)
+    request = gateway_pb.PullRequest(
+        group="g", topic=topic, queue_id=0, offset=0, max_count=8, wait_ms=20_000
+    )
+    future = stub.Pull.future(request, timeout=30)
+    time.sleep(0.3)  # the pull is held on the server
+    assert not future.done()
+    t0 = time.monotonic()
+    with Producer(gateway) as producer:
+        producer.send(topic, b"wake up", queue_id=0)
+    reply = future.result(timeout=25)
+    assert time.monotonic() - t0 < 15, "woken by the message, not by the hold time"
+    assert reply.status == common_pb.FOUND and [m.body for m in reply.messages] == [b"wake up"]
+    empty = stub.Pull(
+        gateway_pb.PullRequest(group="g", topic=topic, queue_id=0, offset=1, max_count=8, wait_ms=200)
+    )
+    assert empty.status == common_pb.OFFSET_OVERFLOW_ONE and empty.next_offset == 1
+    channel.close()
+
+
+def test_bad_input_gets_clear_codes_and_writes_nothing(gateway: str):
+    topic = _topic("Bad")
+    channel = grpc.insecure_channel(gateway)
+    stub = gateway_grpc.GatewayStub(channel)
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 2)
+        before = admin.store_stats().commit_log_max_offset
+
+        def code_of(call, request) -> tuple[grpc.StatusCode, str | None]:
+            with pytest.raises(grpc.RpcError) as info:
+                call(request, timeout=10)
+            return info.value.code(), error_reason(info.value)
+
+        big = common_pb.Message(topic=topic, queue_id=0, body=b"x" * (1024 * 1024 + 1))
+        assert code_of(stub.Produce, gateway_pb.ProduceRequest(messages=[big])) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "MESSAGE_ILLEGAL",
+        )
+        bad_topic = common_pb.Message(topic="no spaces allowed", queue_id=0, body=b"x")
+        assert code_of(stub.Produce, gateway_pb.ProduceRequest(messages=[bad_topic])) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "TOPIC_ILLEGAL",
+        )
+        bad_queue = common_pb.Message(topic=topic, queue_id=7, body=b"x")
+        ok = common_pb.Message(topic=topic, queue_id=0, body=b"fine")
+        assert code_of(stub.Produce, gateway_pb.ProduceRequest(messages=[ok, bad_queue])) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "QUEUE_ID_ILLEGAL",
+        )
+        pull = gateway_pb.PullRequest(group="g", topic="NoSuchTopic", queue_id=0, offset=0, max_count=1)
+        assert code_of(stub.Pull, pull)[0] == grpc.StatusCode.NOT_FOUND
+        pull = gateway_pb.PullRequest(group="g", topic=topic, queue_id=0, offset=0, max_count=0)
+        assert code_of(stub.Pull, pull)[0] == grpc.StatusCode.INVALID_ARGUMENT
+        commit = dispatch_pb.CommitOffsetRequest(group="g", topic=topic, queue_id=0, offset=99)
+        assert code_of(stub.CommitOffset, commit) == (grpc.StatusCode.OUT_OF_RANGE, "OFFSET_ILLEGAL")
+        query = gateway_pb.QueryMessageRequest(msg_id="7F0000010000000000000000FFFFFFFF")
+        assert code_of(stub.QueryMessage, query)[0] == grpc.StatusCode.NOT_FOUND
+        assert admin.store_stats().commit_log_max_offset == before, "nothing of a refused batch was written"
+    channel.close()
+    # The client maps the same statuses back to libstore's exceptions.
+    with Producer(gateway) as producer, Admin(gateway) as admin:
+        with pytest.raises(MessageIllegalError):
+            producer.send(topic, b"x" * (2 * 1024 * 1024), queue_id=0)
+        with pytest.raises(IllegalTopicError):
+            producer.send("bad topic", b"x")
+        with pytest.raises(QueueIdOutOfRangeError):
+            producer.send(topic, b"x", queue_id=5)
+        with pytest.raises(MessageNotFoundError):
+            admin.query_by_id("7F0000010000000000000000FFFFFFFF")
+        with pytest.raises(TopicNotFoundError):
+            admin.consumer_progress("g", "NoSuchTopic")
+        with pytest.raises(OffsetOutOfRangeError):
+            admin.commit_offset("g", topic, 0, 10**6)
+
+
+def test_health_and_reflection(gateway: str):
+    channel = grpc.insecure_channel(gateway)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "mqstore.v1.Gateway"):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    responses = reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+    )
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"mqstore.v1.Gateway", "grpc.health.v1.Health"} <= names
+    channel.close()
