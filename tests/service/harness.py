@@ -90,7 +90,7 @@ class ServeProcess:
         self.log_path = log
         self._log = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve", *args],
+            [sys.executable, "-m", "services.cli", "--verbose", "serve", *args],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
             stdout=self._log,
