@@ -21,7 +21,7 @@ $(PB): $(STAMP) $(PROTOS) services/_protogen.py
 	$(BIN)/python -m services._protogen
 
 run: install
-	$(BIN)/mqstore demo
+	$(BIN)/mqstore serve
 
 lint: install
 	$(BIN)/ruff check .
