@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import struct
 import threading
@@ -124,6 +125,7 @@ class CommitLog:
         self._put_lock = threading.Lock()
         self._begin_time_in_lock = 0.0
         self._queue_offsets: dict[QueueKey, int] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
         self._pool: TransientStorePool | None = None
         self._allocator: AllocateMappedFileService | None = None
         self.queue: MappedFileQueue | None = None
@@ -353,20 +355,49 @@ class CommitLog:
         Results carry PUT_OK for appended messages and CREATE_MAPPED_FILE_FAILED for those that
         found no segment to go to; raises like :meth:`put_messages`.
         """
-        if not self._running:
-            raise ServiceNotAvailableError("the store is not running")
-        if self.config.broker_role is BrokerRole.SLAVE:
-            raise NotMasterError("this store is a SLAVE and does not take puts")
-        if not self._writeable:
-            raise ServiceNotAvailableError("the store is not writeable after an I/O error")
+        self._check_writable()
         if not messages:
             return AppendResult(PutMessageResults(0), False)
-        if self.is_os_page_cache_busy():
-            raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
         assert self._topic_config is not None
         batch = self._encoder.encode_batch(
             messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums
         )
+        return self.append_batch(batch)
+
+    def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:
+        """Validate client-encoded records for this store (see RecordEncoder.adopt_records);
+        records with QUEUEID -1 are placed round robin over their topic's write queues, and
+        ``born_host`` (8 encoded bytes) fills a 0.0.0.0:0 BORNHOST.
+
+        Raises MessageIllegalError (or a subclass) or TopicNotFoundError; nothing is written.
+        """
+        self._check_writable()
+        assert self._topic_config is not None
+        return self._encoder.adopt_records(
+            raw,
+            time.time_ns() // 1_000_000,
+            self._topic_config.write_queue_nums,
+            choose_queue=self._next_queue,
+            born_host=born_host,
+        )
+
+    def _next_queue(self, topic: str) -> int:
+        """Round robin over ``topic``'s write queues (auto-creating it as a put would)."""
+        assert self._topic_config is not None
+        width = self._topic_config.write_queue_nums(topic)
+        counter = self._round_robin.get(topic)
+        if counter is None:
+            counter = self._round_robin[topic] = itertools.count()
+        return next(counter) % width
+
+    def append_batch(self, batch: EncodedBatch) -> AppendResult:
+        """Append a validated batch (from the encoder or :meth:`adopt_records`) under the put
+        lock, without waiting for any flush."""
+        self._check_writable()
+        if not batch.sizes:
+            return AppendResult(PutMessageResults(0), False)
+        if self.is_os_page_cache_busy():
+            raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
         with self._put_lock:
             if not self._running:
                 raise ServiceNotAvailableError("the store is shutting down")
@@ -378,6 +409,14 @@ class CommitLog:
         if results.appended:
             self._after_append(results.next_offset)
         return AppendResult(results, batch.wait_store)
+
+    def _check_writable(self) -> None:
+        if not self._running:
+            raise ServiceNotAvailableError("the store is not running")
+        if self.config.broker_role is BrokerRole.SLAVE:
+            raise NotMasterError("this store is a SLAVE and does not take puts")
+        if not self._writeable:
+            raise ServiceNotAvailableError("the store is not writeable after an I/O error")
 
     def _append_locked(self, batch: EncodedBatch) -> PutMessageResults:
         """Assign offsets and copy the batch into segments, rolling as needed (put lock held).

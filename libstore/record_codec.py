@@ -183,7 +183,17 @@ class EncodedBatch:
     False only if every message says ``WAIT=false``.
     """
 
-    __slots__ = ("buf", "positions", "queue_keys", "sizes", "store_ts_positions", "wait_store")
+    __slots__ = (
+        "buf",
+        "positions",
+        "queue_keys",
+        "requests",
+        "sizes",
+        "store_ts_positions",
+        "topics",
+        "uniq_keys",
+        "wait_store",
+    )
 
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -192,6 +202,11 @@ class EncodedBatch:
         self.queue_keys: list[tuple[str, int] | None] = []
         self.store_ts_positions: list[int] = []
         self.wait_store = False
+        # Filled for adopted (client-encoded) records: each record's topic, UNIQ_KEY and the
+        # request its validation decoded (dispatch can use it instead of decoding the log again).
+        self.topics: list[str] = []
+        self.uniq_keys: list[str | None] = []
+        self.requests: list[DispatchRequest] = []
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -199,6 +214,27 @@ class EncodedBatch:
     @property
     def total_bytes(self) -> int:
         return len(self.buf)
+
+    def subset(self, keep: Sequence[int]) -> EncodedBatch:
+        """A batch of records ``keep`` (indexes, in order) of this one (copies their bytes)."""
+        out = EncodedBatch()
+        parts = []
+        pos = 0
+        for i in keep:
+            start, size = self.positions[i], self.sizes[i]
+            parts.append(self.buf[start : start + size])
+            out.sizes.append(size)
+            pos += size
+            out.positions.append(pos)
+            out.queue_keys.append(self.queue_keys[i])
+            out.store_ts_positions.append(self.store_ts_positions[i])
+            if self.topics:
+                out.topics.append(self.topics[i])
+                out.uniq_keys.append(self.uniq_keys[i])
+                out.requests.append(self.requests[i])
+        out.buf = bytearray().join(parts)
+        out.wait_store = self.wait_store
+        return out
 
     def patch(self, index: int, queue_offset: int, phy_offset: int, store_timestamp: int) -> None:
         """Fill QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of record ``index``."""
@@ -249,15 +285,24 @@ class RecordEncoder:
             self._topics[topic] = cached
         return cached
 
-    def _born_host(self, host: tuple[str, int]) -> tuple[bytes, int, struct.Struct]:
-        """(encoded born host, BORNHOST_V6 bit, header struct); raises MessageIllegalError."""
+    def _born_host(self, host: tuple[str, int] | str) -> tuple[bytes, int, struct.Struct]:
+        """(encoded born host, BORNHOST_V6 bit, header struct) of ``(ip, port)`` or ``"ip:port"``
+        (``"[v6]:port"``; ``""`` is 127.0.0.1:0); raises MessageIllegalError."""
         cached = self._hosts.get(host)
         if cached is None:
             try:
-                ip, port = host
+                if isinstance(host, str):
+                    text, sep, port_text = host.rpartition(":")
+                    ip, port = (text.strip("[]"), int(port_text)) if sep else ("127.0.0.1", 0)
+                    if host and not sep:
+                        raise ValueError(host)
+                else:
+                    ip, port = host
                 encoded = encode_host(ip, int(port))
             except (TypeError, ValueError, InvalidArgumentError) as exc:
-                raise MessageIllegalError(f"born_host must be (numeric ip, port), got {host!r}") from exc
+                raise MessageIllegalError(
+                    f"born_host must be (numeric ip, port) or 'ip:port', got {host!r}"
+                ) from exc
             flag = MessageSysFlag.BORNHOST_V6_FLAG if len(encoded) == 20 else 0
             cached = (encoded, flag, _HEADERS[(len(encoded), len(self.store_host))])
             if len(self._hosts) > 100_000:
@@ -270,8 +315,15 @@ class RecordEncoder:
         messages: Sequence[Message],
         now_ms: int,
         queue_nums: Callable[[str], int] | None = None,
+        *,
+        unassigned_queue_ok: bool = False,
     ) -> EncodedBatch:
         """Validate and encode ``messages``; nothing is written anywhere.
+
+        A message is a :class:`~libstore.message.Message` or any object with the same attributes
+        (the services hand in their mqstore.v1 protobuf messages as they arrive: ``properties``
+        may be any mapping, ``born_host`` an ``"ip:port"`` string), so no per-message copy is
+        made on the way in.
 
         ``now_ms`` replaces a zero born timestamp. ``queue_nums(topic)`` gives the topic's queue
         count for the queue id check (None: any non-negative int32). Raises MessageIllegalError
@@ -308,7 +360,14 @@ class RecordEncoder:
                 body = m.body
                 body_len = len(body)
                 queue_id = m.queue_id
-                if body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES):
+                if (
+                    body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES)
+                ) and not (
+                    unassigned_queue_ok
+                    and queue_id == -1
+                    and body_len <= max_body
+                    and isinstance(body, _BODY_TYPES)
+                ):
                     _reject(m, body_len, max_body, limit)
                 props = m.properties
                 if props:
@@ -370,6 +429,95 @@ class RecordEncoder:
         out.store_ts_positions = ts_positions
         out.wait_store = wait_store
         return out
+
+    def adopt_records(
+        self,
+        raw: bytes | bytearray | memoryview,
+        now_ms: int,
+        queue_nums: Callable[[str], int] | None = None,
+        *,
+        choose_queue: Callable[[str], int] | None = None,
+        born_host: bytes = b"",
+    ) -> EncodedBatch:
+        """Validate records a client encoded and make them this store's, without decoding them
+        into messages (the records form of Produce: RocketMQ's layout with PHYSICALOFFSET,
+        QUEUEOFFSET and STORETIMESTAMP 0, an IPv4 STOREHOST placeholder, BORNHOST 0.0.0.0:0 for
+        "the caller", QUEUEID -1 for "place it").
+
+        Each record must check out as recovery would check it (magic, lengths, body CRC), carry
+        PHYSICALOFFSET 0 and the STOREHOST placeholder, and pass the put checks (topic name, body
+        size, queue id within ``queue_nums(topic)``). QUEUEID -1 takes ``choose_queue(topic)``;
+        a 0.0.0.0:0 BORNHOST takes ``born_host`` (8 encoded bytes, when given); STOREHOST becomes
+        this store's and a zero BORNTIMESTAMP ``now_ms``; offsets are left for the put lock. The
+        decoded requests are kept in the batch (``requests``) for dispatch. Raises
+        MessageIllegalError (or a subclass) naming the first bad record; nothing is kept.
+        """
+        if len(self.store_host) != len(STORE_HOST_PLACEHOLDER):
+            raise MessageIllegalError("client-encoded records need an IPv4 store host; send messages")
+        out = EncodedBatch()
+        buf = bytearray(raw)
+        limit = len(buf)
+        limits: dict[str, int] = {}
+        pos = 0
+        index = 0
+        store_host = self.store_host
+        max_body = self.max_message_size
+        no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
+        while pos < limit:
+            req = check_record(buf, pos, limit, check_crc=True, expected_phy_offset=0)
+            if not req.success or req.msg_size == 0:
+                raise MessageIllegalError(
+                    f"record {index}: not a valid CommitLog record (size, magic or CRC)"
+                )
+            size = req.msg_size
+            sys_flag = req.sys_flag
+            if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG:
+                raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")
+            topic = req.topic
+            if req.queue_id == -1 and choose_queue is not None:
+                req.queue_id = choose_queue(topic)
+                _INT.pack_into(buf, pos + QUEUE_ID_POSITION, req.queue_id)
+            queue_limit = limits.get(topic)
+            if queue_limit is None:
+                try:
+                    self._topic_prefix(topic)  # validates the name
+                except MessageIllegalError as exc:
+                    raise type(exc)(f"record {index}: {exc}") from None
+                queue_limit = limits[topic] = queue_nums(topic) if queue_nums else 0x7FFFFFFF
+            if not 0 <= req.queue_id < queue_limit:
+                raise QueueIdOutOfRangeError(
+                    f"record {index}: queue id {req.queue_id} out of range: "
+                    f"topic {topic!r} has {queue_limit} queues"
+                )
+            born_len = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
+            body_len = _INT.unpack_from(buf, pos + 48 + born_len + 8 + 8 + 12)[0]
+            if body_len > max_body:
+                raise MessageIllegalError(
+                    f"record {index}: body is {body_len} bytes, the limit is {max_body}"
+                )
+            ts_position = 48 + born_len
+            buf[pos + ts_position + 8 : pos + ts_position + 16] = store_host
+            if born_host and born_len == 8 and buf[pos + 48 : pos + 56] == STORE_HOST_PLACEHOLDER:
+                buf[pos + 48 : pos + 56] = born_host
+            if req.born_timestamp == 0:
+                STORE_TIMESTAMP.pack_into(buf, pos + 40, now_ms)
+            pos += size
+            out.positions.append(pos)
+            out.sizes.append(size)
+            out.store_ts_positions.append(ts_position)
+            out.queue_keys.append(None if sys_flag & no_queue_offset else (topic, req.queue_id))
+            out.topics.append(topic)
+            out.uniq_keys.append(req.uniq_key)
+            out.requests.append(req)
+            index += 1
+        out.buf = buf
+        out.wait_store = True
+        return out
+
+
+STORE_HOST_PLACEHOLDER: Final = bytes(8)  # 0.0.0.0:0 as STOREHOST in client-encoded records
+BORN_HOST_POSITION: Final = 48
+QUEUE_ID_POSITION: Final = 12
 
 
 def _reject(m: Message, body_len: int, max_body: int, limit: int) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from libstore import (
+    Message,
     MessageConst,
     MessageRecord,
     PutMessageResults,
@@ -35,6 +36,7 @@ from libstore import (
     UniqKeyGenerator,
     decode_record,
 )
+from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
 from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.server import CHANNEL_OPTIONS
@@ -61,6 +63,21 @@ class OutgoingMessage:
     keys: Sequence[str] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     queue_id: int = -1
+
+    def to_message(self, uniq_key: str) -> Message:
+        """A libstore Message (for client-side record encoding); born host 0.0.0.0:0 means
+        "the caller's address", which the gateway fills in."""
+        props = dict(self.properties)
+        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
+        return Message(
+            self.topic,
+            self.body,
+            self.queue_id,
+            tags=self.tags,
+            keys=list(self.keys) or None,
+            properties=props,
+            born_host=("0.0.0.0", 0),
+        )
 
     def to_pb(self, uniq_key: str) -> common_pb.Message:
         props = dict(self.properties)
@@ -103,14 +120,34 @@ class _Connection:
 class Producer:
     """Sends messages through the gateway at ``address`` (see module docstring)."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0, retries: int = 5) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        timeout_s: float = 10.0,
+        retries: int = 5,
+        encode_records: bool = True,
+    ) -> None:
         self._conn = _Connection(address)
         self.timeout_s = timeout_s
         self.retries = retries
+        self.encode_records = encode_records
         self._uniq = UniqKeyGenerator()
+        # Records are encoded here, in RocketMQ's layout (the gateway only places them); the
+        # store checks the size limit, so the local one only guards against absurd bodies.
+        self._encoder = RecordEncoder(
+            STORE_HOST_PLACEHOLDER, max_message_size=64 * 1024 * 1024, max_topic_length=255
+        )
 
     def _request(self, messages: Iterable[OutgoingMessage]) -> gateway_pb.ProduceRequest:
-        return gateway_pb.ProduceRequest(messages=[m.to_pb(self._uniq.next()) for m in messages])
+        if not self.encode_records:
+            return gateway_pb.ProduceRequest(messages=[m.to_pb(self._uniq.next()) for m in messages])
+        batch = self._encoder.encode_batch(
+            [m.to_message(self._uniq.next()) for m in messages],
+            time.time_ns() // 1_000_000,
+            unassigned_queue_ok=True,
+        )
+        return gateway_pb.ProduceRequest(records=bytes(batch.buf))
 
     def send(
         self,

@@ -18,6 +18,7 @@ from typing import Protocol
 from libstore import Message, PutMessageResults, TopicConfig
 from libstore.consume_queue import BoundaryType
 from libstore.message_store import QueueProgress
+from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
 
 
@@ -39,13 +40,15 @@ class LogOffsets:
 @dataclass(frozen=True)
 class TailChunk:
     """Raw log bytes from ``offset`` (whole records, maybe a final blank END record);
-    ``next_offset`` is where the following chunk starts. Empty ``data``: a heartbeat."""
+    ``next_offset`` is where the following chunk starts. Empty ``data`` and no ``records``: a
+    heartbeat. ``records``: the same records already decoded (in-process tails only)."""
 
     offset: int
     data: bytes
     next_offset: int
     confirm_offset: int
     min_offset: int
+    records: list[DispatchRequest] | None = None
 
 
 @dataclass
@@ -83,14 +86,22 @@ class CommitLogPort(Protocol):
 
     async def append(self, messages: Sequence[Message]) -> PutMessageResults: ...
 
+    async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
+        """Append client-encoded records (libstore.record_codec.RecordEncoder.adopt_records);
+        QUEUEID -1 is placed round robin, ``born_host`` ("ip:port") fills 0.0.0.0:0 BORNHOSTs."""
+        ...
+
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """Raw records at (offset, size) ranges; size 0 reads the whole record at the offset;
         None where the log no longer holds it."""
         ...
 
     def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0
-    ) -> AsyncIterator[TailChunk]: ...
+        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
+    ) -> AsyncIterator[TailChunk]:
+        """Chunks of whole records from ``from_offset``; ``decoded`` asks for ``records`` where
+        the port has them (a local CommitLog that validated them on append)."""
+        ...
 
     async def offsets(self) -> LogOffsets: ...
 

@@ -25,16 +25,6 @@ _PUT_STATUS_TO_PB = {s: common_pb.PutStatus.Value(s.name) for s in PutMessageSta
 _PUT_STATUS_FROM_PB = {v: k for k, v in _PUT_STATUS_TO_PB.items()}
 
 
-def parse_host(text: str, default: tuple[str, int]) -> tuple[str, int]:
-    """``"ip:port"`` (``"[v6]:port"`` too) as (ip, port); ``default`` when empty."""
-    if not text:
-        return default
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise InvalidArgumentError(f"born_host must be 'ip:port', got {text!r}")
-    return host.strip("[]"), int(port)
-
-
 def peer_host(peer: str) -> tuple[str, int]:
     """The caller's address from a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
     kind, _, rest = peer.partition(":")
@@ -43,28 +33,6 @@ def peer_host(peer: str) -> tuple[str, int]:
         if port.isdigit():
             return host.strip("[]"), int(port)
     return "127.0.0.1", 0
-
-
-def message_from_pb(pb: common_pb.Message, default_host: tuple[str, int]) -> Message:
-    """A libstore Message from the wire. TAGS and KEYS come from their fields (they override
-    same-named properties); ``queue_id`` must already be chosen."""
-    props = dict(pb.properties)
-    if pb.tags:
-        props[MessageConst.TAGS] = pb.tags
-    if pb.keys:
-        props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(pb.keys)
-    return Message(
-        pb.topic,
-        pb.body,
-        pb.queue_id,
-        properties=props,
-        flag=pb.flag,
-        sys_flag=pb.sys_flag,
-        born_timestamp=pb.born_timestamp,
-        born_host=parse_host(pb.born_host, default_host),
-        reconsume_times=pb.reconsume_times,
-        prepared_transaction_offset=pb.prepared_transaction_offset,
-    )
 
 
 def message_to_pb(m: Message) -> common_pb.Message:

@@ -70,7 +70,9 @@ class TailFollower:
         delay = 0.05
         while True:
             try:
-                async for chunk in self.port.tail(self.reput_offset, max_chunk_bytes=self.max_chunk_bytes):
+                async for chunk in self.port.tail(
+                    self.reput_offset, max_chunk_bytes=self.max_chunk_bytes, decoded=True
+                ):
                     await self._apply(chunk)
                     delay = 0.05
             except asyncio.CancelledError:
@@ -105,7 +107,7 @@ class TailFollower:
                 chunk.offset,
                 self.reput_offset,
             )
-        if chunk.data:
+        if chunk.data or chunk.records:
             with self._tracer.start_as_current_span(f"{self.name}.dispatch") as span:
                 count, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
                 span.set_attribute("mqstore.records", count)
@@ -120,6 +122,8 @@ class TailFollower:
             self.caught_up.set()
 
     def _decode_and_apply(self, chunk: TailChunk) -> tuple[int, dict[QueueKey, int]]:
+        if chunk.records is not None:  # decoded by the append's validation, in this process
+            return len(chunk.records), apply_chunk(self.dispatchers, chunk.records)
         records, _, invalid = scan_buffer(chunk.data, chunk.offset)
         if invalid is not None:
             raise OffsetOutOfRangeError(f"the tail chunk at {chunk.offset} holds bytes that are not records")

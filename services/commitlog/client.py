@@ -10,7 +10,7 @@ from libstore import Message, PutMessageResults, TopicConfig, TopicNotFoundError
 from services._common import convert
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
 from services.ports import LogOffsets, TailChunk
-from services.proto import commitlog_grpc, commitlog_pb
+from services.proto import commitlog_grpc, commitlog_pb, common_pb
 
 
 class RemoteCommitLog:
@@ -21,7 +21,14 @@ class RemoteCommitLog:
         self.timeout_s = timeout_s
 
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
-        request = commitlog_pb.AppendRequest(messages=[convert.message_to_pb(m) for m in messages])
+        request = commitlog_pb.AppendRequest(
+            messages=[m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages]
+        )
+        reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
+        return convert.results_from_pb(reply.results)
+
+    async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
+        request = commitlog_pb.AppendRequest(records=raw, born_host=born_host)
         reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
 
@@ -36,10 +43,11 @@ class RemoteCommitLog:
         return convert.records_or_none(reply.records)
 
     async def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0
+        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
     ) -> AsyncIterator[TailChunk]:
-        """The Tail stream; ends with the mapped StoreError (or grpc.RpcError) when it breaks:
-        the caller reconnects from its own reput offset."""
+        """The Tail stream (always bytes: ``decoded`` is for in-process ports); ends with the
+        mapped StoreError (or grpc.RpcError) when it breaks: the caller reconnects from its own
+        reput offset."""
         request = commitlog_pb.TailRequest(
             from_offset=from_offset, max_chunk_bytes=max_chunk_bytes, heartbeat_ms=heartbeat_ms
         )

@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import shutil
 import struct
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 
 from libstore import (
     CommitLog,
     CorruptRecordError,
+    InvalidArgumentError,
     Message,
     MessageConst,
     OffsetOutOfRangeError,
@@ -25,12 +27,20 @@ from libstore import (
     PutMessageStatus,
     TopicConfig,
 )
-from libstore.record_codec import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2
+from libstore.message_id import encode_host
+from libstore.record_codec import (
+    BLANK_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    DispatchRequest,
+    EncodedBatch,
+)
 from services._common.telemetry import tracer
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+DECODED_BATCHES_KEPT = 1024
 DEFAULT_HEARTBEAT_MS = 1000
 _TOTAL_MAGIC = struct.Struct(">ii")
 _RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
@@ -43,6 +53,10 @@ class LocalCommitLog:
         self.log = log
         self.dedup = dedup
         self._tracer = tracer("mqstore.commitlog")
+        # Recently appended client-encoded batches, decoded by their validation: start offset ->
+        # (end offset, requests with their final offsets). In-process followers take these
+        # instead of decoding the same bytes again; an older offset reads the log as usual.
+        self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
 
     # -- append ---------------------------------------------------------------------------------
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
@@ -60,6 +74,60 @@ class LocalCommitLog:
                 results.status = await self._wait_durable(max(ends), wait_store)
             span.set_attribute("mqstore.status", results.status.name)
             return results
+
+    async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
+        """Append client-encoded records (see RecordEncoder.adopt_records): validated here, CRC
+        included; records whose UNIQ_KEY is in the de-duplication window get their first result."""
+        log = self.log
+        with self._tracer.start_as_current_span("commitlog.append") as span:
+            batch = log.adopt_records(raw, _born_host_bytes(born_host))
+            n = len(batch.sizes)
+            span.set_attribute("mqstore.messages", n)
+            placed: dict[int, Placed] = {}
+            dedup = self.dedup
+            if dedup is not None:
+                for i, (topic, uniq) in enumerate(zip(batch.topics, batch.uniq_keys, strict=True)):
+                    if uniq:
+                        hit = dedup.get(topic, uniq)
+                        if hit is not None:
+                            placed[i] = hit
+            fresh_batch = batch.subset([i for i in range(n) if i not in placed]) if placed else batch
+            appended = log.append_batch(fresh_batch) if fresh_batch.sizes else None
+            if appended is not None:
+                self._keep_decoded(fresh_batch, appended.results)
+            if appended is not None and dedup is not None:
+                res = appended.results
+                for i in range(res.appended):
+                    uniq = fresh_batch.uniq_keys[i]
+                    if uniq:
+                        dedup.put(
+                            fresh_batch.topics[i],
+                            uniq,
+                            Placed(
+                                res.phy_offsets[i], res.sizes[i], res.queue_offsets[i], res.store_timestamp
+                            ),
+                        )
+            results = self._merge(range(n), appended.results if appended else None, placed)
+            ends = [p + s for p, s in zip(results.phy_offsets, results.sizes, strict=True)]
+            if ends:
+                results.status = await self._wait_durable(max(ends), True)
+            span.set_attribute("mqstore.status", results.status.name)
+            return results
+
+    def _keep_decoded(self, batch: EncodedBatch, results: PutMessageResults) -> None:
+        n = results.appended
+        if not n:
+            return
+        requests = batch.requests[:n]
+        ts = results.store_timestamp
+        for req, phy, qoff in zip(requests, results.phy_offsets, results.queue_offsets, strict=False):
+            req.commit_log_offset = phy
+            req.consume_queue_offset = qoff
+            req.store_timestamp = ts
+        start = results.phy_offsets[0]
+        self._decoded[start] = (results.phy_offsets[n - 1] + results.sizes[n - 1], requests)
+        while len(self._decoded) > DECODED_BATCHES_KEPT:
+            self._decoded.popitem(last=False)
 
     def _split_replays(self, messages: Sequence[Message]) -> tuple[list[Message], dict[int, Placed]]:
         dedup = self.dedup
@@ -91,7 +159,7 @@ class LocalCommitLog:
                 )
 
     def _merge(
-        self, messages: Sequence[Message], fresh: PutMessageResults | None, placed: dict[int, Placed]
+        self, messages: Sequence[object], fresh: PutMessageResults | None, placed: dict[int, Placed]
     ) -> PutMessageResults:
         """Results in message order: replays from the window, the others from the append."""
         if not placed:
@@ -155,9 +223,11 @@ class LocalCommitLog:
 
     # -- tail -----------------------------------------------------------------------------------
     async def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0
+        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
     ) -> AsyncIterator[TailChunk]:
-        """Chunks of whole records from ``from_offset`` (a record boundary), forever.
+        """Chunks of whole records from ``from_offset`` (a record boundary), forever. With
+        ``decoded``, a batch appended as client-encoded records comes as its decoded requests
+        (``records``, no bytes) while it is among the last DECODED_BATCHES_KEPT batches.
 
         Raises OffsetOutOfRangeError when ``from_offset`` is past the log's end (the caller's
         derived state is ahead of this log: it must cut back to the end and resume there).
@@ -183,6 +253,11 @@ class LocalCommitLog:
                 moved.clear()
                 confirm = log.confirm_offset
                 if offset < confirm:
+                    hit = self._decoded.get(offset) if decoded else None
+                    if hit is not None and hit[0] <= confirm:
+                        yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1])
+                        offset = hit[0]
+                        continue
                     chunk = self._chunk(offset, confirm, max_bytes)
                     offset = chunk.next_offset
                     yield chunk
@@ -256,3 +331,14 @@ class LocalCommitLog:
 
     async def delete_topic(self, topic: str) -> bool:
         return self.log.topic_config.delete(topic)
+
+
+def _born_host_bytes(text: str) -> bytes:
+    """8 encoded bytes of an IPv4 "ip:port", or b"" (IPv6 and empty: leave the record's)."""
+    ip, sep, port = text.rpartition(":")
+    if not sep or ":" in ip or not port.isdigit():
+        return b""
+    try:
+        return encode_host(ip, int(port))
+    except InvalidArgumentError:
+        return b""

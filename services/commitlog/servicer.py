@@ -22,9 +22,19 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     async def Append(
         self, request: commitlog_pb.AppendRequest, context: grpc.aio.ServicerContext
     ) -> commitlog_pb.AppendResponse:
-        host = convert.peer_host(context.peer())
-        messages = [convert.message_from_pb(m, host) for m in request.messages]
-        results = await self.port.append(messages)
+        if request.records:
+            if request.messages:
+                raise InvalidArgumentError("send messages or records, not both")
+            born = request.born_host or _host_text(convert.peer_host(context.peer()))
+            results = await self.port.append_records(request.records, born)
+            return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
+        messages = request.messages
+        if any(not m.born_host for m in messages):
+            host = _host_text(convert.peer_host(context.peer()))
+            for m in messages:
+                if not m.born_host:
+                    m.born_host = host
+        results = await self.port.append(messages)  # encoded as they are (see RecordEncoder)
         return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
 
     async def Read(
@@ -99,3 +109,8 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
 def add_to_server(servicer: CommitLogServicer, server: grpc.aio.Server) -> list[str]:
     commitlog_grpc.add_CommitLogServiceServicer_to_server(servicer, server)
     return [SERVICE_NAME]
+
+
+def _host_text(host: tuple[str, int]) -> str:
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

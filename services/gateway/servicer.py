@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -96,30 +97,67 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def Produce(
         self, request: gateway_pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb.ProduceResponse:
-        n = len(request.messages)
+        if request.records:
+            if request.messages:
+                raise InvalidArgumentError("send messages or records, not both")
+            return await self._produce_records(request.records, context.peer())
+        messages = request.messages
+        n = len(messages)
         if n > MAX_PRODUCE_BATCH:
             raise InvalidArgumentError(f"a produce carries at most {MAX_PRODUCE_BATCH} messages, got {n}")
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.messages", n)
-            host = convert.peer_host(context.peer())
-            messages = []
-            for pb in request.messages:
-                m = convert.message_from_pb(pb, host)
-                if pb.queue_id < 0:
-                    m.queue_id = await self._choose_queue(pb.topic)
-                if MessageConst.UNIQ_KEY not in m.properties:
-                    m.properties[MessageConst.UNIQ_KEY] = self._uniq.next()
-                messages.append(m)
+            await self._prepare(messages, context.peer())
             results = await self.commitlog.append(messages)
             span.set_attribute("mqstore.status", results.status.name)
             return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
 
-    async def _choose_queue(self, topic: str) -> int:
+    async def _produce_records(self, raw: bytes, peer: str) -> gateway_pb.ProduceResponse:
+        """Client-encoded records go to the commitlog as they are, with the caller's address for
+        records that left BORNHOST empty; it validates them and places those with QUEUEID -1."""
+        with self._tracer.start_as_current_span("gateway.produce") as span:
+            span.set_attribute("mqstore.bytes", len(raw))
+            ip, port = convert.peer_host(peer)
+            results = await self.commitlog.append_records(
+                raw, f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+            )
+            span.set_attribute("mqstore.messages", len(results))
+            span.set_attribute("mqstore.status", results.status.name)
+            return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
+
+    async def _round_robin_for(self, topic: str) -> tuple[itertools.count[int], int]:
         config = await self.topics.get(topic, create=True)
         if config is None:  # pragma: no cover - create=True returns a config or raises
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        counter = self._round_robin.setdefault(topic, itertools.count())
-        return next(counter) % config.write_queue_nums
+        return self._round_robin.setdefault(topic, itertools.count()), config.write_queue_nums
+
+    async def _prepare(self, messages: Sequence[common_pb.Message], peer: str) -> None:
+        """Complete the protobuf messages in place, for the commitlog to encode as they are:
+        TAGS/KEYS fields into properties, a UNIQ_KEY where missing, the caller's address as born
+        host, a queue (round robin over the topic's write queues) where it is -1."""
+        peer_host = ""
+        uniq = self._uniq
+        for m in messages:
+            props = m.properties
+            if m.tags:
+                props[MessageConst.TAGS] = m.tags
+            if m.keys:
+                props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(m.keys)
+            if MessageConst.UNIQ_KEY not in props:
+                props[MessageConst.UNIQ_KEY] = uniq.next()
+            if not m.born_host:
+                if not peer_host:
+                    ip, port = convert.peer_host(peer)
+                    peer_host = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+                m.born_host = peer_host
+        unchosen: dict[str, list[common_pb.Message]] = {}
+        for m in messages:
+            if m.queue_id < 0:
+                unchosen.setdefault(m.topic, []).append(m)
+        for topic, group in unchosen.items():
+            counter, width = await self._round_robin_for(topic)
+            for m in group:
+                m.queue_id = next(counter) % width
 
     # -- pull -------------------------------------------------------------------------------------
     async def _readable(self, topic: str, queue_id: int) -> TopicConfig:

@@ -50,11 +50,12 @@ def _topic(prefix: str) -> str:
     return f"{prefix}{next(_topics)}"
 
 
-def test_produce_then_pull_each_queue_in_order(gateway: str):
+@pytest.mark.parametrize("encode_records", [True, False], ids=["records", "messages"])
+def test_produce_then_pull_each_queue_in_order(gateway: str, encode_records: bool):
     topic = _topic("Orders")
     with Admin(gateway) as admin:
         admin.create_topic(topic, 4)
-    with Producer(gateway) as producer:
+    with Producer(gateway, encode_records=encode_records) as producer:
         results = producer.send_batch(
             [OutgoingMessage(topic, f"m{i}".encode(), tags="t", keys=[f"k{i}"]) for i in range(40)]
         )

@@ -21,6 +21,7 @@ from libstore.message_id import encode_host
 from libstore.record_codec import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
+    STORE_HOST_PLACEHOLDER,
     RecordEncoder,
     bytes_to_properties,
     check_record,
@@ -318,3 +319,64 @@ def test_unencodable_property_text_is_a_bad_message():
     enc = RecordEncoder(STORE_HOST, 1024)
     with pytest.raises(MessageIllegalError, match="message 1: properties are not encodable as UTF-8"):
         enc.encode_batch([Message("T", b"x", 0), Message("T", b"x", 0, properties={"k": "\ud800"})], BORN_TS)
+
+
+# -- client-encoded records (the records form of Produce/Append) --------------------------------
+def _client_batch(msgs):
+    client = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255)
+    return bytes(client.encode_batch(msgs, 0, unassigned_queue_ok=True).buf)
+
+
+def test_adopted_records_are_placed_and_get_the_store_host_and_a_born_time():
+    raw = _client_batch(
+        [
+            Message(
+                "T", b"one", 1, tags="a", keys=["k1"], properties={"UNIQ_KEY": "U1"}, born_host=("0.0.0.0", 0)
+            ),
+            Message("T", b"two", -1, born_host=("10.0.0.5", 7)),
+        ]
+    )
+    store = RecordEncoder(STORE_HOST, 4096)
+    with pytest.raises(QueueIdOutOfRangeError, match="record 1"):
+        store.adopt_records(raw, BORN_TS, lambda t: 4)  # QUEUEID -1 with nobody to place it
+    caller = encode_host("172.16.5.5", 999)
+    batch = store.adopt_records(raw, BORN_TS, lambda t: 4, choose_queue=lambda t: 3, born_host=caller)
+    assert (
+        batch.queue_keys == [("T", 1), ("T", 3)]
+        and batch.uniq_keys == ["U1", None]
+        and batch.topics == ["T", "T"]
+    )
+    assert [r.queue_id for r in batch.requests] == [1, 3] and batch.requests[0].keys == ["k1"]
+    batch.patch(0, 7, 1000, STORE_TS)
+    first = decode_record(batch.buf, 0, batch.positions[1])
+    second = decode_record(batch.buf, batch.positions[1], batch.positions[2])
+    assert (first.store_host, first.born_timestamp, first.body, first.keys) == (
+        ("192.168.1.2", 10911),
+        BORN_TS,
+        b"one",
+        ["k1"],
+    )
+    assert first.queue_offset == 7 and first.phy_offset == 1000 and first.born_host == ("172.16.5.5", 999)
+    assert second.queue_id == 3 and second.born_host == ("10.0.0.5", 7), "a set born host is kept"
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        (lambda raw: raw.__setitem__(slice(100, 101), b"X"), "CRC"),  # body byte changed
+        (lambda raw: raw.__setitem__(slice(28, 36), (64).to_bytes(8, "big")), "not a valid"),  # offset set
+        (lambda raw: raw.__setitem__(slice(0, 4), (10**6).to_bytes(4, "big")), "not a valid"),  # size
+    ],
+)
+def test_adopting_refuses_damaged_or_foreign_records(damage, match):
+    raw = bytearray(_client_batch([Message("T", b"body" * 10, 0)]))
+    damage(raw)
+    with pytest.raises(MessageIllegalError, match=match):
+        RecordEncoder(STORE_HOST, 4096).adopt_records(raw, BORN_TS)
+    too_big = _client_batch([Message("T", b"x" * 2000, 0)])
+    with pytest.raises(MessageIllegalError, match="body is 2000 bytes"):
+        RecordEncoder(STORE_HOST, 1000).adopt_records(too_big, BORN_TS)
+    with pytest.raises(MessageIllegalError, match="IPv4 store host"):
+        RecordEncoder(encode_host("fd00::1", 1), 4096).adopt_records(too_big, BORN_TS)
+    with pytest.raises(MessageIllegalError, match="not a valid"):
+        RecordEncoder(STORE_HOST, 4096).adopt_records(b"\x00" * 120, BORN_TS)

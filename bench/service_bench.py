@@ -1,0 +1,238 @@
+"""Service benchmarks over the gateway (issue "gRPC services, the embedded suite and the CLI").
+
+The suite runs as real ``mqstore serve`` processes (embedded: one; split: four) on 127.0.0.1,
+with its data under the benchmark folder. Load comes from separate client processes so the
+server's cores are the ones measured:
+
+* produce: each client process builds its Produce requests before the clock starts (1 KiB
+  random bodies, the OpenMessaging Benchmark's shape: 1 topic, 16 queues; every message with its
+  own UNIQ_KEY, so the commitlog's retry de-duplication never short-cuts a put), then keeps
+  ``inflight`` batches outstanding; latency is per batch, send to acknowledgement.
+* paced produce: batches sent on a fixed schedule to offer a given msgs/s (open loop, so a slow
+  server shows as latency, not as a lower offered rate); p50/p99 of send → ack.
+* consume: a fresh group reads everything produced, 512 per pull, long polling, records decoded
+  in the client.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.harness import payload_pool
+
+REPO = Path(__file__).resolve().parents[1]
+TOPIC = "bench-1kb"
+QUEUES = 16
+BODY = 1024
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_suite(root: Path, topology: str, flush: str) -> Iterator[str]:
+    """Start the suite (``embedded`` or ``split``) and yield the gateway address."""
+    ports = {r: _free_port() for r in ("gateway", "commitlog", "dispatch", "index")}
+    addr = {r: f"127.0.0.1:{p}" for r, p in ports.items()}
+    common = ["--flush-disk-type", flush, "--set", f"defaultTopicQueueNums={QUEUES}"]
+    roles = ["embedded"] if topology == "embedded" else ["commitlog", "dispatch", "index", "gateway"]
+    procs = []
+    for role in roles:
+        listen = addr["gateway"] if role in ("embedded", "gateway") else addr[role]
+        data = root / role
+        args = [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "serve",
+            "--role",
+            role,
+            "--data",
+            str(data),
+            "--listen",
+            listen,
+            "--commitlog",
+            addr["commitlog"],
+            "--dispatch",
+            addr["dispatch"],
+            "--index",
+            addr["index"],
+            *common,
+        ]
+        log = open(root / f"{role}.log", "wb")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log), log))
+    try:
+        from services.client import Admin
+
+        with Admin(addr["gateway"]) as admin:
+            admin.wait_until_serving(120)
+            admin.create_topic(TOPIC, QUEUES)
+        yield addr["gateway"]
+    finally:
+        for proc, log in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+
+@dataclass
+class LoadResult:
+    messages: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.messages / self.seconds if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def _build_requests(worker: int, total: int, batch: int) -> list[bytes]:
+    """Serialized Produce requests as the Python client sends them: records encoded client-side."""
+    from services.client import OutgoingMessage, Producer
+
+    pool = payload_pool(1 << 20, seed=b"bench-%d" % worker)
+    producer = Producer.__new__(Producer)  # only its request builder: no connection needed
+    Producer.__init__(producer, "127.0.0.1:1")
+    out = []
+    for start in range(0, total, batch):
+        msgs = []
+        for i in range(start, min(total, start + batch)):
+            off = (i * 977) % (len(pool) - BODY)
+            msgs.append(OutgoingMessage(TOPIC, pool[off : off + BODY], tags="TagA"))
+        out.append(producer._request(msgs).SerializeToString())
+    producer.close()
+    return out
+
+
+def _produce_worker(
+    address: str,
+    worker: int,
+    total: int,
+    batch: int,
+    inflight: int,
+    rate: float,
+    start_at: float,
+    q: mp.Queue,
+) -> None:
+    import threading
+
+    import grpc
+
+    from services.proto import gateway_pb
+
+    requests = _build_requests(worker, total, batch)
+    channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
+    # Pre-serialized requests, bytes in and out: the load generator spends as little CPU as it can.
+    produce_call = channel.unary_unary("/mqstore.v1.Gateway/Produce")
+    latencies: list[float] = []
+    slots = threading.Semaphore(inflight)
+    done = threading.Event()
+    remaining = [len(requests)]
+    lock = threading.Lock()
+    failed = [0]
+    while time.time() < start_at:
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    interval = batch / rate if rate > 0 else 0.0
+    for n, request in enumerate(requests):
+        if interval:
+            target = t0 + n * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        else:
+            slots.acquire()
+        sent = time.perf_counter()
+        fut = produce_call.future(request, timeout=60)
+
+        def finished(f, sent=sent) -> None:
+            try:
+                reply = gateway_pb.ProduceResponse.FromString(f.result())
+                ok = reply.results.appended == reply.results.count and reply.results.status == 1
+            except grpc.RpcError:
+                ok = False
+            with lock:
+                latencies.append((time.perf_counter() - sent) * 1000)
+                failed[0] += 0 if ok else 1
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    done.set()
+            if not interval:
+                slots.release()
+
+        fut.add_done_callback(finished)
+    done.wait(300)
+    seconds = time.perf_counter() - t0
+    channel.close()
+    q.put((total, seconds, latencies, failed[0]))
+
+
+def produce(
+    address: str, *, processes: int, per_process: int, batch: int, inflight: int = 4, rate: float = 0.0
+) -> LoadResult:
+    """Produce with ``processes`` client processes; ``rate`` (msgs/s per process) paces them."""
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()
+    start_at = time.time() + 3.0 + per_process / 40_000  # time to build the requests
+    workers = [
+        ctx.Process(
+            target=_produce_worker, args=(address, w, per_process, batch, inflight, rate, start_at, q)
+        )
+        for w in range(processes)
+    ]
+    for w in workers:
+        w.start()
+    results = [q.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join(30)
+    failed = sum(r[3] for r in results)
+    if failed:
+        raise RuntimeError(f"{failed} produce calls failed")
+    return LoadResult(
+        sum(r[0] for r in results), max(r[1] for r in results), [lat for r in results for lat in r[2]]
+    )
+
+
+def consume(address: str, group: str, expected: int) -> LoadResult:
+    """Read ``expected`` messages as a fresh group; latency is per poll."""
+    from services.client import PullConsumer
+
+    got = 0
+    latencies: list[float] = []
+    with PullConsumer(address, group, TOPIC, batch_size=512, hold_ms=1000) as consumer:
+        t0 = time.perf_counter()
+        last = time.monotonic()
+        while got < expected and time.monotonic() - last < 20:
+            p0 = time.perf_counter()
+            batch = consumer.poll(500)
+            if batch:
+                latencies.append((time.perf_counter() - p0) * 1000)
+                got += len(batch)
+                last = time.monotonic()
+        seconds = time.perf_counter() - t0
+        consumer.commit()
+    if got < expected:
+        raise RuntimeError(f"consumed {got} of {expected} messages")
+    return LoadResult(got, seconds, latencies)
