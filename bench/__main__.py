@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import baseline, commit_log_bench, store_bench
+from bench import baseline, commit_log_bench, service_bench, store_bench
 from bench.harness import machine_facts, scratch_dir
 from libstore import FlushDiskType
 
@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store"),
+        choices=("all", "commit_log", "store", "services"),
         default="all",
-        help="commit_log: append matrix; store: dispatch, key query, pull",
+        help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _store_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("store", lines)
+    if args.suite in ("all", "services"):
+        lines = _services_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("services", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -235,6 +239,46 @@ def _markdown(
     lines += ["", "| baseline (same run) | rate | |", "|---|---|---|"]
     for name, a, b in base_rows:
         lines.append(f"| {name} | {a} | {b} |")
+    return lines
+
+
+def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    """Produce and consume over the gateway, embedded and split, ASYNC_FLUSH and SYNC_FLUSH."""
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
+        "server and load-generating clients share the cores.",
+        "",
+        "| topology | flush | run | msgs/s | MB/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    per_process = 60_000
+    mb = service_bench.BODY * 1.135 / 1024 / 1e6 * 1024  # ~ record bytes per message, in MB
+
+    def row(topology: str, flush: str, run: str, r: service_bench.LoadResult) -> None:
+        console.print(f"  {topology} {flush} {run}: {r.msgs_per_s:,.0f} msgs/s, p99 {r.pct(99):.1f} ms")
+        lines.append(
+            f"| {topology} | {flush} | {run} | {r.msgs_per_s:,.0f} | {r.msgs_per_s * mb:,.1f} | "
+            f"{r.pct(50):.1f} | {r.pct(99):.1f} |"
+        )
+
+    for topology in ("embedded", "split"):
+        for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            with (
+                scratch_dir(data_dir, f"svc-{topology}") as d,
+                service_bench.running_suite(d, topology, flush) as gw,
+            ):
+                r = service_bench.produce(gw, processes=2, per_process=per_process, batch=256, inflight=4)
+                row(topology, flush, "produce, 2 clients x 4 batches of 256 in flight", r)
+                if flush == "ASYNC_FLUSH":
+                    c = service_bench.consume(gw, "bench", r.messages)
+                    row(topology, flush, "consume, one group, pulls of up to 512", c)
+                    if topology == "embedded":
+                        paced = service_bench.produce(
+                            gw, processes=2, per_process=per_process, batch=64, rate=25_000.0
+                        )
+                        row(topology, flush, "produce offered at 50,000 msgs/s (batches of 64)", paced)
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
     return lines
 
 

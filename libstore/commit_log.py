@@ -655,6 +655,37 @@ class CommitLog:
         except ValueError as exc:  # segment unmapped concurrently
             raise OffsetOutOfRangeError(f"offset {phy_offset} is no longer in the log") from exc
 
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        """Raw records at (offset, size) ranges, None where the log no longer holds one; size 0
+        reads the whole record at the offset. One segment lookup per run of ranges in the same
+        segment (a pull reads many records close together)."""
+        assert self.queue is not None
+        out: list[bytes | None] = []
+        append = out.append
+        mf = None
+        base = tail = readable = 0
+        buf = None
+        for offset, size in ranges:
+            if mf is None or not base <= offset < tail:
+                mf = self.queue.find_mapped_file_by_offset(offset)
+                if mf is None or mf.closed:
+                    mf = None
+                    append(None)
+                    continue
+                base, tail, buf = mf.file_from_offset, mf.file_tail_offset, mf.buffer
+                readable = base + mf.readable_position
+            try:
+                if size == 0:
+                    size = _INT.unpack_from(buf, offset - base)[0] if offset + 8 <= readable else 0
+                if size <= 0 or offset + size > readable:
+                    append(None)
+                    continue
+                append(buf[offset - base : offset - base + size])  # type: ignore[index]
+            except ValueError:  # segment unmapped concurrently
+                mf = None
+                append(None)
+        return out
+
     def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:
         """Decode the record at ``phy_offset``; raises OffsetOutOfRangeError or CorruptRecordError."""
         if size is None:

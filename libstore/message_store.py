@@ -314,13 +314,7 @@ class MessageStore:
         )
 
     def _read_records(self, ranges: list[tuple[int, int]]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for phy_offset, size in ranges:
-            try:
-                out.append(self.commit_log.get_message(phy_offset, size))
-            except OffsetOutOfRangeError:
-                out.append(None)
-        return out
+        return self.commit_log.read_many(ranges)
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
         """Raw ConsumeQueue units from ``offset`` (the dispatch service's GetEntries)."""

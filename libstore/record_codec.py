@@ -37,6 +37,7 @@ small caches and may be shared; everything else here is a pure function.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import struct
@@ -753,7 +754,8 @@ def check_record(
 def decode_record(
     buf: Any, pos: int = 0, limit: int | None = None, *, check_crc: bool = True
 ) -> MessageRecord:
-    """Decode the whole record at ``buf[pos:]`` into a MessageRecord.
+    """Decode the whole record at ``buf[pos:]`` into a MessageRecord (validated as
+    :func:`check_record` validates, CRC included unless ``check_crc`` is False).
 
     Raises CorruptRecordError when the bytes are not a valid record (or are a blank).
     """
@@ -762,53 +764,62 @@ def decode_record(
     if not check.success or check.msg_size == 0:
         what = "a blank end-of-file record" if check.success else "not a valid record"
         raise CorruptRecordError(f"bytes at position {pos} are {what}")
-    total, magic, body_crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts = _HEAD.unpack_from(
-        buf, pos
-    )
-    p = pos + 48
-    born_len = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
-    born_host = decode_host(bytes(buf[p : p + born_len]))
-    p += born_len
-    store_ts = _LONG.unpack_from(buf, p)[0]
-    p += 8
-    store_len = 20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8
-    store_host_raw = bytes(buf[p : p + store_len])
-    p += store_len
-    reconsume, prepared_tx, body_len = _TAIL.unpack_from(buf, p)
-    p += 16
+    sys_flag = check.sys_flag
+    header = _HEADERS[
+        (
+            20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8,
+            20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8,
+        )
+    ]
+    (
+        total,
+        magic,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phy_offset,
+        _,
+        born_ts,
+        born_raw,
+        store_ts,
+        store_raw,
+        reconsume,
+        prepared_tx,
+        body_len,
+    ) = header.unpack_from(buf, pos)
+    p = pos + header.size
     body = bytes(buf[p : p + body_len])
     p += body_len
-    if magic == MESSAGE_MAGIC_CODE:
-        topic_len = buf[p]
-        p += 1
-    else:
-        topic_len = _SHORT.unpack_from(buf, p)[0]
-        p += 2
-    topic = bytes(buf[p : p + topic_len]).decode("utf-8")
-    p += topic_len
+    p += (1 + buf[p]) if magic == MESSAGE_MAGIC_CODE else (2 + _SHORT.unpack_from(buf, p)[0])
     prop_len = _SHORT.unpack_from(buf, p)[0]
-    p += 2
-    properties = bytes_to_properties(buf[p : p + prop_len])
-    return MessageRecord(
-        total_size=total,
-        magic_code=magic,
-        body_crc=body_crc,
-        queue_id=queue_id,
-        flag=flag,
-        queue_offset=queue_offset,
-        phy_offset=phy_offset,
-        sys_flag=sys_flag,
-        born_timestamp=born_ts,
-        born_host=born_host,
-        store_timestamp=store_ts,
-        store_host=decode_host(store_host_raw),
-        reconsume_times=reconsume,
-        prepared_transaction_offset=prepared_tx,
-        body=body,
-        topic=topic,
-        properties=properties,
-        msg_id=create_message_id(store_host_raw, phy_offset),
+    properties = bytes_to_properties(buf[p + 2 : p + 2 + prop_len]) if prop_len else {}
+    return MessageRecord(  # positional, in MessageRecord's field order (cheaper per record)
+        total,
+        magic,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phy_offset,
+        sys_flag,
+        born_ts,
+        _decoded_host(born_raw),
+        store_ts,
+        _decoded_host(store_raw),
+        reconsume,
+        prepared_tx,
+        body,
+        check.topic,
+        properties,
+        create_message_id(store_raw, phy_offset),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded_host(raw: bytes) -> tuple[str, int]:
+    # Hosts repeat from record to record; the ipaddress module is slow to run each time.
+    return decode_host(raw)
 
 
 def record_size_of(buf: Any, pos: int) -> int:

@@ -210,16 +210,7 @@ class LocalCommitLog:
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
         with self._tracer.start_as_current_span("commitlog.read") as span:
             span.set_attribute("mqstore.ranges", len(ranges))
-            out: list[bytes | None] = []
-            get = self.log.get_message
-            for offset, size in ranges:
-                try:
-                    if size == 0:
-                        size = _TOTAL_MAGIC.unpack(get(offset, 8))[0]
-                    out.append(get(offset, size))
-                except (OffsetOutOfRangeError, struct.error):
-                    out.append(None)
-            return out
+            return self.log.read_many(ranges)
 
     # -- tail -----------------------------------------------------------------------------------
     async def tail(

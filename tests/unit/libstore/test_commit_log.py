@@ -26,7 +26,7 @@ from libstore import (
     TopicNotFoundError,
 )
 from libstore.config import BrokerRole
-from libstore.record_codec import BLANK_MAGIC_CODE, check_record
+from libstore.record_codec import BLANK_MAGIC_CODE, check_record, decode_record
 from tests.conftest import SEGMENT
 
 
@@ -266,3 +266,16 @@ def test_disk_full_on_roll_fails_the_rest_of_the_batch_and_keeps_the_log_consist
         assert [r.commit_log_offset for r in records] == [r.phy_offset for r in [*acked, nxt]]
     finally:
         cl.shutdown()
+
+
+def test_read_many_reads_ranges_across_segments_and_marks_what_is_gone(open_log):
+    cl = open_log()
+    res = cl.put_messages(_msgs(600, size=1000))  # ~600 KB: three 256 KiB segments
+    assert len(cl.queue.mapped_files) >= 3
+    picks = [0, 250, 251, 599, 300]
+    raws = cl.read_many([(res[i].phy_offset, res[i].size) for i in picks])
+    assert [decode_record(r).keys for r in raws] == [[f"k{i}"] for i in picks]
+    whole = cl.read_many([(res[7].phy_offset, 0)])  # size 0: the record that starts there
+    assert decode_record(whole[0]).keys == ["k7"]
+    end = res[599].next_offset
+    assert cl.read_many([(end, 100), (10**12, 50), (res[1].phy_offset, 10**6)]) == [None, None, None]
