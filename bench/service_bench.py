@@ -152,6 +152,8 @@ def _produce_worker(
     remaining = [len(requests)]
     lock = threading.Lock()
     failed = [0]
+    reasons: dict[str, int] = {}
+    pending: set[grpc.Future] = set()
     while time.time() < start_at:
         time.sleep(0.001)
     t0 = time.perf_counter()
@@ -166,14 +168,23 @@ def _produce_worker(
             slots.acquire()
         sent = time.perf_counter()
         fut = produce_call.future(request, timeout=60)
+        pending.add(fut)  # a call future collected while in flight cancels its call
 
         def finished(f, sent=sent) -> None:
+            reason = ""
             try:
                 reply = gateway_pb.ProduceResponse.FromString(f.result())
                 ok = reply.results.appended == reply.results.count and reply.results.status == 1
-            except grpc.RpcError:
+                if not ok:
+                    res = reply.results
+                    reason = f"status {res.status}, {res.appended}/{res.count} appended"
+            except grpc.RpcError as err:
                 ok = False
+                reason = f"{err.code().name}: {err.details()}"
             with lock:
+                pending.discard(f)
+                if reason:
+                    reasons[reason] = reasons.get(reason, 0) + 1
                 latencies.append((time.perf_counter() - sent) * 1000)
                 failed[0] += 0 if ok else 1
                 remaining[0] -= 1
@@ -186,7 +197,7 @@ def _produce_worker(
     done.wait(300)
     seconds = time.perf_counter() - t0
     channel.close()
-    q.put((total, seconds, latencies, failed[0]))
+    q.put((total, seconds, latencies, failed[0], reasons))
 
 
 def produce(
@@ -209,7 +220,11 @@ def produce(
         w.join(30)
     failed = sum(r[3] for r in results)
     if failed:
-        raise RuntimeError(f"{failed} produce calls failed")
+        reasons: dict[str, int] = {}
+        for r in results:
+            for reason, n in r[4].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        raise RuntimeError(f"{failed} produce calls failed: {reasons}")
     return LoadResult(
         sum(r[0] for r in results), max(r[1] for r in results), [lat for r in results for lat in r[2]]
     )

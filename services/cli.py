@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from libstore import FlushDiskType, StoreError
+from libstore import FlushDiskType, ServiceNotAvailableError, StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
 topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
@@ -62,8 +62,10 @@ class _Errors:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, ServiceNotAvailableError):
+            raise _fail(f"{self.address} is not available: {exc}", 1)
         if isinstance(exc, StoreError):
-            raise _fail(str(exc), 1 if type(exc).reason in ("SERVICE_NOT_AVAILABLE", "STORE_IO_ERROR") else 2)
+            raise _fail(str(exc), 1 if type(exc).reason == "STORE_IO_ERROR" else 2)
         if isinstance(exc, grpc.RpcError):
             raise _fail(f"{self.address}: {exc.code().name} {exc.details() or ''}".strip(), 1)  # type: ignore[attr-defined]
         return False

@@ -135,6 +135,8 @@ class Producer:
         self._uniq = UniqKeyGenerator()
         # Records are encoded here, in RocketMQ's layout (the gateway only places them); the
         # store checks the size limit, so the local one only guards against absurd bodies.
+        self._lock = threading.Lock()
+        self._calls: set[grpc.Future] = set()
         self._encoder = RecordEncoder(
             STORE_HOST_PLACEHOLDER, max_message_size=64 * 1024 * 1024, max_topic_length=255
         )
@@ -177,9 +179,13 @@ class Producer:
 
         def start() -> None:
             call = self._conn.stub.Produce.future(request, timeout=self.timeout_s)
+            with self._lock:
+                self._calls.add(call)  # a call future collected while in flight cancels its call
             call.add_done_callback(done)
 
         def done(call: grpc.Future) -> None:
+            with self._lock:
+                self._calls.discard(call)
             try:
                 reply = call.result()
             except grpc.RpcError as err:

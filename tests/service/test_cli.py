@@ -1,0 +1,88 @@
+"""The mqstore CLI against a running suite: a produce/consume/query round, and bad input giving a
+one-line error and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from services.serve import Suite
+from tests.service.harness import REPO, free_port
+
+
+def mqstore(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_produce_consume_query_progress_and_stats(embedded: Suite, tmp_path: Path):
+    gw = embedded.address
+    created = mqstore("topic", "create", "CliTopic", "--queues", "4", "-a", gw)
+    assert created.returncode == 0 and "4 queues" in created.stdout
+    sent = mqstore(
+        "produce", "--topic", "CliTopic", "--count", "200", "--size", "64", "--key-prefix", "cli", "-a", gw
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "sent 200 messages" in sent.stdout
+    lines = mqstore(
+        "produce", "--topic", "CliTopic", "--stdin", "--tags", "line", "-a", gw, stdin="alpha\nbeta\n"
+    )
+    assert lines.returncode == 0 and "sent 2 messages" in lines.stdout
+    out = tmp_path / "consumed.jsonl"
+    got = mqstore(
+        "consume",
+        "--group",
+        "cli",
+        "--topic",
+        "CliTopic",
+        "--output",
+        str(out),
+        "--idle-exit-ms",
+        "1500",
+        "-a",
+        gw,
+    )
+    assert got.returncode == 0, got.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 202 and {r["body"] for r in rows if r["tags"] == "line"} == {"alpha", "beta"}
+    found = mqstore("query", "--topic", "CliTopic", "--key", "cli-42", "-a", gw)
+    assert found.returncode == 0 and "cli-42" in found.stdout
+    progress = mqstore("progress", "--group", "cli", "--topic", "CliTopic", "-a", gw)
+    assert progress.returncode == 0 and "lag 0" in progress.stdout
+    stats = mqstore("stats", "-a", gw)
+    assert stats.returncode == 0 and "CommitLog max offset" in stats.stdout
+    listed = mqstore("topic", "list", "-a", gw)
+    assert "CliTopic" in listed.stdout
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr + result.stdout
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+def test_bad_input_is_one_line_and_a_non_zero_exit(embedded: Suite):
+    gw = embedded.address
+    assert "exactly one of" in _one_line_error(mqstore("query", "--topic", "T", "-a", gw))
+    assert "does not exist" in _one_line_error(mqstore("query", "--topic", "Nope", "--key", "k", "-a", gw))
+    assert "topic" in _one_line_error(mqstore("produce", "--topic", "bad topic", "--count", "1", "-a", gw))
+    assert "unknown role" in _one_line_error(mqstore("serve", "--role", "bogus"))
+    assert "key=value" in _one_line_error(mqstore("serve", "--set", "nonsense"))
+    nobody = f"127.0.0.1:{free_port()}"
+    down = mqstore("stats", "-a", nobody)
+    assert down.returncode == 1 and f"{nobody} is not available" in _one_line_error(down)
+    assert "cannot read" in _one_line_error(
+        mqstore("produce", "--topic", "T", "--file", "/no/such/file", "-a", gw)
+    )
