@@ -8,8 +8,9 @@ server's cores are the ones measured:
   random bodies, the OpenMessaging Benchmark's shape: 1 topic, 16 queues; every message with its
   own UNIQ_KEY, so the commitlog's retry de-duplication never short-cuts a put), then keeps
   ``inflight`` batches outstanding; latency is per batch, send to acknowledgement.
-* paced produce: batches sent on a fixed schedule to offer a given msgs/s (open loop, so a slow
-  server shows as latency, not as a lower offered rate); p50/p99 of send → ack.
+* paced produce: batches scheduled at a fixed rate to offer a given msgs/s, at most ``inflight``
+  outstanding per client; latency runs from each batch's scheduled send time to its
+  acknowledgement, so a server that falls behind shows as latency (no coordinated omission).
 * consume: a fresh group reads everything produced, 512 per pull, long polling, records decoded
   in the client.
 """
@@ -57,6 +58,7 @@ def running_suite(root: Path, topology: str, flush: str) -> Iterator[str]:
             sys.executable,
             "-m",
             "services.cli",
+            "--verbose",
             "serve",
             "--role",
             role,
@@ -147,7 +149,7 @@ def _produce_worker(
     # Pre-serialized requests, bytes in and out: the load generator spends as little CPU as it can.
     produce_call = channel.unary_unary("/mqstore.v1.Gateway/Produce")
     latencies: list[float] = []
-    slots = threading.Semaphore(inflight)
+    slots = threading.Semaphore(inflight)  # paced runs too: a real client bounds what it has in flight
     done = threading.Event()
     remaining = [len(requests)]
     lock = threading.Lock()
@@ -159,14 +161,16 @@ def _produce_worker(
     t0 = time.perf_counter()
     interval = batch / rate if rate > 0 else 0.0
     for n, request in enumerate(requests):
+        slots.acquire()
         if interval:
-            target = t0 + n * interval
-            delay = target - time.perf_counter()
+            # Latency counts from the scheduled send time: a server that falls behind shows as
+            # latency, not as a quietly lower offered rate (no coordinated omission).
+            sent = t0 + n * interval
+            delay = sent - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
         else:
-            slots.acquire()
-        sent = time.perf_counter()
+            sent = time.perf_counter()
         fut = produce_call.future(request, timeout=60)
         pending.add(fut)  # a call future collected while in flight cancels its call
 
@@ -180,7 +184,7 @@ def _produce_worker(
                     reason = f"status {res.status}, {res.appended}/{res.count} appended"
             except grpc.RpcError as err:
                 ok = False
-                reason = f"{err.code().name}: {err.details()}"
+                reason = f"{err.code().name}: {err.details()} {err.debug_error_string()[:160]}"
             with lock:
                 pending.discard(f)
                 if reason:
@@ -190,8 +194,7 @@ def _produce_worker(
                 remaining[0] -= 1
                 if remaining[0] == 0:
                     done.set()
-            if not interval:
-                slots.release()
+            slots.release()
 
         fut.add_done_callback(finished)
     done.wait(300)
