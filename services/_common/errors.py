@@ -94,6 +94,14 @@ def _internal_status(exc: BaseException) -> grpc.Status:
     return rpc_status.to_status(proto)
 
 
+async def _abort_for(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    """End the call with the status ``exc`` stands for (logged when it is not a StoreError)."""
+    if isinstance(exc, E.StoreError):
+        await context.abort_with_status(to_rpc_status(exc))
+    log.exception("%s failed", method)
+    await context.abort_with_status(_internal_status(exc))
+
+
 class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps exceptions escaping unary and server-streaming handlers to statuses (module doc)."""
 
@@ -112,13 +120,10 @@ class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 try:
                     return await inner(request, context)
-                except E.StoreError as exc:
-                    await context.abort_with_status(to_rpc_status(exc))
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as exc:
-                    log.exception("%s failed", method)
-                    await context.abort_with_status(_internal_status(exc))
+                    await _abort_for(context, exc, method)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, handler.request_deserializer, handler.response_serializer
@@ -130,13 +135,10 @@ class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     async for item in inner_stream(request, context):
                         yield item
-                except E.StoreError as exc:
-                    await context.abort_with_status(to_rpc_status(exc))
                 except (grpc.aio.AbortError, grpc.aio.UsageError):
                     raise
                 except Exception as exc:
-                    log.exception("%s failed", method)
-                    await context.abort_with_status(_internal_status(exc))
+                    await _abort_for(context, exc, method)
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer
