@@ -20,9 +20,17 @@ written; those written before it keep their results. An OSError while writing or
 fail-stop: the store stops taking writes.
 
 Watermarks: ``max_offset`` (readable end) ≥ ``flushed_offset``; ``confirm_offset`` is what
-consumers may see: ``flushed_offset`` under SYNC_FLUSH, ``max_offset`` under ASYNC_FLUSH.
-Listeners added with :meth:`add_confirm_listener` are called (on the writer or flush thread)
-whenever it moves; they must not block.
+consumers may see: ``flushed_offset`` under SYNC_FLUSH, ``max_offset`` under ASYNC_FLUSH, and
+under SYNC_MASTER never past what the slaves hold (:class:`~libstore.ha_service.HAService`).
+Listeners added with :meth:`add_confirm_listener` are called (on the writer, flush or ack
+thread) whenever it moves; append listeners whenever the log grows. They must not block.
+
+Replication (spec sheet §7): the broker role is the configured one, or the one saved in
+``config/haState.json`` by the last promotion or demotion, and can change at run time
+(:meth:`set_broker_role`). A master's puts feed :attr:`ha_service`; a SLAVE refuses puts and
+takes its master's bytes at the same offsets (:meth:`append_replica`), and can cut a divergent
+tail (:meth:`truncate_to`). Every truncation of bytes that followers may have read bumps the
+log generation first (:mod:`libstore.log_generation`).
 
 Thread-safety: every public method may be called from any thread.
 """
@@ -53,13 +61,19 @@ from libstore.errors import (
     StoreIOError,
 )
 from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitRequest, GroupCommitService
+from libstore.ha_service import HAService
+from libstore.ha_state import HAState
+from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
 from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import Message, MessageRecord, MessageSysFlag
 from libstore.message_id import encode_host
-from libstore.queue_offset_table import QueueKey, load_snapshot, save_snapshot
+from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
+    BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
     QUEUE_OFFSET_AND_PHY_OFFSET,
     QUEUE_OFFSET_POSITION,
     RECORD_OVERHEAD_V1_IPV4,
@@ -79,7 +93,9 @@ from libstore.store_checkpoint import StoreCheckpoint
 from libstore.store_paths import (
     abort_path,
     checkpoint_path,
+    ha_state_path,
     lock_path,
+    log_generation_path,
     queue_offset_table_path,
     topics_path,
 )
@@ -88,6 +104,9 @@ from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 _INT = struct.Struct(">i")
+_TOTAL_MAGIC = struct.Struct(">ii")
+_RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
+_MASTER_ROLES = (BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER)
 
 
 class AppendResult:
@@ -137,7 +156,19 @@ class CommitLog:
         self._commit_service: CommitRealTimeService | None = None
         self._snapshot_service: _SnapshotService | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._append_listeners: list[Callable[[int], None]] = []
         self._confirm_cond = threading.Condition()
+        self._role = config.broker_role
+        self._table_offset = 0  # the queue-offset table covers the log up to here (see set_broker_role)
+        self.ha_state: HAState | None = None
+        self.generation: LogGeneration | None = None
+        self.ha_service = HAService(
+            lambda: self.max_offset,
+            in_sync_replicas=config.in_sync_replicas,
+            max_gap=config.ha_max_gap_not_in_sync,
+            housekeeping_ms=config.ha_housekeeping_interval,
+            on_replicated=self._notify_confirm,
+        )
         self._running = False
         self._writeable = True
         self._loaded = False
@@ -168,6 +199,15 @@ class CommitLog:
         self._lock_file = StoreLock(lock_path(self.root))
         self.last_exit_ok = not abort_path(self.root).exists()
         self.checkpoint = StoreCheckpoint(checkpoint_path(self.root))
+        self.ha_state = HAState(ha_state_path(self.root))
+        if self.ha_state.role is not None and self.ha_state.role is not self._role:
+            log.info(
+                "broker role %s (saved by the last role switch; configured %s)",
+                self.ha_state.role.value,
+                self._role.value,
+            )
+            self._role = self.ha_state.role
+        self.generation = LogGeneration(log_generation_path(self.root))
         if self._topic_config is None:
             self._topic_config = TopicConfigManager(
                 topics_path(self.root),
@@ -201,6 +241,7 @@ class CommitLog:
     def recover(self) -> RecoveryReport:
         """Normal or abnormal recovery, then rebuild the queue-offset table (see libstore.recovery)."""
         assert self.queue is not None and self.checkpoint is not None, "load() first"
+        assert self.generation is not None and self.ha_state is not None
         report = recover_commit_log(
             self.queue,
             normal=self.last_exit_ok,
@@ -213,7 +254,14 @@ class CommitLog:
         report.queue_offset_records_scanned = scanned
         report.queue_offset_snapshot_used = used
         self._queue_offsets = offsets
+        self._table_offset = report.end_offset
         save_snapshot(snapshot_file, report.end_offset, offsets)
+        if not self.last_exit_ok:
+            # Followers in other processes may have read bytes past the recovered end.
+            self.generation.bump(report.end_offset)
+        self.ha_state.truncate(report.end_offset)
+        # SYNC_MASTER: what the slaves held when the checkpoint was last written.
+        self.ha_service.reset_replicated_offset(min(self.checkpoint.confirm_phy_offset, report.end_offset))
         self.recovery_report = report
         return report
 
@@ -275,6 +323,7 @@ class CommitLog:
             if clean:
                 if self.queue.store_timestamp:
                     self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
+                self.checkpoint.confirm_phy_offset = self.ha_service.replicated_offset
                 self.checkpoint.flush()
                 self.save_queue_offset_snapshot()
         except StoreIOError as exc:
@@ -313,14 +362,33 @@ class CommitLog:
         """Append ``messages`` as one batch and apply the flush policy; one result per message.
 
         Blocks under SYNC_FLUSH until the group commit covers the batch (at most
-        ``syncFlushTimeout`` ms, then FLUSH_DISK_TIMEOUT). Raises as described in the module
+        ``syncFlushTimeout`` ms, then FLUSH_DISK_TIMEOUT), and under SYNC_MASTER until the
+        slaves hold it (at most ``slaveTimeout`` ms, then FLUSH_SLAVE_TIMEOUT; at once
+        SLAVE_NOT_AVAILABLE without an in-sync slave). Raises as described in the module
         docstring; a raised exception means nothing of the batch was written.
         """
         appended = self.append_messages(messages)
         if appended.next_offset < 0:
             return appended.results
-        appended.results.status = self._wait_flush(appended)
+        status = self._wait_flush(appended)
+        replica = self.submit_replica_request(appended.next_offset, appended.wait_store)
+        if status is PutMessageStatus.PUT_OK and replica is not None:
+            try:
+                status = replica.result(self.config.slave_timeout / 1000.0)
+            except FutureTimeout:
+                status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        appended.results.status = status
         return appended.results
+
+    def submit_replica_request(
+        self, next_offset: int, wait_store: bool = True
+    ) -> Future[PutMessageStatus] | None:
+        """SYNC_MASTER: a future resolved PUT_OK once the slaves hold the log up to
+        ``next_offset`` (already SLAVE_NOT_AVAILABLE when none is in sync); the caller applies
+        ``slaveTimeout``. None under other roles or when ``wait_store`` is False."""
+        if self._role is not BrokerRole.SYNC_MASTER or not wait_store:
+            return None
+        return self.ha_service.submit_replica_request(next_offset)
 
     def _wait_flush(self, appended: AppendResult) -> PutMessageStatus:
         if self.config.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
@@ -401,6 +469,8 @@ class CommitLog:
         with self._put_lock:
             if not self._running:
                 raise ServiceNotAvailableError("the store is shutting down")
+            if self._role is BrokerRole.SLAVE:
+                raise NotMasterError(f"this store became a SLAVE of broker group {self.config.broker_name}")
             self._begin_time_in_lock = time.monotonic()
             try:
                 results = self._append_locked(batch)
@@ -413,8 +483,10 @@ class CommitLog:
     def _check_writable(self) -> None:
         if not self._running:
             raise ServiceNotAvailableError("the store is not running")
-        if self.config.broker_role is BrokerRole.SLAVE:
-            raise NotMasterError("this store is a SLAVE and does not take puts")
+        if self._role is BrokerRole.SLAVE:
+            raise NotMasterError(
+                f"this store is a SLAVE of broker group {self.config.broker_name} and does not take puts"
+            )
         if not self._writeable:
             raise ServiceNotAvailableError("the store is not writeable after an I/O error")
 
@@ -506,6 +578,12 @@ class CommitLog:
                 self._queue_offsets[key] = qoffs[idx]
 
     def _after_append(self, next_offset: int) -> None:
+        self.ha_service.on_append(next_offset)
+        for listener in self._append_listeners:
+            try:
+                listener(next_offset)
+            except Exception:
+                log.exception("append listener failed")
         if self.config.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
             if self._commit_service is not None:
                 self._commit_service.wakeup()
@@ -560,6 +638,14 @@ class CommitLog:
                 self._confirm_cond.wait(min(left, 0.5))
         return True
 
+    def add_append_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(max_offset)`` whenever the log grows (puts and replica appends)."""
+        self._append_listeners.append(listener)
+
+    def remove_append_listener(self, listener: Callable[[int], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._append_listeners.remove(listener)
+
     def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(confirm_offset)`` whenever the confirm offset moves (must not block)."""
         self._listeners.append(listener)
@@ -612,10 +698,20 @@ class CommitLog:
 
     @property
     def confirm_offset(self) -> int:
-        """What consumers may see: flushed under SYNC_FLUSH, readable under ASYNC_FLUSH."""
+        """What consumers may see: flushed under SYNC_FLUSH, readable under ASYNC_FLUSH; under
+        SYNC_MASTER, never past what the slaves hold."""
         if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            return self.flushed_offset
-        return self.max_offset
+            confirm = self.flushed_offset
+        else:
+            confirm = self.max_offset
+        if self._role is BrokerRole.SYNC_MASTER:
+            confirm = min(confirm, self.ha_service.replicated_offset)
+        return confirm
+
+    @property
+    def broker_role(self) -> BrokerRole:
+        """The current replication role (see :meth:`set_broker_role`)."""
+        return self._role
 
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         """Next queue offset the CommitLog will assign in (topic, queue_id)."""
@@ -627,12 +723,182 @@ class CommitLog:
             return dict(self._queue_offsets)
 
     def save_queue_offset_snapshot(self) -> None:
-        """Persist the queue-offset table with the offset it is valid at."""
+        """Persist the queue-offset table with the offset it is valid at (a SLAVE first extends
+        it over the bytes replicated since the last snapshot)."""
+        if self._role is BrokerRole.SLAVE:
+            self.refresh_queue_offsets()
         with self._put_lock:
             assert self.queue is not None
-            offset = self.queue.get_max_wrote_position()
+            offset = (
+                self._table_offset if self._role is BrokerRole.SLAVE else self.queue.get_max_wrote_position()
+            )
             offsets = dict(self._queue_offsets)
         save_snapshot(queue_offset_table_path(self.root), offset, offsets)
+
+    def refresh_queue_offsets(self) -> int:
+        """SLAVE: extend the queue-offset table over the records replicated since it was last
+        brought up to date (scanned outside the put lock). Returns the records scanned."""
+        assert self.queue is not None and self.generation is not None
+        with self._put_lock:
+            start, table, gen = self._table_offset, dict(self._queue_offsets), self.generation.generation
+            end = self.queue.get_max_wrote_position()
+        if end <= start:
+            return 0
+        offsets, scanned, _ = rebuild_queue_offsets(self.queue, QueueOffsetSnapshot(start, table), end)
+        with self._put_lock:
+            if self._table_offset == start and self.generation.generation == gen:
+                self._queue_offsets = offsets
+                self._table_offset = end
+        return scanned
+
+    # ------------------------------------------------------------------------------------------
+    # replication (spec sheet §7)
+    # ------------------------------------------------------------------------------------------
+    def set_broker_role(self, role: BrokerRole) -> None:
+        """Switch role at run time, between puts. Becoming a master: the queue-offset table is
+        brought up to the log's end and everything already in the log counts as replicated (it
+        came from the previous master). Becoming a SLAVE: puts are refused from now on and
+        pending SYNC_MASTER waits end with SLAVE_NOT_AVAILABLE. The caller persists the role
+        (``ha_state.save_role``)."""
+        assert self.queue is not None
+        old = self._role
+        if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
+            self.refresh_queue_offsets()
+        with self._put_lock:
+            if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
+                end = self.queue.get_max_wrote_position()
+                if self._table_offset < end:
+                    snapshot = QueueOffsetSnapshot(self._table_offset, self._queue_offsets)
+                    self._queue_offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, end)
+                self._table_offset = end
+                self._round_robin.clear()
+                self.ha_service.reset_replicated_offset(end)
+            elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
+                self._table_offset = self.queue.get_max_wrote_position()
+            self._role = role
+        if role is not BrokerRole.SYNC_MASTER:
+            self.ha_service.fail_waiters(PutMessageStatus.SLAVE_NOT_AVAILABLE)
+        log.info("broker role %s -> %s at CommitLog offset %d", old.value, role.value, self.max_offset)
+        self._notify_confirm(self.confirm_offset)
+
+    def append_replica(self, offset: int, data: bytes | memoryview) -> int:
+        """SLAVE: append log bytes received from the master at the same ``offset``; returns the
+        new end of the log. ``data`` holds whole records and may end with the 8-byte blank END
+        record of its segment (then the segment is full and the next append starts the next one).
+
+        Raises ServiceNotAvailableError on a master or a stopped store, OffsetOutOfRangeError
+        when ``offset`` is not this log's end, CorruptRecordError when the
+        bytes are not whole records of one segment. Nothing is written when it raises.
+        """
+        if self._role is not BrokerRole.SLAVE:
+            raise ServiceNotAvailableError("only a SLAVE takes replicated log bytes")
+        n = len(data)
+        if n == 0:
+            return self.max_offset
+        with self._put_lock:
+            if not self._running:
+                raise ServiceNotAvailableError("the store is shutting down")
+            queue = self.queue
+            assert queue is not None
+            end = queue.get_max_wrote_position()
+            if offset != end and not (not queue.mapped_files and offset % queue.mapped_file_size == 0):
+                raise OffsetOutOfRangeError(f"replicated bytes start at {offset}, but this log ends at {end}")
+            try:
+                mf = queue.get_last_mapped_file_or_create(offset)
+            except StoreIOError as exc:
+                self._on_io_error(exc)
+                raise
+            if mf is None or mf.file_from_offset + mf.wrote_position != offset:
+                raise ServiceNotAvailableError(f"no CommitLog segment to append at {offset}")
+            used, last_ts = _walk_replica(data, offset, mf.remaining)
+            try:
+                if used:
+                    mf.append_records(data[:used])
+                if used < n:  # the blank END record closes the segment
+                    mf.fill_to_end(bytes(data[used:]))
+            except OSError as exc:
+                self._on_io_error(StoreIOError(f"replica append failed: {exc}"))
+                raise StoreIOError(f"replica append failed: {exc}") from exc
+            if last_ts:
+                mf.store_timestamp = last_ts
+            new_end = offset + n if used == n else mf.file_tail_offset
+        self._after_append(new_end)
+        return new_end
+
+    def truncate_to(self, offset: int) -> None:
+        """SLAVE: cut the log at ``offset`` (a record boundary), e.g. the tail a returning master
+        wrote that its successor never had. Bumps the log generation first, rebuilds the
+        queue-offset table, forgets epochs past the cut, and wakes tail readers."""
+        assert self.queue is not None and self.generation is not None and self.ha_state is not None
+        if self._role is not BrokerRole.SLAVE:
+            raise ServiceNotAvailableError("only a SLAVE cuts its log")
+        with self._put_lock:
+            end = self.queue.get_max_wrote_position()
+            if offset >= end:
+                return
+            self.generation.bump(offset)
+            if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
+                self.queue.reset_to_empty(offset)
+            else:
+                self.queue.truncate_dirty_files(offset)
+            snapshot = load_snapshot(queue_offset_table_path(self.root))
+            if snapshot is not None and snapshot.phy_offset > offset:
+                snapshot = None
+            self._queue_offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, offset)
+            self._table_offset = offset
+            save_snapshot(queue_offset_table_path(self.root), offset, self._queue_offsets)
+            self.ha_state.truncate(offset)
+            log.warning("CommitLog cut at %d (%d bytes dropped)", offset, end - offset)
+        self._notify_confirm(self.confirm_offset)
+
+    def reset_to(self, offset: int) -> None:
+        """SLAVE: drop the whole log and start it again at ``offset`` (a segment boundary): the
+        master no longer holds what would follow this log's end."""
+        assert self.queue is not None and self.generation is not None and self.ha_state is not None
+        if self._role is not BrokerRole.SLAVE:
+            raise ServiceNotAvailableError("only a SLAVE resets its log")
+        with self._put_lock:
+            self.generation.bump(0)
+            self.queue.reset_to_empty(offset)
+            self._queue_offsets = {}
+            self._table_offset = offset
+            save_snapshot(queue_offset_table_path(self.root), offset, {})
+            self.ha_state.truncate(offset)
+            log.warning("CommitLog reset to start at %d", offset)
+        self._notify_confirm(self.confirm_offset)
+
+    def read_chunk(self, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole records from ``offset`` (a record boundary) up to ``limit``, at most
+        ``max_bytes`` (but at least one record), never past the segment's end: a blank END
+        record is included and ends the chunk. Returns (bytes, offset the next chunk starts at:
+        past a blank, the next segment's start). Raises OffsetOutOfRangeError when no segment
+        holds ``offset``, CorruptRecordError when the bytes there are not records."""
+        assert self.queue is not None
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            raise OffsetOutOfRangeError(f"offset {offset} is not in the CommitLog")
+        base = mf.file_from_offset
+        start = pos = offset - base
+        end = min(mf.readable_position, limit - base)
+        buf = mf.buffer
+        next_offset = -1
+        while pos < end:
+            if end - pos < 8:
+                raise CorruptRecordError(f"truncated record header at offset {base + pos}")
+            size, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
+            if magic == BLANK_MAGIC_CODE:
+                pos += 8
+                next_offset = self.queue.roll_next_file(base + pos - 8)
+                break
+            if magic not in _RECORD_MAGICS or size <= 0 or pos + size > end:
+                raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
+            if pos > start and pos + size - start > max_bytes:
+                break
+            pos += size
+        data = bytes(buf[start:pos])
+        if next_offset < 0:
+            next_offset = base + pos
+        return data, next_offset
 
     # ------------------------------------------------------------------------------------------
     # read path
@@ -774,7 +1040,37 @@ class _SnapshotService(ServiceThread):
             return
         try:
             assert cl.checkpoint is not None
+            cl.checkpoint.confirm_phy_offset = cl.ha_service.replicated_offset
             cl.checkpoint.flush()
             cl.save_queue_offset_snapshot()
         except StoreIOError as exc:
             cl._on_io_error(exc)
+
+
+def _walk_replica(data: bytes | memoryview, offset: int, room: int) -> tuple[int, int]:
+    """Check that ``data`` (bytes replicated at ``offset``) is whole records, maybe closed by a
+    blank END record, and fits in ``room`` bytes of its segment. Returns (bytes of records
+    before any blank, STORETIMESTAMP of the last record or 0). Raises CorruptRecordError."""
+    n = len(data)
+    pos = 0
+    last = -1
+    while pos < n:
+        if n - pos < 8:
+            raise CorruptRecordError(f"replicated bytes end inside a record header at {offset + pos}")
+        size, magic = _TOTAL_MAGIC.unpack_from(data, pos)
+        if magic == BLANK_MAGIC_CODE:
+            if pos + 8 != n or size != room - pos:
+                raise CorruptRecordError(f"misplaced blank END record in replicated bytes at {offset + pos}")
+            break
+        if magic not in _RECORD_MAGICS or size < RECORD_OVERHEAD_V1_IPV4 or pos + size > n:
+            raise CorruptRecordError(f"replicated bytes at {offset + pos} are not a record")
+        last = pos
+        pos += size
+    if pos > room:
+        raise CorruptRecordError(f"replicated bytes at {offset} overflow their segment")
+    store_ts = 0
+    if last >= 0:
+        sys_flag = _INT.unpack_from(data, last + SYS_FLAG_POSITION)[0]
+        born = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
+        store_ts = STORE_TIMESTAMP.unpack_from(data, last + 48 + born)[0]
+    return pos, store_ts

@@ -139,6 +139,46 @@ class StoreConfig:
     flush_consumer_offset_interval: int = _f(
         5000, "flushConsumerOffsetInterval", "ms", "how often consumer offsets are persisted"
     )
+    broker_name: str = _f("broker-a", "brokerName", doc="the broker group this store belongs to")
+    broker_id: int = _f(0, "brokerId", doc="0 for the master of the group, 1.. for slaves")
+    ha_master_address: str = _f(
+        "", "haMasterAddress", doc="SLAVE: host:port of the master's replication (HA) endpoint"
+    )
+    ha_send_heartbeat_interval: int = _f(
+        5000, "haSendHeartbeatInterval", "ms", "idle streams carry a heartbeat this often"
+    )
+    ha_housekeeping_interval: int = _f(
+        20_000, "haHousekeepingInterval", "ms", "a replication stream silent this long is dropped"
+    )
+    ha_transfer_batch_size: int = _f(
+        32 * 1024, "haTransferBatchSize", "bytes", "largest chunk of log bytes in one replication frame"
+    )
+    ha_max_gap_not_in_sync: int = _f(
+        256 * 1024 * 1024,
+        "haMaxGapNotInSync",
+        "bytes",
+        "a slave this far behind is not in sync (SYNC_MASTER puts fail with SLAVE_NOT_AVAILABLE)",
+    )
+    slave_timeout: int = _f(3000, "slaveTimeout", "ms", "SYNC_MASTER: FLUSH_SLAVE_TIMEOUT after this wait")
+    in_sync_replicas: int = _f(
+        1,
+        "inSyncReplicas",
+        "replicas",
+        "copies a SYNC_MASTER put needs, counting the master (RocketMQ 5); at least one slave is "
+        "always required under SYNC_MASTER (RocketMQ 4.9)",
+    )
+    slave_read_enable: bool = _f(
+        False,
+        "slaveReadEnable",
+        doc="gateway: read records far behind the master's end from a slave (RocketMQ BrokerConfig)",
+    )
+    access_message_in_memory_max_ratio: int = _f(
+        40,
+        "accessMessageInMemoryMaxRatio",
+        "percent",
+        "with slaveReadEnable: records further behind the master's end than this share of RAM are "
+        "read from a slave",
+    )
     queue_offset_snapshot_interval: int = _f(
         10_000,
         "queueOffsetSnapshotInterval",
@@ -170,6 +210,13 @@ class StoreConfig:
             "max_pull_batch_size",
             "long_polling_hold_time",
             "flush_consumer_offset_interval",
+            "ha_send_heartbeat_interval",
+            "ha_housekeeping_interval",
+            "ha_transfer_batch_size",
+            "ha_max_gap_not_in_sync",
+            "slave_timeout",
+            "in_sync_replicas",
+            "access_message_in_memory_max_ratio",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -180,6 +227,7 @@ class StoreConfig:
             "commit_commit_log_thorough_interval",
             "flush_least_pages_when_warm_mapped_file",
             "flush_consume_queue_least_pages",
+            "broker_id",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -202,6 +250,8 @@ class StoreConfig:
         if self.transient_store_pool_enable and self.broker_role is BrokerRole.SLAVE:
             raise ConfigError("transient_store_pool_enable is not allowed on a SLAVE (RocketMQ rule)")
         _parse_host(self.store_host)
+        if not self.broker_name or not all(c.isalnum() or c in "-_." for c in self.broker_name):
+            raise ConfigError(f"broker_name must be non-empty [A-Za-z0-9._-], got {self.broker_name!r}")
 
     # -- derived paths -----------------------------------------------------------------------
     @property

@@ -62,9 +62,11 @@ class RecordSource(Protocol):
 
 
 class DispatchCheckpoint:
-    """``{"reputOffset": N}`` in a JSON file, replaced atomically.
+    """``{"reputOffset": N, "logId": ..., "generation": G}`` in a JSON file, replaced atomically.
 
-    ``N`` is a CommitLog offset up to which the owner's derived files were flushed.
+    ``N`` is a CommitLog offset up to which the owner's derived files were flushed; ``logId``
+    and ``G`` the log generation they were read in (libstore.log_generation; "" and 0 when
+    unknown).
     """
 
     def __init__(self, path: Path) -> None:
@@ -81,9 +83,18 @@ class DispatchCheckpoint:
             log.warning("ignoring unreadable dispatch checkpoint %s: %s", self.path, exc)
             return None
 
-    def save(self, reput_offset: int) -> None:
-        """Persist ``reput_offset``. Raises StoreIOError."""
-        atomic_write(self.path, json.dumps({"reputOffset": reput_offset}).encode("utf-8"))
+    def load_generation(self) -> tuple[str, int]:
+        """The saved (log id, generation), or ("", 0) when unknown."""
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            return str(data.get("logId", "")), int(data.get("generation", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return "", 0
+
+    def save(self, reput_offset: int, log_id: str = "", generation: int = 0) -> None:
+        """Persist ``reput_offset`` (and the log generation it was read in). Raises StoreIOError."""
+        data = {"reputOffset": reput_offset, "logId": log_id, "generation": generation}
+        atomic_write(self.path, json.dumps(data).encode("utf-8"))
 
 
 def apply_chunk(

@@ -16,8 +16,10 @@ Each class has a ``reason``: the RocketMQ-style name the services put in ``googl
     ├── TopicNotFoundError               unknown topic and auto-create is off
     ├── MessageNotFoundError             no message with the id asked for
     ├── OffsetOutOfRangeError            a physical range outside what the log holds
+    ├── LogDivergedError                 a follower read bytes the log has since cut
     ├── CorruptRecordError               bytes that do not decode as a CommitLog record
     ├── StoreLockedError                 another process holds the store's lock file
+    ├── RoleSwitchError                  a promotion or demotion that would break the group
     ├── ServiceNotAvailableError         store shut down or not writeable
     │   ├── NotMasterError               a put reached a SLAVE
     │   └── OSPageCacheBusyError         the put lock has been held too long (page cache stall)
@@ -29,9 +31,20 @@ from __future__ import annotations
 
 
 class StoreError(Exception):
-    """Root of libstore's exceptions."""
+    """Root of libstore's exceptions.
+
+    :meth:`details` are string key/values that travel with the error across services (gRPC
+    ErrorInfo metadata); :meth:`from_details` rebuilds the error from them.
+    """
 
     reason = "STORE_ERROR"
+
+    def details(self) -> dict[str, str]:
+        return {}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, str]) -> StoreError:
+        return cls(message)
 
 
 class ConfigError(StoreError):
@@ -88,6 +101,42 @@ class OffsetOutOfRangeError(StoreError):
     reason = "OFFSET_ILLEGAL"
 
 
+class LogDivergedError(StoreError):
+    """A follower of the CommitLog (dispatch, index) last read generation ``(log_id,
+    generation)``, and the log has since been cut at ``consistent_offset``: the follower must
+    drop what it derived from bytes at or past that offset, then follow generation
+    ``generation`` of ``log_id`` (see libstore.log_generation)."""
+
+    reason = "LOG_DIVERGED"
+
+    def __init__(
+        self, message: str, consistent_offset: int = 0, log_id: str = "", generation: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.consistent_offset = consistent_offset
+        self.log_id = log_id
+        self.generation = generation
+
+    def details(self) -> dict[str, str]:
+        return {
+            "consistent_offset": str(self.consistent_offset),
+            "log_id": self.log_id,
+            "generation": str(self.generation),
+        }
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, str]) -> StoreError:
+        try:
+            return cls(
+                message,
+                int(details.get("consistent_offset", "0")),
+                details.get("log_id", ""),
+                int(details.get("generation", "0")),
+            )
+        except ValueError:
+            return cls(message)
+
+
 class CorruptRecordError(StoreError):
     """Bytes at an offset are not a valid CommitLog record."""
 
@@ -98,6 +147,13 @@ class StoreLockedError(StoreError):
     """Another process holds the store's ``lock`` file."""
 
     reason = "STORE_LOCKED"
+
+
+class RoleSwitchError(StoreError):
+    """A promotion or demotion was refused (the master still answers, the target is not a
+    newer master, the broker groups differ...): nothing changed."""
+
+    reason = "ROLE_SWITCH_REFUSED"
 
 
 class ServiceNotAvailableError(StoreError):

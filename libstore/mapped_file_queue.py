@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class MappedFileQueue:
         self.store_timestamp = 0
         self._create_kwargs = create_kwargs or {}
         self._on_new_file = on_new_file
+        # Flush/commit and truncation move the same watermarks: one at a time.
+        self._flush_lock = threading.RLock()
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -175,28 +178,30 @@ class MappedFileQueue:
     # -- commit / flush -----------------------------------------------------------------------
     def commit(self, least_pages: int) -> bool:
         """Commit the segment holding ``committed_where``; True when the watermark moved."""
-        mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
-        if mf is None:
-            return False
-        position = mf.commit(least_pages)
-        where = mf.file_from_offset + position
-        moved = where != self.committed_where
-        self.committed_where = where
-        return moved
+        with self._flush_lock:
+            mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+            if mf is None:
+                return False
+            position = mf.commit(least_pages)
+            where = mf.file_from_offset + position
+            moved = where != self.committed_where
+            self.committed_where = where
+            return moved
 
     def flush(self, least_pages: int) -> bool:
         """Flush the segment holding ``flushed_where``; True when the watermark moved."""
-        mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
-        if mf is None:
-            return False
-        store_ts = mf.store_timestamp
-        position = mf.flush(least_pages)
-        where = mf.file_from_offset + position
-        moved = where != self.flushed_where
-        self.flushed_where = where
-        if moved and store_ts:
-            self.store_timestamp = store_ts
-        return moved
+        with self._flush_lock:
+            mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+            if mf is None:
+                return False
+            store_ts = mf.store_timestamp
+            position = mf.flush(least_pages)
+            where = mf.file_from_offset + position
+            moved = where != self.flushed_where
+            self.flushed_where = where
+            if moved and store_ts:
+                self.store_timestamp = store_ts
+            return moved
 
     def flush_to(self, target: int, least_pages: int = 0) -> int:
         """Flush segment after segment until ``flushed_where >= target`` or nothing moves."""
@@ -215,6 +220,10 @@ class MappedFileQueue:
     # -- truncation / deletion ----------------------------------------------------------------
     def truncate_dirty_files(self, offset: int) -> None:
         """Cut the log at ``offset``: segments past it are deleted, the one holding it is truncated."""
+        with self._flush_lock:
+            self._truncate_locked(offset)
+
+    def _truncate_locked(self, offset: int) -> None:
         keep: list[MappedFile] = []
         for mf in self.mapped_files:
             if mf.file_tail_offset <= offset:
@@ -231,10 +240,11 @@ class MappedFileQueue:
 
     def reset_to_empty(self, start_offset: int) -> None:
         """Delete every segment; the next append creates the segment holding ``start_offset``."""
-        for mf in self.mapped_files:
-            mf.destroy()
-        self.mapped_files = []
-        self.flushed_where = self.committed_where = start_offset
+        with self._flush_lock:
+            for mf in self.mapped_files:
+                mf.destroy()
+            self.mapped_files = []
+            self.flushed_where = self.committed_where = start_offset
 
     def shutdown(self) -> None:
         for mf in self.mapped_files:

@@ -3,7 +3,7 @@
 Under the store root: ``commitlog/<20-digit offset>``, ``consumequeue/<topic>/<queueId>/<20-digit
 offset>``, ``index/<yyyyMMddHHmmssSSS>``, ``checkpoint``, ``abort`` (marker of an unclean
 shutdown), ``lock`` (exclusive OS lock), ``config/`` (JSON state: topics, queue offsets,
-consumer offsets).
+consumer offsets, HA role and epochs, the log's truncation history).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ CONFIG_DIR = "config"
 TOPICS_FILE = "topics.json"
 QUEUE_OFFSET_TABLE_FILE = "queueOffsetTable.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
+HA_STATE_FILE = "haState.json"
+LOG_GENERATION_FILE = "logGeneration.json"
 # Inside consumequeue/ and index/: how far each is built and flushed (deleted with its folder).
 DISPATCH_CHECKPOINT_FILE = "dispatchOffset.json"
 
@@ -67,3 +69,13 @@ def consumer_offset_path(root: Path) -> Path:
 def dispatch_checkpoint_path(derived_dir: Path) -> Path:
     """The dispatch checkpoint of a derived folder (``consumequeue`` or ``index``)."""
     return Path(derived_dir) / DISPATCH_CHECKPOINT_FILE
+
+
+def ha_state_path(root: Path) -> Path:
+    """Replication role and master epochs (libstore.ha_state)."""
+    return config_dir(root) / HA_STATE_FILE
+
+
+def log_generation_path(root: Path) -> Path:
+    """The CommitLog's truncation history (libstore.log_generation)."""
+    return config_dir(root) / LOG_GENERATION_FILE

@@ -88,6 +88,7 @@ class TopicConfigManager:
         self.max_topic_length = max_topic_length
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
+        self.version = 0  # bumped on every change (a master sends its table to slaves then)
         self._load()
 
     def _load(self) -> None:
@@ -100,8 +101,17 @@ class TopicConfigManager:
             raise StoreIOError(f"cannot read topic table {self.path}: {exc}") from exc
 
     def _persist_locked(self) -> None:
+        self.version += 1
         data = {"topics": [t.to_json() for t in sorted(self._topics.values(), key=lambda t: t.topic_name)]}
         atomic_write(self.path, json.dumps(data, indent=1).encode("utf-8"))
+
+    def replace_all(self, configs: list[TopicConfig]) -> None:
+        """Take another store's whole table (a slave copying its master's); persisted."""
+        table = {c.topic_name: c for c in configs}
+        with self._lock:
+            if table != self._topics:
+                self._topics = table
+                self._persist_locked()
 
     def get(self, topic: str) -> TopicConfig | None:
         return self._topics.get(topic)

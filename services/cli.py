@@ -8,6 +8,7 @@ store or connection failure exit code 1; never a traceback.
     mqstore query --topic T --key K | --id MSGID | --time MS
     mqstore topic create T --queues 16 ; mqstore topic list
     mqstore progress --group G --topic T ; mqstore stats
+    mqstore ha state|promote|demote --commitlog HOST:PORT ...   replication roles
     mqstore demo                           the libstore demo (no services)
 
 Options of ``serve`` also come from MQSTORE_* environment variables (MQSTORE_ROLE,
@@ -33,11 +34,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from libstore import FlushDiskType, ServiceNotAvailableError, StoreError
+from libstore import BrokerRole, FlushDiskType, ServiceNotAvailableError, StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
 topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
 app.add_typer(topic_app, name="topic")
+ha_app = typer.Typer(no_args_is_help=True, help="replication: state of a commitlog service, role switch")
+app.add_typer(ha_app, name="ha")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -102,9 +105,44 @@ def serve(
         Path | None, typer.Option(envvar="MQSTORE_CONFIG_FILE", help="broker.conf-style file")
     ] = None,
     flush_disk_type: Annotated[FlushDiskType | None, typer.Option(help="SYNC_FLUSH or ASYNC_FLUSH")] = None,
+    broker_role: Annotated[
+        BrokerRole | None,
+        typer.Option(envvar="MQSTORE_BROKER_ROLE", help="ASYNC_MASTER, SYNC_MASTER or SLAVE"),
+    ] = None,
+    broker_name: Annotated[
+        str | None, typer.Option(envvar="MQSTORE_BROKER_NAME", help="broker group (default broker-a)")
+    ] = None,
+    broker_id: Annotated[
+        int | None, typer.Option(envvar="MQSTORE_BROKER_ID", min=0, help="0: master, 1..: slaves")
+    ] = None,
+    ha_master: Annotated[
+        str | None, typer.Option(envvar="MQSTORE_HA_MASTER", help="SLAVE: the master's HA endpoint host:port")
+    ] = None,
+    ha_listen: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_HA_LISTEN", help="replication endpoint (commitlog role default: its port + 1)"
+        ),
+    ] = "",
+    ha_peers: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_HA_PEERS",
+            help="the other members' commitlog addresses, comma-separated (role discovery, fencing)",
+        ),
+    ] = "",
+    advertise: Annotated[
+        str, typer.Option(envvar="MQSTORE_ADVERTISE", help="this service's address as peers reach it")
+    ] = "",
+    ha_advertise: Annotated[
+        str, typer.Option(envvar="MQSTORE_HA_ADVERTISE", help="the HA endpoint as slaves reach it")
+    ] = "",
     set_: Annotated[list[str] | None, typer.Option("--set", help="store key=value (repeatable)")] = None,
 ) -> None:
-    """Run the embedded suite (default) or one service of the split topology until SIGTERM."""
+    """Run the embedded suite (default) or one service of the split topology until SIGTERM.
+
+    A gateway takes comma-separated --commitlog/--dispatch/--index lists: the members of one
+    broker group (master and slaves), in the same order."""
     from services.serve import ROLES, ServeOptions, serve_forever
 
     if role not in ROLES:
@@ -117,6 +155,21 @@ def serve(
         store[key.strip()] = value.strip()
     if flush_disk_type is not None:
         store["flushDiskType"] = flush_disk_type.value
+    for key, value in (
+        ("brokerRole", broker_role.value if broker_role else None),
+        ("brokerName", broker_name),
+        ("brokerId", broker_id),
+        ("haMasterAddress", ha_master),
+    ):
+        if value is not None:
+            store[key] = str(value)
+    for text, what in ((ha_master, "--ha-master"), (ha_listen, "--ha-listen"), (advertise, "--advertise")):
+        if text and not _is_host_port(text):
+            raise _fail(f"{what} takes host:port, got {text!r}")
+    peers = tuple(p.strip() for p in ha_peers.split(",") if p.strip())
+    bad = [p for p in peers if not _is_host_port(p)]
+    if bad:
+        raise _fail(f"--ha-peers takes host:port,host:port..., got {bad[0]!r}")
     options = ServeOptions(
         role=role,
         data_dir=data,
@@ -127,6 +180,10 @@ def serve(
         store=store,
         conf_file=config,
         env=dict(os.environ),
+        ha_listen=ha_listen,
+        ha_peers=peers,
+        advertise=advertise,
+        ha_advertise=ha_advertise,
     )
     if role != "commitlog" and not listen and role in ("embedded", "gateway"):
         err_console.print(f"mqstore {role}: gateway on {options.address}, data in {data.resolve()}")
@@ -398,6 +455,100 @@ def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
     ):
         table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value))
     console.print(table)
+
+
+# -- ha -------------------------------------------------------------------------------------------
+CommitLogOpt = Annotated[
+    str,
+    typer.Option("--commitlog", "-c", envvar="MQSTORE_COMMITLOG_ADDR", help="commitlog service host:port"),
+]
+
+
+def _ha_call(address: str, method: str, *args: object):  # type: ignore[no-untyped-def]
+    from services._common.remote import open_channel
+    from services.commitlog.client import RemoteCommitLog
+
+    async def run():  # type: ignore[no-untyped-def]
+        channel = open_channel(address)
+        try:
+            return await getattr(RemoteCommitLog(channel, timeout_s=15.0), method)(*args)
+        finally:
+            await channel.close()
+
+    with _Errors(address):
+        return asyncio.run(run())
+
+
+def _print_ha(state) -> None:  # type: ignore[no-untyped-def]
+    table = Table("field", "value", title=f"{state.broker_name} id {state.broker_id}: {state.broker_role}")
+    rows = [
+        ("epoch", state.epoch),
+        ("epochs", " ".join(f"{e.epoch}@{e.start_offset}" for e in state.epochs) or "-"),
+        ("commitlog address", state.commitlog_address),
+        ("HA endpoint", state.ha_address or "-"),
+        ("max offset", state.max_offset),
+        ("confirm offset", state.confirm_offset),
+    ]
+    if state.broker_role == "SLAVE":
+        rows += [
+            ("master", state.master_address),
+            ("connected", "yes" if state.master_connected else "no"),
+            ("master max offset", state.master_max_offset),
+            ("behind (bytes)", state.lag_bytes),
+        ]
+    else:
+        rows += [("replicated offset", state.replicated_offset), ("in-sync replicas", state.in_sync_replicas)]
+    for name, value in rows:
+        table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(table)
+    if state.slaves:
+        slaves = Table("slave", "id", "acked offset", "behind (bytes)", "behind (ms)", "in sync")
+        for sl in state.slaves:
+            slaves.add_row(
+                sl.address,
+                str(sl.broker_id),
+                f"{sl.ack_offset:,}",
+                f"{sl.lag_bytes:,}",
+                f"{sl.lag_ms:,}",
+                "yes" if sl.in_sync else "no",
+            )
+        console.print(slaves)
+
+
+@ha_app.command("state")
+def ha_state(commitlog: CommitLogOpt = "127.0.0.1:10911") -> None:
+    """Role, epochs, offsets and (on a master) each slave's acknowledged offset and lag."""
+    _print_ha(_ha_call(commitlog, "ha_state"))
+
+
+@ha_app.command("promote")
+def ha_promote(
+    commitlog: CommitLogOpt = "127.0.0.1:10911",
+    role: Annotated[
+        str, typer.Option("--role", help="ASYNC_MASTER or SYNC_MASTER (default: the old master's)")
+    ] = "",
+    force: Annotated[bool, typer.Option(help="even while the old master still answers")] = False,
+) -> None:
+    """Make a SLAVE the master of its broker group, in a new epoch."""
+    if role and role.upper() not in ("ASYNC_MASTER", "SYNC_MASTER"):
+        raise _fail(f"--role takes ASYNC_MASTER or SYNC_MASTER, got {role!r}")
+    _print_ha(_ha_call(commitlog, "promote", role.upper(), force))
+
+
+@ha_app.command("demote")
+def ha_demote(
+    master: Annotated[str, typer.Option("--master", help="the new master's HA endpoint host:port")],
+    commitlog: CommitLogOpt = "127.0.0.1:10911",
+) -> None:
+    """Make a master the SLAVE of another master (it cuts what that master never had)."""
+    if not _is_host_port(master):
+        raise _fail(f"--master takes host:port, got {master!r}")
+    _print_ha(_ha_call(commitlog, "demote", master, 0))
+
+
+def _is_host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
 # -- demo -----------------------------------------------------------------------------------------

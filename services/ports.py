@@ -35,13 +35,20 @@ class LogOffsets:
     mapped_file_size: int
     disk_free_bytes: int = 0
     disk_total_bytes: int = 0
+    log_id: str = ""
+    generation: int = 0
+    epoch: int = 0
+    broker_name: str = ""
+    broker_id: int = 0
 
 
 @dataclass(frozen=True)
 class TailChunk:
     """Raw log bytes from ``offset`` (whole records, maybe a final blank END record);
     ``next_offset`` is where the following chunk starts. Empty ``data`` and no ``records``: a
-    heartbeat. ``records``: the same records already decoded (in-process tails only)."""
+    heartbeat. ``records``: the same records already decoded (in-process tails only).
+    ``log_id``/``generation``: the log's identity and truncation generation when it was read
+    (a follower saves them with its checkpoint, see libstore.log_generation)."""
 
     offset: int
     data: bytes
@@ -49,6 +56,8 @@ class TailChunk:
     confirm_offset: int
     min_offset: int
     records: list[DispatchRequest] | None = None
+    log_id: str = ""
+    generation: int = 0
 
 
 @dataclass
@@ -97,10 +106,19 @@ class CommitLogPort(Protocol):
         ...
 
     def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
+        self,
+        from_offset: int,
+        *,
+        max_chunk_bytes: int = 0,
+        heartbeat_ms: int = 0,
+        decoded: bool = False,
+        log_id: str = "",
+        generation: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset``; ``decoded`` asks for ``records`` where
-        the port has them (a local CommitLog that validated them on append)."""
+        the port has them (a local CommitLog that validated them on append). With the
+        ``(log_id, generation)`` the caller last read, raises LogDivergedError when the log was
+        cut since (before or while streaming)."""
         ...
 
     async def offsets(self) -> LogOffsets: ...

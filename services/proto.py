@@ -23,6 +23,8 @@ try:
     from services.pb.mqstore.v1 import dispatch_pb2_grpc as dispatch_grpc
     from services.pb.mqstore.v1 import gateway_pb2 as gateway_pb
     from services.pb.mqstore.v1 import gateway_pb2_grpc as gateway_grpc
+    from services.pb.mqstore.v1 import ha_pb2 as ha_pb
+    from services.pb.mqstore.v1 import ha_pb2_grpc as ha_grpc
     from services.pb.mqstore.v1 import index_pb2 as index_pb
     from services.pb.mqstore.v1 import index_pb2_grpc as index_grpc
 except ImportError as exc:  # pragma: no cover - only without a build
@@ -39,6 +41,8 @@ __all__ = [
     "dispatch_pb",
     "gateway_grpc",
     "gateway_pb",
+    "ha_grpc",
+    "ha_pb",
     "index_grpc",
     "index_pb",
 ]

@@ -6,8 +6,17 @@ gateway listens on 127.0.0.1:8081; data under ``<data>/commitlog``, ``<data>/dis
 address, reaching the others over gRPC (remote ports); each role's data lives directly in
 ``--data``. The same classes run in both.
 
-Start order: the CommitLog recovers before anything listens; dispatch and index recover against
-its bounds and report SERVING once they caught up with what it had confirmed at their start.
+Start order: the CommitLog recovers before anything listens; its HA controller settles the role
+(services.commitlog.ha: a master replaced while it was away rejoins as a slave) and serves
+slaves on the HA endpoint (``--ha-listen``; for ``--role commitlog`` by default its port + 1, as
+RocketMQ's haListenPort); dispatch and index recover against its bounds and report SERVING once
+they caught up with what it had confirmed at their start.
+
+Replication: ``--broker-role ASYNC_MASTER|SYNC_MASTER|SLAVE``, ``--broker-name``,
+``--broker-id`` and ``--ha-master`` (a slave's master HA endpoint) are StoreConfig keys;
+``--ha-peers`` lists the other members' CommitLogService endpoints (role discovery and
+fencing). A gateway given several comma-separated ``--commitlog``/``--dispatch``/``--index``
+addresses treats them as the members of one broker group (services.gateway.broker_group).
 Stop (SIGTERM/SIGINT): stop taking calls (health NOT_SERVING, then the servers drain), stop the
 derived services (final flush and checkpoint), shut the CommitLog down (flush, checkpoint,
 abort file removed) so the next start takes normal recovery.
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,11 +35,13 @@ from typing import Any
 
 import grpc
 
-from libstore import CommitLog, StoreConfig
+from libstore import CommitLog, ConfigError, StoreConfig
 from services._common.remote import open_channel
 from services._common.server import GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
 from services.commitlog.dedup_window import DedupWindow
+from services.commitlog.ha import HAController
+from services.commitlog.ha_server import add_to_server as add_replication
 from services.commitlog.local import LocalCommitLog
 from services.commitlog.servicer import CommitLogServicer
 from services.commitlog.servicer import add_to_server as add_commitlog
@@ -41,7 +53,7 @@ from services.gateway.servicer import add_to_server as add_gateway
 from services.index.app import IndexApp
 from services.index.servicer import IndexServicer
 from services.index.servicer import add_to_server as add_index
-from services.ports import CommitLogPort
+from services.ports import CommitLogPort, DispatchPort, IndexPort
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +82,25 @@ class ServeOptions:
     conf_file: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     catch_up_timeout_s: float = 600.0
+    ha_listen: str = ""
+    ha_peers: tuple[str, ...] = ()
+    advertise: str = ""
+    ha_advertise: str = ""
 
     @property
     def address(self) -> str:
         return self.listen or DEFAULT_ADDRESSES[self.role]
+
+    @property
+    def ha_address(self) -> str:
+        """Where the HA (replication) server listens: ``ha_listen``, else for the commitlog role
+        the service port + 1; "" (no HA server) for the embedded suite unless asked."""
+        if self.ha_listen:
+            return self.ha_listen
+        if self.role == "commitlog":
+            host, _, port = self.address.rpartition(":")
+            return f"{host}:{int(port) + 1}"
+        return ""
 
 
 def store_config(options: ServeOptions, root: Path) -> StoreConfig:
@@ -92,6 +119,8 @@ class Suite:
         self.options = options
         self.commit_log: CommitLog | None = None
         self.commitlog_port: LocalCommitLog | None = None
+        self.ha: HAController | None = None
+        self.ha_server: GrpcServer | None = None
         self.dispatch_app: DispatchApp | None = None
         self.index_app: IndexApp | None = None
         self.server: GrpcServer | None = None
@@ -123,9 +152,9 @@ class Suite:
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         elif role == "commitlog":
             port = await self._start_commitlog(data)
-            self.server = await start_grpc_server(
-                self.options.address, lambda s: add_commitlog(CommitLogServicer(port), s)
-            )
+            assert self.ha is not None
+            servicer = CommitLogServicer(port, self.ha)
+            self.server = await start_grpc_server(self.options.address, lambda s: add_commitlog(servicer, s))
             await self.server.set_serving(True)
         elif role in ("dispatch", "index"):
             remote = self._remote_commitlog()
@@ -144,17 +173,12 @@ class Suite:
                 )
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         else:  # gateway
-            from services.dispatch.client import RemoteDispatch
-            from services.index.client import RemoteIndex
-
-            dispatch_channel = open_channel(self.options.dispatch)
-            index_channel = open_channel(self.options.index)
-            self._channels += [dispatch_channel, index_channel]
             cfg = store_config(self.options, data)
+            commitlog_port, dispatch_port, index_port = self._remote_group(cfg)
             gateway = GatewayServicer(
-                self._remote_commitlog(),
-                RemoteDispatch(dispatch_channel),
-                RemoteIndex(index_channel),
+                commitlog_port,
+                dispatch_port,
+                index_port,
                 endpoints=[self.options.address],
                 max_pull_batch=cfg.max_pull_batch_size,
                 max_hold_ms=cfg.long_polling_hold_time,
@@ -162,6 +186,47 @@ class Suite:
             self.server = await start_grpc_server(self.options.address, lambda s: add_gateway(gateway, s))
             await self.server.set_serving(True)
         log.info("mqstore %s serving on %s", role, self.server.address)
+
+    def _remote_group(self, cfg: StoreConfig) -> tuple[CommitLogPort, DispatchPort, IndexPort]:
+        """The gateway's ports: one member's remote ports, or a BrokerGroup over several."""
+        from services.commitlog.client import RemoteCommitLog
+        from services.dispatch.client import RemoteDispatch
+        from services.gateway.broker_group import (
+            BrokerGroup,
+            GroupCommitLog,
+            GroupDispatch,
+            GroupIndex,
+            Member,
+        )
+        from services.index.client import RemoteIndex
+
+        lists = [_split(self.options.commitlog), _split(self.options.dispatch), _split(self.options.index)]
+        if len({len(x) for x in lists}) != 1 or not lists[0]:
+            raise ConfigError(
+                "--commitlog, --dispatch and --index must list the same number of members, in the same order"
+            )
+        members = []
+        for cl, dp, ix in zip(*lists, strict=True):
+            channels = [open_channel(cl), open_channel(dp), open_channel(ix)]
+            self._channels += channels
+            members.append(
+                Member(
+                    cl,
+                    RemoteCommitLog(channels[0]),
+                    RemoteDispatch(channels[1]),
+                    RemoteIndex(channels[2]),
+                    probe=RemoteCommitLog(channels[0], timeout_s=1.0),
+                )
+            )
+        if len(members) == 1:
+            return members[0].commitlog, members[0].dispatch, members[0].index
+        ratio = cfg.access_message_in_memory_max_ratio
+        group = BrokerGroup(
+            members,
+            slave_read_enable=cfg.slave_read_enable,
+            slave_read_lag_bytes=_physical_memory() * ratio // 100,
+        )
+        return GroupCommitLog(group), GroupDispatch(group), GroupIndex(group)
 
     def _remote_commitlog(self) -> CommitLogPort:
         from services.commitlog.client import RemoteCommitLog
@@ -171,13 +236,47 @@ class Suite:
         return RemoteCommitLog(channel)
 
     async def _start_commitlog(self, root: Path) -> LocalCommitLog:
-        config = store_config(self.options, root)
+        options = self.options
+        config = store_config(options, root)
         self.commit_log = await asyncio.to_thread(CommitLog.open, config)
-        dedup = DedupWindow()
-        loaded = await asyncio.to_thread(dedup.prefill, self.commit_log)
-        log.info("commitlog: %d recent unique keys loaded for retry de-duplication", loaded)
-        self.commitlog_port = LocalCommitLog(self.commit_log, dedup)
+        try:
+            dedup = DedupWindow()
+            loaded = await asyncio.to_thread(dedup.prefill, self.commit_log)
+            log.info("commitlog: %d recent unique keys loaded for retry de-duplication", loaded)
+            self.commitlog_port = LocalCommitLog(self.commit_log, dedup)
+            ha_listen = options.ha_address
+            self.ha = HAController(
+                self.commitlog_port,
+                ha_address=options.ha_advertise or _advertised(ha_listen),
+                commitlog_address=options.advertise or _advertised(options.address),
+                peers=options.ha_peers,
+            )
+            await self.ha.start()  # settles the role (and the epoch) before any slave connects
+            if ha_listen:
+                replication = self.ha.replication
+                self.ha_server = await start_grpc_server(ha_listen, lambda s: add_replication(replication, s))
+                await self.ha_server.set_serving(True)
+        except BaseException:
+            await self._stop_commitlog()
+            raise
+        log.info(
+            "commitlog: %s of broker group %s (epoch %d)%s",
+            self.commit_log.broker_role.value,
+            config.broker_name,
+            self.commit_log.ha_state.last_epoch if self.commit_log.ha_state else 0,
+            f", replication on {ha_listen}" if ha_listen else "",
+        )
         return self.commitlog_port
+
+    async def _stop_commitlog(self) -> None:
+        if self.ha is not None:
+            await self.ha.stop()
+        if self.ha_server is not None:
+            await self.ha_server.stop(1.0)
+            self.ha_server = None
+        if self.commit_log is not None:
+            await asyncio.to_thread(self.commit_log.shutdown)
+            self.commit_log = None
 
     async def _start_derived(self, data: Path, commitlog: CommitLogPort, *, embedded: bool) -> None:
         role = self.options.role
@@ -215,8 +314,7 @@ class Suite:
                 await app.stop()
         for channel in self._channels:
             await channel.close()
-        if self.commit_log is not None:
-            await asyncio.to_thread(self.commit_log.shutdown)
+        await self._stop_commitlog()
 
 
 async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = None) -> None:
@@ -234,3 +332,23 @@ async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = Non
     finally:
         log.info("mqstore %s stopping", options.role)
         await suite.stop()
+
+
+def _advertised(address: str) -> str:
+    """``address`` as a peer on this machine reaches it (a wildcard host becomes 127.0.0.1)."""
+    if not address:
+        return ""
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("", "0.0.0.0", "[::]", "::") else address
+
+
+def _split(addresses: str) -> list[str]:
+    return [a.strip() for a in addresses.split(",") if a.strip()]
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM (RocketMQ's slave-read threshold is a share of it)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024**3

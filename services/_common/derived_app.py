@@ -93,6 +93,7 @@ class DerivedStoreApp:
             resume,
             offsets.max_offset,
         )
+        log_id, generation = self._checkpoint_file().load_generation()
         self.follower = TailFollower(
             self.name,
             self.commitlog,
@@ -100,6 +101,8 @@ class DerivedStoreApp:
             resume,
             on_arrival=self._on_arrival,
             on_ahead=self._on_ahead,
+            log_id=log_id,
+            generation=generation,
         )
         cfg = self.config
         self._flusher = FlushConsumeQueueService(
@@ -130,11 +133,12 @@ class DerivedStoreApp:
 
     def checkpoint(self) -> None:
         """Flush everything, then record the reput offset sampled before the flush."""
-        if self.follower is None:
+        f = self.follower
+        if f is None:
             return
-        offset = self.follower.reput_offset
+        offset, log_id, generation = f.position
         self._flush_all()
-        self._checkpoint_file().save(offset)
+        self._checkpoint_file().save(offset, log_id, generation)
 
     def _on_io_error(self, exc: StoreIOError) -> None:
         log.error("%s: I/O error in derived files: %s", self.name, exc)

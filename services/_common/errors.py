@@ -13,7 +13,8 @@ Client side, :func:`store_error_from_rpc` maps a failed call back to the same St
     InvalidArgumentError, Config    INVALID_ARGUMENT
     TopicNotFoundError, MessageNotFound NOT_FOUND
     OffsetOutOfRangeError           OUT_OF_RANGE
-    NotMasterError, StoreLocked     FAILED_PRECONDITION
+    NotMasterError, StoreLocked,
+    LogDivergedError, RoleSwitch    FAILED_PRECONDITION
     OSPageCacheBusy, DiskFull       RESOURCE_EXHAUSTED
     ServiceNotAvailable, StoreIO    UNAVAILABLE
     CorruptRecordError              DATA_LOSS
@@ -50,6 +51,8 @@ _CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
     (E.MessageNotFoundError, grpc.StatusCode.NOT_FOUND),
     (E.OffsetOutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
     (E.StoreLockedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.LogDivergedError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.RoleSwitchError, grpc.StatusCode.FAILED_PRECONDITION),
     (E.CorruptRecordError, grpc.StatusCode.DATA_LOSS),
     (E.ServiceNotAvailableError, grpc.StatusCode.UNAVAILABLE),
     (E.StoreIOError, grpc.StatusCode.UNAVAILABLE),
@@ -78,7 +81,7 @@ def status_code_of(exc: E.StoreError) -> grpc.StatusCode:
 def to_rpc_status(exc: E.StoreError) -> grpc.Status:
     """A rich status for ``exc``: code, message, ErrorInfo(reason, domain "mqstore")."""
     code = status_code_of(exc)
-    info = error_details_pb2.ErrorInfo(reason=type(exc).reason, domain=DOMAIN)
+    info = error_details_pb2.ErrorInfo(reason=type(exc).reason, domain=DOMAIN, metadata=exc.details())
     detail = any_pb2.Any()
     detail.Pack(info)
     proto = status_pb2.Status(code=code.value[0], message=str(exc) or type(exc).__name__, details=[detail])
@@ -103,7 +106,8 @@ async def _abort_for(context: grpc.aio.ServicerContext, exc: Exception, method: 
 
 
 class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions escaping unary and server-streaming handlers to statuses (module doc)."""
+    """Maps exceptions escaping unary and streaming handlers (streams are async generators, as
+    the OpenTelemetry interceptor requires) to statuses (module doc)."""
 
     async def intercept_service(
         self,
@@ -143,11 +147,26 @@ class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
             return grpc.unary_stream_rpc_method_handler(
                 stream, handler.request_deserializer, handler.response_serializer
             )
+        if handler.stream_stream is not None:
+            inner_bidi = handler.stream_stream
+
+            async def bidi(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_bidi(request_iterator, context):
+                        yield item
+                except (grpc.aio.AbortError, grpc.aio.UsageError):
+                    raise
+                except Exception as exc:
+                    await _abort_for(context, exc, method)
+
+            return grpc.stream_stream_rpc_method_handler(
+                bidi, handler.request_deserializer, handler.response_serializer
+            )
         return handler
 
 
-def error_reason(err: grpc.RpcError) -> str | None:
-    """The ErrorInfo reason of a failed call, if the server sent one."""
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo of a failed call, if the server sent one."""
     trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == _STATUS_DETAILS_KEY:
@@ -156,8 +175,14 @@ def error_reason(err: grpc.RpcError) -> str | None:
                 if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                     info = error_details_pb2.ErrorInfo()
                     detail.Unpack(info)
-                    return info.reason
+                    return info
     return None
+
+
+def error_reason(err: grpc.RpcError) -> str | None:
+    """The ErrorInfo reason of a failed call, if the server sent one."""
+    info = error_info(err)
+    return info.reason if info is not None else None
 
 
 def store_error_from_rpc(err: grpc.RpcError) -> E.StoreError | None:
@@ -165,11 +190,12 @@ def store_error_from_rpc(err: grpc.RpcError) -> E.StoreError | None:
     DEADLINE_EXCEEDED or CANCELLED: callers decide about those)."""
     code = err.code() if hasattr(err, "code") else None
     message = err.details() if hasattr(err, "details") else str(err)
-    cls = _BY_REASON.get(error_reason(err) or "")
+    info = error_info(err)
+    cls = _BY_REASON.get(info.reason if info is not None else "")
     if cls is None:
         cls = _BY_CODE.get(code)  # type: ignore[arg-type]
     if cls is None:
         return None
-    exc = cls(message or cls.__name__)
+    exc = cls.from_details(message or cls.__name__, dict(info.metadata) if info is not None else {})
     exc.grpc_code = code  # type: ignore[attr-defined]
     return exc

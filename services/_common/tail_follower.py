@@ -4,8 +4,11 @@ reports the queues that grew (long polling).
 
 Decoding and applying run in a worker thread, so the service's event loop keeps answering RPCs
 while a backlog is replayed. The stream reconnects with backoff after the commitlog service
-goes away; if the log is now shorter than the reput offset (it lost an unflushed tail in a
-crash), ``on_ahead(log_end)`` cuts the derived state back and returns where to resume.
+goes away. When the log was cut under the follower — it is now shorter than the reput offset
+(it lost an unflushed tail in a crash), or it reports LogDivergedError for the generation the
+follower last read (a crash recovery or a returning master cut bytes it had read, and the log may
+have grown past them since) — ``on_ahead(offset)`` drops what was derived from bytes at or past
+``offset`` and returns where to resume.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from libstore import OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
+from libstore import LogDivergedError, OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
 from libstore.dispatch import CommitLogDispatcher, apply_chunk
 from libstore.log_scanner import scan_buffer
 from services._common.telemetry import tracer
@@ -41,11 +44,15 @@ class TailFollower:
         on_arrival: Callable[[Mapping[QueueKey, int]], None] | None = None,
         on_ahead: Callable[[int], Awaitable[int]] | None = None,
         max_chunk_bytes: int = 1024 * 1024,
+        log_id: str = "",
+        generation: int = 0,
     ) -> None:
         self.name = name
         self.port = port
         self.dispatchers = list(dispatchers)
-        self.reput_offset = reput_offset
+        # (reput offset, log id, generation), replaced as one value: a checkpoint taken on
+        # another thread never pairs an offset with the wrong generation.
+        self.position = (reput_offset, log_id, generation)
         self.confirm_offset = reput_offset
         self.records_dispatched = 0
         self.on_arrival = on_arrival
@@ -55,6 +62,18 @@ class TailFollower:
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._tracer = tracer(f"mqstore.{name}")
+
+    @property
+    def reput_offset(self) -> int:
+        return self.position[0]
+
+    @property
+    def log_id(self) -> str:
+        return self.position[1]
+
+    @property
+    def generation(self) -> int:
+        return self.position[2]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self.run(), name=f"{self.name}-tail")
@@ -71,12 +90,32 @@ class TailFollower:
         while True:
             try:
                 async for chunk in self.port.tail(
-                    self.reput_offset, max_chunk_bytes=self.max_chunk_bytes, decoded=True
+                    self.reput_offset,
+                    max_chunk_bytes=self.max_chunk_bytes,
+                    decoded=True,
+                    log_id=self.log_id,
+                    generation=self.generation,
                 ):
                     await self._apply(chunk)
                     delay = 0.05
             except asyncio.CancelledError:
                 raise
+            except LogDivergedError as exc:
+                if self.on_ahead is None:
+                    raise
+                resume = await self.on_ahead(exc.consistent_offset)
+                log.warning(
+                    "%s: the CommitLog was cut at %d since generation %d; dropped what was derived past "
+                    "it, resuming at %d (generation %d)",
+                    self.name,
+                    exc.consistent_offset,
+                    self.generation,
+                    resume,
+                    exc.generation,
+                )
+                async with self._progress:
+                    self.position = (resume, exc.log_id, exc.generation)
+                continue
             except OffsetOutOfRangeError:
                 offsets = await self.port.offsets()
                 if self.on_ahead is None:
@@ -89,7 +128,7 @@ class TailFollower:
                     self.reput_offset,
                     resume,
                 )
-                self.reput_offset = resume
+                self.position = (resume, self.log_id, self.generation)
                 continue
             except (ServiceNotAvailableError, grpc.RpcError) as exc:
                 log.info("%s: CommitLog tail interrupted (%s); reconnecting", self.name, _short(exc))
@@ -116,7 +155,10 @@ class TailFollower:
             if arrived and self.on_arrival is not None:
                 self.on_arrival(arrived)
         async with self._progress:
-            self.reput_offset = chunk.next_offset
+            if chunk.log_id:
+                self.position = (chunk.next_offset, chunk.log_id, chunk.generation)
+            else:
+                self.position = (chunk.next_offset, self.log_id, self.generation)
             self._progress.notify_all()
         if self.reput_offset >= self.confirm_offset:
             self.caught_up.set()

@@ -1,11 +1,14 @@
-"""OpenTelemetry for every service: one TracerProvider per process, gRPC interceptors that open a
-span per RPC and propagate the context over gRPC metadata, and named tracers for the storage
-steps (append, flush wait, dispatch, read).
+"""OpenTelemetry for every service: one TracerProvider and one MeterProvider per process, gRPC
+interceptors that open a span per RPC and propagate the context over gRPC metadata, named
+tracers for the storage steps (append, flush wait, replica wait, dispatch, read) and meters for
+the numbers operators watch (replication lag and acked offsets, SYNC_MASTER wait time).
 
 Exporters (DESIGN "Observability"): OTLP over gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
-(the standard OTEL_* variables configure it), the console when ``MQSTORE_TRACE_CONSOLE=1``,
-otherwise none (spans are still created, so trace ids reach logs and error messages). Tests add
-an in-memory exporter with :func:`add_span_exporter`.
+(the standard OTEL_* variables configure it; metrics every ``OTEL_METRIC_EXPORT_INTERVAL`` ms),
+the console when ``MQSTORE_TRACE_CONSOLE=1``, otherwise none (spans are still created, so
+trace ids reach logs and error messages). Tests add an in-memory exporter with
+:func:`add_span_exporter` and read metrics with :func:`metrics_snapshot` (an in-memory reader
+that costs nothing until it is read).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -31,6 +36,8 @@ from services._common.errors import StoreErrorInterceptor
 
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
+_meter_provider: MeterProvider | None = None
+_metric_reader: InMemoryMetricReader | None = None
 
 
 def configure_tracing(service_name: str = "mqstore", env: Mapping[str, str] | None = None) -> TracerProvider:
@@ -49,7 +56,46 @@ def configure_tracing(service_name: str = "mqstore", env: Mapping[str, str] | No
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
         trace.set_tracer_provider(provider)
         _provider = provider
+        _configure_metrics(provider.resource, environ)
         return provider
+
+
+def _configure_metrics(resource: Resource, environ: Mapping[str, str]) -> None:
+    global _meter_provider, _metric_reader
+    _metric_reader = InMemoryMetricReader()
+    readers: list[MetricReader] = [_metric_reader]
+    if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    _meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    metrics.set_meter_provider(_meter_provider)
+
+
+def meter(name: str) -> metrics.Meter:
+    """A meter for one service (``mqstore.commitlog``...)."""
+    configure_tracing()
+    assert _meter_provider is not None
+    return _meter_provider.get_meter(name)
+
+
+def metrics_snapshot() -> dict[str, list[tuple[dict[str, Any], float]]]:
+    """Current metric values: {name: [(attributes, value), ...]} (sums and gauges: the value;
+    histograms: the sum of recorded values)."""
+    configure_tracing()
+    assert _metric_reader is not None
+    out: dict[str, list[tuple[dict[str, Any], float]]] = {}
+    data = _metric_reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                points = out.setdefault(m.name, [])
+                for p in m.data.data_points:
+                    value = getattr(p, "value", None)
+                    if value is None:
+                        value = getattr(p, "sum", 0.0)
+                    points.append((dict(p.attributes or {}), float(value)))
+    return out
 
 
 def add_span_exporter(exporter: SpanExporter) -> None:
@@ -61,6 +107,8 @@ def shutdown_tracing() -> None:
     """Flush exporters (at process exit)."""
     if _provider is not None:
         _provider.shutdown()
+    if _meter_provider is not None:
+        _meter_provider.shutdown()
 
 
 def tracer(name: str) -> trace.Tracer:

@@ -43,19 +43,37 @@ class RemoteCommitLog:
         return convert.records_or_none(reply.records)
 
     async def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
+        self,
+        from_offset: int,
+        *,
+        max_chunk_bytes: int = 0,
+        heartbeat_ms: int = 0,
+        decoded: bool = False,
+        log_id: str = "",
+        generation: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """The Tail stream (always bytes: ``decoded`` is for in-process ports); ends with the
-        mapped StoreError (or grpc.RpcError) when it breaks: the caller reconnects from its own
-        reput offset."""
+        mapped StoreError (LogDivergedError included, or grpc.RpcError) when it breaks: the
+        caller reconnects from its own reput offset."""
         request = commitlog_pb.TailRequest(
-            from_offset=from_offset, max_chunk_bytes=max_chunk_bytes, heartbeat_ms=heartbeat_ms
+            from_offset=from_offset,
+            max_chunk_bytes=max_chunk_bytes,
+            heartbeat_ms=heartbeat_ms,
+            log_id=log_id,
+            generation=generation,
         )
         stream = self.stub.Tail(request)
         try:
             async for chunk in stream:
                 yield TailChunk(
-                    chunk.offset, chunk.data, chunk.next_offset, chunk.confirm_offset, chunk.min_offset
+                    chunk.offset,
+                    chunk.data,
+                    chunk.next_offset,
+                    chunk.confirm_offset,
+                    chunk.min_offset,
+                    None,
+                    chunk.log_id,
+                    chunk.generation,
                 )
         except grpc.RpcError as err:
             reraise_mapped(err)
@@ -79,6 +97,11 @@ class RemoteCommitLog:
             o.mapped_file_size,
             o.disk_free_bytes,
             o.disk_total_bytes,
+            o.log_id,
+            o.generation,
+            o.epoch,
+            o.broker_name,
+            o.broker_id,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:
@@ -118,3 +141,28 @@ class RemoteCommitLog:
             timeout_s=self.timeout_s,
         )
         return reply.deleted
+
+    # -- HA administration (not part of CommitLogPort) ------------------------------------------------
+    async def ha_state(self) -> commitlog_pb.HAState:
+        return await call(
+            self.stub.GetHAState, commitlog_pb.GetHAStateRequest(), idempotent=True, timeout_s=self.timeout_s
+        )
+
+    async def promote(self, broker_role: str = "", force: bool = False) -> commitlog_pb.HAState:
+        """Promote this SLAVE (RoleSwitchError when refused). Not retried: check the state after
+        a failure."""
+        return await call(
+            self.stub.Promote,
+            commitlog_pb.PromoteRequest(broker_role=broker_role, force=force),
+            idempotent=False,
+            timeout_s=self.timeout_s,
+        )
+
+    async def demote(self, master_address: str, min_epoch: int = 0) -> commitlog_pb.HAState:
+        """Make this store a SLAVE of ``master_address`` (an HA endpoint)."""
+        return await call(
+            self.stub.Demote,
+            commitlog_pb.DemoteRequest(master_address=master_address, min_epoch=min_epoch),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )

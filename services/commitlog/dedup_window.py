@@ -47,6 +47,9 @@ class DedupWindow:
             return None
         return placed
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def put(self, topic: str, uniq_key: str, placed: Placed) -> None:
         entries = self._entries
         key = topic + "#" + uniq_key

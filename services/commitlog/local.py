@@ -1,10 +1,13 @@
 """LocalCommitLog: the CommitLogPort over a libstore CommitLog in this process.
 
 Runs on the service's event loop. An append encodes and copies on the loop (one lock per batch,
-no await in between, so de-duplication needs no lock of its own), then awaits the group commit
-(SYNC_FLUSH) without blocking the loop. The tail stream reads whole records up to the confirm
-offset (the flushed offset under SYNC_FLUSH) and sleeps on the CommitLog's confirm listener, so
-consumers never see bytes a crash could erase.
+no await in between, so de-duplication needs no lock of its own), then awaits, without blocking
+the loop, the group commit (SYNC_FLUSH) and the slaves' acknowledgement (SYNC_MASTER) together;
+the first non-OK status wins (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE).
+The tail stream reads whole records up to the confirm offset (flushed under SYNC_FLUSH, held by
+the slaves under SYNC_MASTER) and sleeps on the CommitLog's confirm listener, so consumers never
+see bytes a crash or a master loss could erase; it fails with LogDivergedError when the log
+was cut under a follower (libstore.log_generation).
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import struct
+import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
 
 from libstore import (
     CommitLog,
-    CorruptRecordError,
     InvalidArgumentError,
+    LogDivergedError,
     Message,
     MessageConst,
     OffsetOutOfRangeError,
@@ -28,22 +32,14 @@ from libstore import (
     TopicConfig,
 )
 from libstore.message_id import encode_host
-from libstore.record_codec import (
-    BLANK_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V2,
-    DispatchRequest,
-    EncodedBatch,
-)
-from services._common.telemetry import tracer
+from libstore.record_codec import DispatchRequest, EncodedBatch
+from services._common.telemetry import meter, tracer
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 DECODED_BATCHES_KEPT = 1024
 DEFAULT_HEARTBEAT_MS = 1000
-_TOTAL_MAGIC = struct.Struct(">ii")
-_RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 
 
 class LocalCommitLog:
@@ -57,6 +53,16 @@ class LocalCommitLog:
         # (end offset, requests with their final offsets). In-process followers take these
         # instead of decoding the same bytes again; an older offset reads the log as usual.
         self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
+        self._sync_wait_ms = meter("mqstore.commitlog").create_histogram(
+            "mqstore.ha.sync_master_wait", unit="ms", description="SYNC_MASTER: time a put waited for slaves"
+        )
+
+    def forget_recent(self) -> None:
+        """Drop the de-duplication window and decoded batches (the log was cut, or this store
+        changed role): what they point at may no longer be in the log."""
+        self._decoded.clear()
+        if self.dedup is not None:
+            self.dedup.clear()
 
     # -- append ---------------------------------------------------------------------------------
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
@@ -194,17 +200,46 @@ class LocalCommitLog:
         )
 
     async def _wait_durable(self, next_offset: int, wait_store: bool) -> PutMessageStatus:
+        """Flush (SYNC_FLUSH) and replica (SYNC_MASTER) waits, run together; a non-OK wins."""
         log = self.log
-        future = log.submit_flush_request(max(next_offset, 0), wait_store)
-        if future is None:
+        target = max(next_offset, 0)
+        flush = log.submit_flush_request(target, wait_store)
+        replica = log.submit_replica_request(target, wait_store)
+        if flush is None and replica is None:
             return PutMessageStatus.PUT_OK
+        if replica is None:
+            return await self._wait_flush(flush)  # type: ignore[arg-type]
+        if flush is None:
+            return await self._wait_replica(replica)
+        statuses = await asyncio.gather(self._wait_flush(flush), self._wait_replica(replica))
+        return next((s for s in statuses if s is not PutMessageStatus.PUT_OK), PutMessageStatus.PUT_OK)
+
+    async def _wait_flush(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
         with self._tracer.start_as_current_span("commitlog.flush_wait"):
             try:
                 return await asyncio.wait_for(
-                    asyncio.wrap_future(future), log.config.sync_flush_timeout / 1000.0
+                    asyncio.wrap_future(future), self.log.config.sync_flush_timeout / 1000.0
                 )
             except TimeoutError:
                 return PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    async def _wait_replica(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
+        with self._tracer.start_as_current_span("commitlog.replica_wait") as span:
+            started = time.monotonic()
+            try:
+                if future.done():
+                    status = future.result()
+                else:
+                    status = await asyncio.wait_for(
+                        asyncio.wrap_future(future), self.log.config.slave_timeout / 1000.0
+                    )
+            except TimeoutError:
+                status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+            waited = (time.monotonic() - started) * 1000.0
+            self._sync_wait_ms.record(waited, {"status": status.name})
+            span.set_attribute("mqstore.status", status.name)
+            span.set_attribute("mqstore.replicated_offset", self.log.ha_service.replicated_offset)
+            return status
 
     # -- read -----------------------------------------------------------------------------------
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
@@ -214,18 +249,31 @@ class LocalCommitLog:
 
     # -- tail -----------------------------------------------------------------------------------
     async def tail(
-        self, from_offset: int, *, max_chunk_bytes: int = 0, heartbeat_ms: int = 0, decoded: bool = False
+        self,
+        from_offset: int,
+        *,
+        max_chunk_bytes: int = 0,
+        heartbeat_ms: int = 0,
+        decoded: bool = False,
+        log_id: str = "",
+        generation: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset`` (a record boundary), forever. With
         ``decoded``, a batch appended as client-encoded records comes as its decoded requests
         (``records``, no bytes) while it is among the last DECODED_BATCHES_KEPT batches.
 
-        Raises OffsetOutOfRangeError when ``from_offset`` is past the log's end (the caller's
-        derived state is ahead of this log: it must cut back to the end and resume there).
+        Raises LogDivergedError when the log was cut since the caller's ``(log_id,
+        generation)`` (at the start, or later while streaming), OffsetOutOfRangeError when
+        ``from_offset`` is past the log's end (the caller's derived state is ahead of this log:
+        it must cut back to the end and resume there).
         """
         log = self.log
+        gens = log.generation
+        assert gens is not None
         max_bytes = max_chunk_bytes or DEFAULT_CHUNK_BYTES
         heartbeat_s = (heartbeat_ms or DEFAULT_HEARTBEAT_MS) / 1000.0
+        _check_divergence(gens.log_id, gens.generation, log_id, generation, gens.divergence_point)
+        stream_gen = gens.generation
         if from_offset > log.max_offset:
             raise OffsetOutOfRangeError(
                 f"tail from {from_offset} is past the CommitLog's end {log.max_offset}"
@@ -240,72 +288,52 @@ class LocalCommitLog:
         log.add_confirm_listener(on_confirm)
         try:
             offset = max(from_offset, log.min_offset)
+            lid = gens.log_id
             while True:
                 moved.clear()
+                if gens.generation != stream_gen:
+                    self._decoded.clear()
+                    _check_divergence(lid, gens.generation, lid, stream_gen, gens.divergence_point)
+                    stream_gen = gens.generation
                 confirm = log.confirm_offset
                 if offset < confirm:
                     hit = self._decoded.get(offset) if decoded else None
                     if hit is not None and hit[0] <= confirm:
-                        yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1])
+                        yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1], lid, stream_gen)
                         offset = hit[0]
                         continue
-                    chunk = self._chunk(offset, confirm, max_bytes)
-                    offset = chunk.next_offset
-                    yield chunk
+                    data, next_offset = log.read_chunk(offset, confirm, max_bytes)
+                    yield TailChunk(offset, data, next_offset, confirm, log.min_offset, None, lid, stream_gen)
+                    offset = next_offset
                     continue
                 try:
                     await asyncio.wait_for(moved.wait(), heartbeat_s)
                 except TimeoutError:
-                    yield TailChunk(offset, b"", offset, confirm, log.min_offset)
+                    yield TailChunk(offset, b"", offset, confirm, log.min_offset, None, lid, stream_gen)
         finally:
             log.remove_confirm_listener(on_confirm)
-
-    def _chunk(self, offset: int, confirm: int, max_bytes: int) -> TailChunk:
-        """Whole records from ``offset``, up to ``max_bytes`` (at least one record), the confirm
-        offset and the segment's end (a blank END record is included and ends the chunk)."""
-        log = self.log
-        assert log.queue is not None
-        mf = log.queue.find_mapped_file_by_offset(offset)
-        if mf is None:
-            raise OffsetOutOfRangeError(f"offset {offset} is not in the CommitLog")
-        base = mf.file_from_offset
-        start = pos = offset - base
-        limit = min(mf.readable_position, confirm - base)
-        buf = mf.buffer
-        next_offset = -1
-        while pos < limit:
-            if limit - pos < 8:
-                raise CorruptRecordError(f"truncated record header at offset {base + pos}")
-            size, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
-            if magic == BLANK_MAGIC_CODE:
-                pos += 8
-                next_offset = log.roll_next_file(base + pos - 8)
-                break
-            if magic not in _RECORD_MAGICS or size <= 0 or pos + size > limit:
-                raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
-            if pos > start and pos + size - start > max_bytes:
-                break
-            pos += size
-        data = bytes(buf[start:pos])
-        if next_offset < 0:
-            next_offset = base + pos
-        return TailChunk(offset, data, next_offset, confirm, log.min_offset)
 
     # -- offsets and topics ---------------------------------------------------------------------
     async def offsets(self) -> LogOffsets:
         log = self.log
         cfg = log.config
         disk = shutil.disk_usage(cfg.commit_log_dir)
+        assert log.generation is not None and log.ha_state is not None
         return LogOffsets(
             log.min_offset,
             log.max_offset,
             log.confirm_offset,
             log.flushed_offset,
             cfg.flush_disk_type.value,
-            cfg.broker_role.value,
+            log.broker_role.value,
             cfg.mapped_file_size_commit_log,
             disk.free,
             disk.total,
+            log.generation.log_id,
+            log.generation.generation,
+            log.ha_state.last_epoch,
+            cfg.broker_name,
+            cfg.broker_id,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:
@@ -322,6 +350,24 @@ class LocalCommitLog:
 
     async def delete_topic(self, topic: str) -> bool:
         return self.log.topic_config.delete(topic)
+
+
+def _check_divergence(
+    log_id: str,
+    current: int,
+    caller_log_id: str,
+    caller_generation: int,
+    divergence_point: Callable[[str, int], int | None],
+) -> None:
+    cut = divergence_point(caller_log_id, caller_generation)
+    if cut is not None:
+        raise LogDivergedError(
+            f"the CommitLog was cut at {cut} after generation {caller_generation} of log "
+            f"{caller_log_id or '?'}: drop what was derived from offsets >= {cut}",
+            cut,
+            log_id,
+            current,
+        )
 
 
 def _born_host_bytes(text: str) -> bytes:

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from libstore import InvalidArgumentError, TopicNotFoundError
+from libstore import BrokerRole, InvalidArgumentError, TopicNotFoundError
 from services._common import convert
+from services.commitlog.ha import HAController
 from services.commitlog.local import LocalCommitLog
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
 
@@ -16,8 +17,9 @@ SERVICE_NAME = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"].full
 
 
 class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
-    def __init__(self, port: LocalCommitLog) -> None:
+    def __init__(self, port: LocalCommitLog, ha: HAController) -> None:
         self.port = port
+        self.ha = ha
 
     async def Append(
         self, request: commitlog_pb.AppendRequest, context: grpc.aio.ServicerContext
@@ -52,7 +54,11 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             raise InvalidArgumentError("from_offset, max_chunk_bytes and heartbeat_ms must be >= 0")
         mapped_file_size = self.port.log.config.mapped_file_size_commit_log
         async for chunk in self.port.tail(
-            request.from_offset, max_chunk_bytes=request.max_chunk_bytes, heartbeat_ms=request.heartbeat_ms
+            request.from_offset,
+            max_chunk_bytes=request.max_chunk_bytes,
+            heartbeat_ms=request.heartbeat_ms,
+            log_id=request.log_id,
+            generation=request.generation,
         ):
             yield commitlog_pb.TailChunk(
                 offset=chunk.offset,
@@ -61,6 +67,8 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
                 confirm_offset=chunk.confirm_offset,
                 min_offset=chunk.min_offset,
                 mapped_file_size=mapped_file_size,
+                log_id=chunk.log_id,
+                generation=chunk.generation,
             )
 
     async def GetMaxOffset(
@@ -77,6 +85,11 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             mapped_file_size=o.mapped_file_size,
             disk_free_bytes=o.disk_free_bytes,
             disk_total_bytes=o.disk_total_bytes,
+            log_id=o.log_id,
+            generation=o.generation,
+            epoch=o.epoch,
+            broker_name=o.broker_name,
+            broker_id=o.broker_id,
         )
 
     async def UpsertTopic(
@@ -104,6 +117,31 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
         self, request: commitlog_pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
     ) -> commitlog_pb.DeleteTopicResponse:
         return commitlog_pb.DeleteTopicResponse(deleted=await self.port.delete_topic(request.topic))
+
+    async def GetHAState(
+        self, request: commitlog_pb.GetHAStateRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.HAState:
+        return self.ha.state()
+
+    async def Promote(
+        self, request: commitlog_pb.PromoteRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.HAState:
+        role = _role(request.broker_role) if request.broker_role else None
+        return await self.ha.promote(role, force=request.force)
+
+    async def Demote(
+        self, request: commitlog_pb.DemoteRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.HAState:
+        if request.min_epoch < 0:
+            raise InvalidArgumentError("min_epoch must be >= 0")
+        return await self.ha.demote(request.master_address, request.min_epoch)
+
+
+def _role(text: str) -> BrokerRole:
+    try:
+        return BrokerRole(text.strip().upper())
+    except ValueError:
+        raise InvalidArgumentError(f"broker_role must be ASYNC_MASTER or SYNC_MASTER, got {text!r}") from None
 
 
 def add_to_server(servicer: CommitLogServicer, server: grpc.aio.Server) -> list[str]:

@@ -4,6 +4,7 @@ topology as four ``mqstore serve --role`` processes, all on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -183,3 +184,212 @@ class SplitCluster:
             proc = self.procs.pop(role, None)
             if proc is not None:
                 proc.terminate()
+
+
+class BrokerGroupCluster:
+    """One broker group as processes under ``root``: commitlog members ("a", "b", ...) with
+    their own HA endpoints, optionally each with its dispatch and index, and a gateway over all
+    members. Member "a" is configured as the master (``master_role``), the others as SLAVEs;
+    every member lists the others as HA peers."""
+
+    def __init__(
+        self,
+        root: Path,
+        names: tuple[str, ...] = ("a", "b"),
+        *,
+        master_role: str = "SYNC_MASTER",
+        flush: str = "ASYNC_FLUSH",
+        store: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.root = root
+        self.names = names
+        self.master_role = master_role
+        self.flush = flush
+        self.store = {**SMALL_STORE, "slaveTimeout": 1000, "haSendHeartbeatInterval": 1000, **(store or {})}
+        self.ports = {
+            name: {svc: free_port() for svc in ("commitlog", "ha", "dispatch", "index")} for name in names
+        }
+        self.gateway_port = free_port()
+        self.procs: dict[str, ServeProcess] = {}
+
+    def address(self, name: str, svc: str = "commitlog") -> str:
+        return f"127.0.0.1:{self.ports[name][svc]}"
+
+    @property
+    def gateway(self) -> str:
+        return f"127.0.0.1:{self.gateway_port}"
+
+    def _store_args(self) -> list[str]:
+        args = ["--flush-disk-type", self.flush]
+        for key, value in self.store.items():
+            args += ["--set", f"{key}={value}"]
+        return args
+
+    def start_commitlog(self, name: str, *, role: str | None = None) -> ServeProcess:
+        index = self.names.index(name)
+        master = self.names[0]
+        role = role or (self.master_role if name == master else "SLAVE")
+        peers = ",".join(self.address(n) for n in self.names if n != name)
+        args = [
+            "--role",
+            "commitlog",
+            "--data",
+            str(self.root / name / "commitlog"),
+            "--listen",
+            self.address(name),
+            "--ha-listen",
+            self.address(name, "ha"),
+            "--broker-role",
+            role,
+            "--broker-id",
+            str(index),
+            "--ha-peers",
+            peers,
+            *self._store_args(),
+        ]
+        if role == "SLAVE":
+            args += ["--ha-master", self.address(master, "ha")]
+        self.root.mkdir(parents=True, exist_ok=True)
+        proc = ServeProcess(args, log=self.root / f"{name}-commitlog.log")
+        self.procs[f"{name}-commitlog"] = proc
+        return proc
+
+    def start_derived(self, name: str) -> None:
+        for svc in ("dispatch", "index"):
+            args = [
+                "--role",
+                svc,
+                "--data",
+                str(self.root / name / svc),
+                "--listen",
+                self.address(name, svc),
+                "--commitlog",
+                self.address(name),
+                *self._store_args(),
+            ]
+            self.procs[f"{name}-{svc}"] = ServeProcess(args, log=self.root / f"{name}-{svc}.log")
+
+    def start_gateway(self) -> None:
+        args = ["--role", "gateway", "--data", str(self.root / "gateway"), "--listen", self.gateway]
+        for svc in ("commitlog", "dispatch", "index"):
+            args += [f"--{svc}", ",".join(self.address(n, svc) for n in self.names)]
+        self.procs["gateway"] = ServeProcess([*args, *self._store_args()], log=self.root / "gateway.log")
+
+    def wait_serving(self, keys: list[str] | None = None, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for key in keys or list(self.procs):
+            name, _, svc = key.partition("-")
+            address = self.gateway if key == "gateway" else self.address(name, svc)
+            with Admin(address) as admin:
+                try:
+                    admin.wait_until_serving(max(1.0, deadline - time.monotonic()))
+                except Exception as exc:
+                    proc = self.procs.get(key)
+                    raise AssertionError(
+                        f"{key} is not serving: {exc}\n{proc.tail_log() if proc else ''}"
+                    ) from exc
+
+    def kill(self, key: str) -> None:
+        self.procs.pop(key).kill()
+
+    def signal(self, key: str, sig: signal.Signals) -> None:
+        self.procs[key].proc.send_signal(sig)
+
+    def stop_all(self) -> None:
+        for key in ["gateway", *[k for k in self.procs if not k.endswith("commitlog")]]:
+            proc = self.procs.pop(key, None)
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+        for key in list(self.procs):
+            proc = self.procs.pop(key)
+            proc.proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+
+    def commitlog_files(self, name: str) -> Path:
+        return self.root / name / "commitlog" / "commitlog"
+
+
+class CommitLogAdmin:
+    """Synchronous calls to one commitlog service (HA state, role switch, raw reads)."""
+
+    def __init__(self, address: str) -> None:
+        import grpc
+
+        from services.proto import commitlog_grpc
+
+        self.channel = grpc.insecure_channel(address)
+        self.stub = commitlog_grpc.CommitLogServiceStub(self.channel)
+
+    def __enter__(self) -> CommitLogAdmin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
+
+    def state(self) -> Any:
+        from services.proto import commitlog_pb
+
+        return self.stub.GetHAState(commitlog_pb.GetHAStateRequest(), timeout=5)
+
+    def promote(self, role: str = "", force: bool = False) -> Any:
+        from services.proto import commitlog_pb
+
+        return self.stub.Promote(commitlog_pb.PromoteRequest(broker_role=role, force=force), timeout=30)
+
+    def append(self, topic: str, body: bytes) -> Any:
+        """Append one message; raises the StoreError the service answered with."""
+        import grpc
+
+        from services._common.errors import store_error_from_rpc
+        from services.proto import commitlog_pb, common_pb
+
+        request = commitlog_pb.AppendRequest(messages=[common_pb.Message(topic=topic, queue_id=0, body=body)])
+        try:
+            return self.stub.Append(request, timeout=10).results
+        except grpc.RpcError as err:
+            mapped = store_error_from_rpc(err)
+            if mapped is not None:
+                raise mapped from None
+            raise
+
+    def read(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        from services.proto import commitlog_pb
+
+        reply = self.stub.Read(
+            commitlog_pb.ReadRequest(offsets=[o for o, _ in ranges], sizes=[s for _, s in ranges]), timeout=30
+        )
+        return list(reply.records)
+
+    def wait_for(self, predicate: Any, timeout_s: float = 30.0, what: str = "state") -> Any:
+        deadline = time.monotonic() + timeout_s
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = self.state()
+                if predicate(last):
+                    return last
+            except Exception as exc:  # not up yet
+                last = exc
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; last: {last}")
+
+
+def assert_logs_identical(first: Path, second: Path, end_offset: int) -> int:
+    """Every CommitLog segment holding bytes before ``end_offset`` is byte-identical in both
+    folders; segments starting at or past it hold only zeros (pre-allocated). Returns how many
+    segments were compared."""
+    names = sorted({p.name for p in first.iterdir()} | {p.name for p in second.iterdir()})
+    compared = 0
+    for name in names:
+        a, b = first / name, second / name
+        if int(name) >= end_offset:
+            for f in (a, b):
+                if f.exists():
+                    assert not f.read_bytes().strip(b"\0"), f"{f} past the log end holds data"
+            continue
+        assert a.exists() and b.exists(), f"segment {name} is missing on one side"
+        assert a.read_bytes() == b.read_bytes(), f"segment {name} differs between {first} and {second}"
+        compared += 1
+    return compared

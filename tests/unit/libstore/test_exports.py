@@ -31,6 +31,8 @@ EXPECTED = {
     "MessageRecord",
     "MessageSysFlag",
     "NotMasterError",
+    "LogDivergedError",
+    "RoleSwitchError",
     "OSPageCacheBusyError",
     "OffsetOutOfRangeError",
     "PropertiesSizeExceededError",

@@ -1,0 +1,365 @@
+"""HAController: the role of one commitlog service in its broker group, and role switches.
+
+A broker group is one master (ASYNC_MASTER or SYNC_MASTER, broker id 0 at first) and its slaves.
+Each store keeps its epochs and current role in ``config/haState.json`` (libstore.ha_state).
+
+Start: the role is the one saved by the last switch, else the configured one.
+* A SLAVE follows ``haMasterAddress`` (or the saved master, or the peer that says it is the
+  master) with a :class:`ReplicationClient`.
+* A master first asks its peers (``--ha-peers``: the other members' CommitLogService endpoints)
+  whether one of them is a master of a newer epoch; if so it was replaced while it was away, and
+  it rejoins as that master's SLAVE (the handshake cuts the tail its successor never had). Else
+  it serves slaves on its HA endpoint, starting epoch 1 if it has none.
+
+While running, a master with peers keeps asking them (every ``haSendHeartbeatInterval`` ms): a
+newer master among them demotes it at once (fencing), so two masters never take writes for the
+same epoch and an old one stops as soon as it can see the new one. Unreachable peers cannot be
+asked; a master cut off from its successor keeps its own (older) epoch until it can, and under
+SYNC_MASTER it cannot acknowledge anything meanwhile because its slave is gone.
+
+Switches (CommitLogService Promote/Demote, ``mqstore ha promote|demote``):
+* promote (a SLAVE): stop replicating, refill the de-duplication window from the log, start
+  epoch ``max(known epochs) + 1`` at the log's end (persisted before any write), take the role
+  (by default the old master's: SYNC_MASTER or ASYNC_MASTER). Refused while the old master is
+  still connected or answers as master, unless forced (then it is told to demote itself).
+* demote (a master): refuse puts from now on, fail pending SYNC_MASTER waits
+  (SLAVE_NOT_AVAILABLE), end the slaves' streams (NOT_MASTER), save the role, follow the new
+  master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+import grpc
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from libstore import BrokerRole, ConfigError, InvalidArgumentError, RoleSwitchError, StoreError
+from services._common.remote import open_channel
+from services._common.telemetry import meter
+from services.commitlog.client import RemoteCommitLog
+from services.commitlog.ha_client import ReplicationClient
+from services.commitlog.ha_server import ReplicationServicer
+from services.commitlog.local import LocalCommitLog
+from services.proto import commitlog_pb
+
+log = logging.getLogger(__name__)
+
+PEER_TIMEOUT_S = 2.0
+MASTER_ROLES = (BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER)
+
+
+class HAController:
+    """Role management for the commitlog service over ``port`` (see module docstring).
+
+    ``ha_address`` is this store's replication endpoint as peers reach it; ``commitlog_address``
+    its CommitLogService endpoint; ``peers`` the other members' CommitLogService endpoints.
+    """
+
+    def __init__(
+        self,
+        port: LocalCommitLog,
+        *,
+        ha_address: str,
+        commitlog_address: str,
+        peers: Sequence[str] = (),
+    ) -> None:
+        self.port = port
+        self.log = port.log
+        self.config = port.log.config
+        self.ha_address = ha_address
+        self.commitlog_address = commitlog_address
+        self.peers = [p for p in peers if p and p != commitlog_address]
+        self.replication = ReplicationServicer(self.log)
+        self.client: ReplicationClient | None = None
+        self._switch = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        m = meter("mqstore.ha")
+
+        def slaves(field: str):  # type: ignore[no-untyped-def]
+            def observe(_options: CallbackOptions) -> list[Observation]:
+                return [
+                    Observation(getattr(s, field), {"slave": s.address, "broker_id": s.broker_id})
+                    for s in self.log.ha_service.lag()
+                ]
+
+            return observe
+
+        def slave_lag(_options: CallbackOptions) -> list[Observation]:
+            client = self.client
+            return [Observation(client.lag_bytes, {"master": client.master_address})] if client else []
+
+        m.create_observable_gauge(
+            "mqstore.ha.replication_lag_bytes",
+            [slaves("lag_bytes")],
+            unit="By",
+            description="master: bytes each slave lacks",
+        )
+        m.create_observable_gauge(
+            "mqstore.ha.replication_lag_ms",
+            [slaves("lag_ms")],
+            unit="ms",
+            description="master: time since it wrote the first byte each slave lacks",
+        )
+        m.create_observable_gauge(
+            "mqstore.ha.slave_ack_offset",
+            [slaves("ack_offset")],
+            unit="By",
+            description="master: CommitLog offset each slave acknowledged",
+        )
+        m.create_observable_gauge(
+            "mqstore.ha.master_lag_bytes",
+            [slave_lag],
+            unit="By",
+            description="slave: bytes behind its master's log end, as last heard",
+        )
+
+    # -- life -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Settle the role (see module docstring) and start replication or serving slaves.
+        Raises ConfigError when a SLAVE has no master to follow."""
+        assert self.log.ha_state is not None
+        if self.log.broker_role is BrokerRole.SLAVE:
+            master = (
+                self.log.ha_state.master_address
+                or self.config.ha_master_address
+                or await self._discover_master()
+            )
+            if not master:
+                raise ConfigError(
+                    "a SLAVE needs its master's HA endpoint: set haMasterAddress (--ha-master) or --ha-peers"
+                )
+            self._start_client(master, min_epoch=0)
+        else:
+            newer = await self._newer_master()
+            if newer is not None:
+                log.warning(
+                    "%s is the master of epoch %d (ours: %d): rejoining as its SLAVE",
+                    newer.commitlog_address,
+                    newer.epoch,
+                    self.log.ha_state.last_epoch,
+                )
+                await self._become_slave(newer.ha_address, newer.epoch)
+            elif self.log.ha_state.last_epoch == 0:
+                self.log.ha_state.start_epoch(1, self.log.max_offset)
+        self._task = asyncio.get_running_loop().create_task(self._housekeeping(), name="ha-housekeeping")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._stop_client()
+        self.replication.end_streams()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def _housekeeping(self) -> None:
+        """Every second: drop silent slaves; every haSendHeartbeatInterval: the fencing check."""
+        interval = self.config.ha_send_heartbeat_interval / 1000.0
+        loop = asyncio.get_running_loop()
+        next_fence = loop.time() + interval
+        while True:
+            await asyncio.sleep(min(interval, 1.0))
+            dead = self.log.ha_service.expire()
+            if dead:
+                self.replication.end_streams(dead)
+            if self.log.broker_role is BrokerRole.SLAVE or not self.peers or loop.time() < next_fence:
+                continue
+            next_fence = loop.time() + interval
+            try:
+                newer = await self._newer_master()
+                if newer is not None:
+                    log.warning(
+                        "fencing: %s is the master of epoch %d, newer than ours (%d); demoting this store",
+                        newer.commitlog_address,
+                        newer.epoch,
+                        self.log.ha_state.last_epoch if self.log.ha_state else 0,
+                    )
+                    await self.demote(newer.ha_address, newer.epoch)
+            except StoreError as exc:
+                log.warning("fencing check failed: %s", exc)
+
+    # -- peers ------------------------------------------------------------------------------------
+    async def _peer_states(self) -> list[commitlog_pb.HAState]:
+        async def one(address: str) -> commitlog_pb.HAState | None:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = open_channel(address)
+            try:
+                return await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).ha_state()
+            except (StoreError, grpc.RpcError):
+                return None
+
+        states = await asyncio.gather(*(one(p) for p in self.peers))
+        return [s for s in states if s is not None]
+
+    async def _newer_master(self) -> commitlog_pb.HAState | None:
+        """A peer that is a master of a newer epoch than ours (ties: the lower broker id wins)."""
+        assert self.log.ha_state is not None
+        ours = self.log.ha_state.last_epoch
+        best = None
+        for st in await self._peer_states():
+            if st.broker_role == BrokerRole.SLAVE.value or st.broker_name != self.config.broker_name:
+                continue
+            newer = st.epoch > ours or (st.epoch == ours and st.broker_id < self.config.broker_id)
+            if newer and (best is None or st.epoch > best.epoch):
+                best = st
+        return best
+
+    async def _discover_master(self) -> str:
+        """The HA endpoint of the peer that is the master of the newest epoch, or ""."""
+        masters = [
+            st
+            for st in await self._peer_states()
+            if st.broker_role != BrokerRole.SLAVE.value and st.broker_name == self.config.broker_name
+        ]
+        return max(masters, key=lambda st: st.epoch).ha_address if masters else ""
+
+    # -- replication client ---------------------------------------------------------------------
+    def _start_client(self, master_address: str, *, min_epoch: int) -> None:
+        self.client = ReplicationClient(
+            self.log,
+            master_address,
+            commitlog_address=self.commitlog_address,
+            on_cut=self.port.forget_recent,
+            min_epoch=min_epoch,
+            discover=self._discover_master if self.peers else None,
+        )
+        self.client.start()
+
+    async def _stop_client(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            await client.stop()
+
+    async def _become_slave(self, master_address: str, min_epoch: int) -> None:
+        assert self.log.ha_state is not None
+        await asyncio.to_thread(self.log.set_broker_role, BrokerRole.SLAVE)
+        self.replication.end_streams()
+        self.log.ha_state.save_role(BrokerRole.SLAVE, master_address)
+        self.port.forget_recent()
+        self._start_client(master_address, min_epoch=min_epoch)
+
+    # -- switches ---------------------------------------------------------------------------------
+    async def promote(self, role: BrokerRole | None = None, *, force: bool = False) -> commitlog_pb.HAState:
+        """Make this store the master (see module docstring); returns the new state.
+
+        Raises RoleSwitchError when the old master still answers (without ``force``),
+        InvalidArgumentError for a non-master ``role``."""
+        if role is BrokerRole.SLAVE:
+            raise InvalidArgumentError("promote to ASYNC_MASTER or SYNC_MASTER, not SLAVE")
+        ha_state = self.log.ha_state
+        assert ha_state is not None
+        async with self._switch:
+            if self.log.broker_role is not BrokerRole.SLAVE:
+                if role is not None and role is not self.log.broker_role:
+                    ha_state.save_role(role)
+                    await asyncio.to_thread(self.log.set_broker_role, role)
+                return self.state()
+            client = self.client
+            peers = await self._peer_states()
+            live_masters = [st for st in peers if st.broker_role != BrokerRole.SLAVE.value]
+            if not force:
+                if client is not None and client.connected:
+                    raise RoleSwitchError(
+                        f"still replicating from the master at {client.master_address}; stop it first, "
+                        "or force the switch"
+                    )
+                if live_masters:
+                    raise RoleSwitchError(
+                        f"{live_masters[0].commitlog_address} still answers as the master "
+                        f"(epoch {live_masters[0].epoch}); stop it first, or force the switch"
+                    )
+            if role is None:
+                old = client.master_role if client is not None else ""
+                role = BrokerRole(old) if old in ("ASYNC_MASTER", "SYNC_MASTER") else BrokerRole.ASYNC_MASTER
+            epoch = 1 + max(
+                [ha_state.last_epoch, client.master_epoch if client else 0, *(st.epoch for st in peers)]
+            )
+            await self._stop_client()
+            self.port.forget_recent()
+            if self.port.dedup is not None:
+                await asyncio.to_thread(self.port.dedup.prefill, self.log)
+            ha_state.start_epoch(epoch, self.log.max_offset)
+            ha_state.save_role(role)
+            await asyncio.to_thread(self.log.set_broker_role, role)
+            log.warning(
+                "promoted to %s, epoch %d, at CommitLog offset %d", role.value, epoch, self.log.max_offset
+            )
+        for st in live_masters:  # forced: tell the old master to follow us
+            with contextlib.suppress(StoreError, grpc.RpcError):
+                channel = self._channels.get(st.commitlog_address) or open_channel(st.commitlog_address)
+                self._channels[st.commitlog_address] = channel
+                await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, epoch)
+        return self.state()
+
+    async def demote(self, master_address: str, min_epoch: int = 0) -> commitlog_pb.HAState:
+        """Make this store a SLAVE of ``master_address`` (an HA endpoint); returns the new state.
+        A SLAVE asked to follow another master switches to it. Raises InvalidArgumentError."""
+        if not master_address or ":" not in master_address:
+            raise InvalidArgumentError("demote needs the new master's HA endpoint as host:port")
+        if master_address == self.ha_address:
+            raise InvalidArgumentError("a store cannot follow itself")
+        async with self._switch:
+            if self.log.broker_role is BrokerRole.SLAVE:
+                if self.client is None or self.client.master_address != master_address:
+                    await self._stop_client()
+                    assert self.log.ha_state is not None
+                    self.log.ha_state.save_role(BrokerRole.SLAVE, master_address)
+                    self._start_client(master_address, min_epoch=min_epoch)
+                return self.state()
+            log.warning("demoted: following %s", master_address)
+            await self._become_slave(master_address, min_epoch)
+        return self.state()
+
+    # -- state --------------------------------------------------------------------------------------
+    def state(self) -> commitlog_pb.HAState:
+        log_ = self.log
+        cfg = self.config
+        assert log_.ha_state is not None
+        client = self.client
+        ha = log_.ha_service
+        reply = commitlog_pb.HAState(
+            broker_name=cfg.broker_name,
+            broker_id=cfg.broker_id,
+            broker_role=log_.broker_role.value,
+            epoch=log_.ha_state.last_epoch,
+            epochs=[
+                commitlog_pb.EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
+                for e in log_.ha_state.epochs
+            ],
+            ha_address=self.ha_address,
+            max_offset=log_.max_offset,
+            confirm_offset=log_.confirm_offset,
+            replicated_offset=ha.replicated_offset,
+            commitlog_address=self.commitlog_address,
+            in_sync_replicas=ha.required_slaves + 1,
+        )
+        if client is not None:
+            reply.master_address = client.master_address
+            reply.master_connected = client.connected
+            reply.master_max_offset = client.master_max_offset
+            reply.lag_bytes = client.lag_bytes
+        for s in ha.lag():
+            reply.slaves.append(
+                commitlog_pb.SlaveState(
+                    address=s.address,
+                    broker_id=s.broker_id,
+                    ack_offset=s.ack_offset,
+                    lag_bytes=s.lag_bytes,
+                    lag_ms=s.lag_ms,
+                    in_sync=s.in_sync,
+                    connected_ms=s.connected_ms,
+                )
+            )
+        return reply
