@@ -1,0 +1,302 @@
+"""Replication in libstore: epoch histories and the consistent point (checked against a byte-level
+model under hypothesis), the log generation, the master's replica bookkeeping (SYNC_MASTER
+statuses), and a SLAVE CommitLog taking its master's bytes, cutting a divergent tail and being
+promoted."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libstore import (
+    BrokerRole,
+    CommitLog,
+    ConfigError,
+    CorruptRecordError,
+    Message,
+    NotMasterError,
+    OffsetOutOfRangeError,
+    PutMessageStatus,
+    ServiceNotAvailableError,
+)
+from libstore.ha_service import HAService
+from libstore.ha_state import EpochEntry, HAState, find_consistent_point
+from libstore.log_generation import MAX_CUTS, LogGeneration
+
+E = EpochEntry
+
+
+# -- consistent point -------------------------------------------------------------------------------
+def test_consistent_point_cases():
+    one = [E(1, 0)]
+    switched = [E(1, 0), E(2, 500)]
+    assert find_consistent_point(one, 800, one, 800) == 800  # identical
+    assert find_consistent_point(one, 300, one, 800) == 300  # slave behind in the same epoch
+    assert find_consistent_point(one, 900, one, 800) == 800  # the master lost a tail: cut the slave
+    assert find_consistent_point(one, 900, switched, 1200) == 500  # old master vs its successor
+    assert find_consistent_point(switched, 1200, one, 900) == 500
+    assert find_consistent_point([E(3, 0)], 100, switched, 1200) == -1  # no shared epoch
+    assert find_consistent_point([], 0, one, 10) == -1
+    # Same epoch number with another start offset is another history.
+    assert find_consistent_point([E(1, 0), E(2, 400)], 700, switched, 1200) == 400
+
+
+class _Node:
+    """A store in the model: its bytes (unique ids) and its real HAState."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.ids: list[str] = []
+        self.state = HAState(root / name / "haState.json")
+        self.synced = True  # a slave that already did its handshake with the current master
+        self.pending: list[EpochEntry] = []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["write", "copy", "switch", "rejoin"]), st.integers(1, 40)), max_size=40
+    )
+)
+def test_consistent_point_matches_a_byte_model(ops):
+    """Two stores swap mastership; at every handshake the consistent point computed from the
+    epoch histories equals the longest common prefix of the two logs' bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        master, slave = _Node(root, "a"), _Node(root, "b")
+        master.state.start_epoch(1, 0)
+        slave.state.adopt(master.state.epochs, 0)  # a fresh slave's welcome
+        serial = itertools.count()
+        for op, n in ops:
+            if op == "write":
+                master.ids += [f"{master.state.last_epoch}.{next(serial)}" for _ in range(n)]
+            elif op == "copy" and slave.synced:
+                take = master.ids[len(slave.ids) : len(slave.ids) + n]
+                slave.ids += take
+                slave.pending = slave.state.extend_to(slave.pending, len(slave.ids))
+            elif op == "switch":  # the slave is promoted; the old master is cut off
+                epoch = max(master.state.last_epoch, slave.state.last_epoch) + 1
+                slave.state.start_epoch(epoch, len(slave.ids))
+                master, slave = slave, master
+                slave.synced = False
+            elif op == "rejoin" or (op == "copy" and not slave.synced):
+                point = find_consistent_point(
+                    slave.state.epochs, len(slave.ids), master.state.epochs, len(master.ids)
+                )
+                common = next(
+                    (i for i, (x, y) in enumerate(zip(slave.ids, master.ids, strict=False)) if x != y),
+                    min(len(slave.ids), len(master.ids)),
+                )
+                if point < 0:  # no shared epoch: the slave starts over (only right when nothing is shared)
+                    assert common == 0, (common, slave.state.epochs, master.state.epochs)
+                    point = 0
+                assert point == common, (point, common, slave.state.epochs, master.state.epochs)
+                del slave.ids[point:]
+                slave.state.truncate(point)
+                slave.state.adopt(master.state.epochs, point)
+                slave.pending = [e for e in master.state.epochs if e.start_offset > point]
+                slave.synced = True
+            assert master.ids[: len(slave.ids)] == slave.ids or not slave.synced
+
+
+def test_ha_state_persists_epochs_and_role(tmp_path: Path):
+    path = tmp_path / "haState.json"
+    state = HAState(path)
+    assert state.last_epoch == 0 and state.role is None
+    state.start_epoch(1, 0)
+    state.start_epoch(3, 4096)
+    with pytest.raises(ValueError):
+        state.start_epoch(2, 8192)  # not newer
+    state.save_role(BrokerRole.SLAVE, "10.0.0.1:10912")
+    again = HAState(path)
+    assert again.epochs == [E(1, 0), E(3, 4096)]
+    assert (again.role, again.master_address) == (BrokerRole.SLAVE, "10.0.0.1:10912")
+    again.truncate(4000)
+    assert HAState(path).epochs == [E(1, 0)]
+    path.write_text('{"epochs": [[2, 0], [1, 10]]}')
+    with pytest.raises(ConfigError):
+        HAState(path)
+
+
+# -- log generation ---------------------------------------------------------------------------------
+def test_log_generation_divergence_points(tmp_path: Path):
+    gen = LogGeneration(tmp_path / "g.json")
+    log_id = gen.log_id
+    assert gen.generation == 1 and gen.divergence_point(log_id, 1) is None
+    assert gen.divergence_point(log_id, 0) is None  # unknown: no check
+    gen.bump(5000)
+    gen.bump(7000)
+    assert gen.divergence_point(log_id, 1) == 5000
+    assert gen.divergence_point(log_id, 2) == 7000
+    assert gen.divergence_point(log_id, 3) is None
+    assert gen.divergence_point("another-log", 3) == 0
+    assert gen.divergence_point(log_id, 9) == 0  # from a future this log never had
+    reopened = LogGeneration(tmp_path / "g.json")
+    assert (reopened.log_id, reopened.generation, reopened.divergence_point(log_id, 1)) == (log_id, 3, 5000)
+    for i in range(MAX_CUTS + 5):
+        reopened.bump(100_000 + i)
+    assert reopened.divergence_point(log_id, 1) == 5000  # merged history cuts at least as far back
+    (tmp_path / "g.json").write_text("not json")
+    assert LogGeneration(tmp_path / "g.json").log_id != log_id  # unreadable: a new identity
+
+
+# -- master bookkeeping -----------------------------------------------------------------------------
+def test_sync_master_requests_and_in_sync_rules():
+    top = [10_000]
+    moved: list[int] = []
+    ha = HAService(lambda: top[0], max_gap=5_000, housekeeping_ms=200, on_replicated=moved.append)
+    assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no slave
+    conn = ha.register("s1", 1)
+    assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no report yet
+    ha.report(conn, 4_000)  # behind by 6000 >= max gap: not in sync
+    assert ha.in_sync_count() == 0
+    assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    ha.report(conn, 6_000)
+    assert ha.submit_replica_request(5_000).result(0) is PutMessageStatus.PUT_OK  # already held
+    waiting = [ha.submit_replica_request(off) for off in (8_000, 7_000, 9_500)]
+    assert not any(f.done() for f in waiting)
+    ha.report(conn, 8_000)
+    assert [f.done() for f in waiting] == [True, True, False]
+    assert ha.replicated_offset == 8_000 and moved[-1] == 8_000
+    ha.report(conn, 7_000)  # acks never move back
+    assert ha.replicated_offset == 8_000
+    assert ha.fail_waiters(PutMessageStatus.SLAVE_NOT_AVAILABLE) == 1
+    assert waiting[2].result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    (lag,) = ha.lag()
+    assert (lag.ack_offset, lag.lag_bytes, lag.in_sync) == (8_000, 2_000, True)
+    time.sleep(0.25)
+    assert ha.expire() == [conn] and ha.connections == []
+    assert ha.replicated_offset == 8_000  # what the slave held stays held
+
+
+def test_in_sync_replicas_counts_the_master():
+    ha = HAService(lambda: 1_000, in_sync_replicas=3)
+    a, b = ha.register("a", 1), ha.register("b", 2)
+    ha.report(a, 900)
+    assert ha.submit_replica_request(900).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # one of two
+    ha.report(b, 500)
+    fut = ha.submit_replica_request(900)
+    assert not fut.done()
+    ha.report(b, 950)
+    assert fut.result(0) is PutMessageStatus.PUT_OK and ha.replicated_offset == 900
+
+
+def test_lag_ms_counts_from_the_first_missing_append():
+    top = [0]
+    ha = HAService(lambda: top[0])
+    conn = ha.register("s", 1)
+    ha.report(conn, 0)
+    top[0] = 100
+    ha.on_append(100)
+    time.sleep(0.05)
+    top[0] = 200
+    ha.on_append(200)
+    (lag,) = ha.lag()
+    assert lag.lag_bytes == 200 and lag.lag_ms >= 45
+    ha.report(conn, 200)
+    assert ha.lag()[0].lag_ms == 0
+
+
+# -- a SLAVE CommitLog ------------------------------------------------------------------------------
+def _msgs(n: int, start: int = 0, size: int = 900) -> list[Message]:
+    return [Message("T", b"%06d" % i + b"x" * size, i % 3, keys=f"k{i}") for i in range(start, start + n)]
+
+
+def _replicate(master: CommitLog, slave: CommitLog, batch: int = 32 * 1024) -> int:
+    """Copy everything the slave lacks, chunk by chunk, as the HA stream does."""
+    offset = slave.max_offset
+    while offset < master.max_offset:
+        data, nxt = master.read_chunk(offset, master.max_offset, batch)
+        slave.append_replica(offset, data)
+        offset = nxt
+    return offset
+
+
+def _files(log: CommitLog) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(log.config.commit_log_dir.iterdir())}
+
+
+def test_slave_copies_bytes_at_the_same_offsets_and_is_promoted(open_log, tmp_path: Path):
+    master = open_log()
+    slave = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    with pytest.raises(NotMasterError):
+        slave.put_messages(_msgs(1))
+    for start in range(0, 1200, 100):  # ~1.1 MB: several 256 KiB segments, blank END records
+        master.put_messages(_msgs(100, start))
+        _replicate(master, slave, batch=20_000)
+    assert slave.max_offset == master.max_offset and len(master.queue.mapped_files) >= 4
+    master.queue.flush(0)
+    slave.queue.flush(0)
+    mine, theirs = _files(master), _files(slave)
+    for name in set(mine) & set(theirs):
+        if int(name) < master.max_offset:
+            assert mine[name] == theirs[name], f"segment {name} differs"
+    assert all(int(n) >= master.max_offset for n in set(mine) ^ set(theirs))
+
+    with pytest.raises(OffsetOutOfRangeError):
+        slave.append_replica(slave.max_offset + 8, b"\0" * 64)
+    with pytest.raises(CorruptRecordError):
+        slave.append_replica(slave.max_offset, b"\x00\x00\x01\x00garbage" * 40)
+    with pytest.raises(ServiceNotAvailableError):
+        master.append_replica(master.max_offset, b"")  # a master takes no replica bytes
+
+    slave.set_broker_role(BrokerRole.ASYNC_MASTER)
+    expected = [master.queue_offset_of("T", q) for q in range(3)]
+    (r,) = slave.put_messages([Message("T", b"after the switch", 1)])
+    assert r.status is PutMessageStatus.PUT_OK and r.queue_offset == expected[1]
+    assert r.phy_offset == master.max_offset
+
+
+def test_truncate_to_cuts_a_divergent_tail_and_bumps_the_generation(open_log, tmp_path: Path):
+    master = open_log()
+    slave = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    first = master.put_messages(_msgs(300))
+    _replicate(master, slave)
+    cut = first[150].phy_offset
+    gen = slave.generation.generation
+    slave.ha_state.start_epoch(1, 0)
+    slave.ha_state.start_epoch(2, first[200].phy_offset)
+    slave.truncate_to(cut)
+    assert slave.max_offset == cut and slave.generation.generation == gen + 1
+    assert slave.generation.divergence_point(slave.generation.log_id, gen) == cut
+    assert [e.epoch for e in slave.ha_state.epochs] == [1]  # epoch 2 started past the cut
+    assert slave.read_many([(first[200].phy_offset, 0)]) == [None]
+    # The queue-offset table was rebuilt at the cut: a promotion continues from there.
+    slave.set_broker_role(BrokerRole.ASYNC_MASTER)
+    (r,) = slave.put_messages([Message("T", b"x", 0)])
+    assert r.queue_offset == 50 and r.phy_offset == cut  # messages 0, 3, ..., 147 were kept in queue 0
+
+
+def test_sync_master_put_waits_for_a_slave_and_bounds_the_confirm_offset(open_log):
+    cl = open_log(broker_role=BrokerRole.SYNC_MASTER, slave_timeout=300)
+    (r,) = cl.put_messages(_msgs(1))
+    assert r.status is PutMessageStatus.SLAVE_NOT_AVAILABLE  # written, not acknowledged
+    assert cl.confirm_offset == 0 < cl.max_offset  # consumers do not see it yet
+    conn = cl.ha_service.register("slave", 1)
+    cl.ha_service.report(conn, cl.max_offset)
+    assert cl.confirm_offset == cl.max_offset
+    timeout = cl.put_messages(_msgs(1, 1))[0]
+    assert timeout.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT  # the slave acknowledged nothing more
+    ticker = threading.Timer(0.05, lambda: cl.ha_service.report(conn, cl.max_offset))
+    ticker.start()
+    ok = cl.put_messages(_msgs(1, 2))[0]
+    ticker.join()
+    assert ok.status is PutMessageStatus.PUT_OK and cl.confirm_offset == cl.max_offset
+    cl.set_broker_role(BrokerRole.SLAVE)
+    with pytest.raises(NotMasterError):
+        cl.put_messages(_msgs(1, 3))
+
+
+def test_role_and_epochs_survive_a_restart(open_log, store_config):
+    cl = open_log()
+    cl.ha_state.start_epoch(1, 0)
+    cl.ha_state.save_role(BrokerRole.SLAVE, "127.0.0.1:10912")
+    cl.shutdown()
+    again = open_log()  # configured ASYNC_MASTER, but the last role switch said SLAVE
+    assert again.broker_role is BrokerRole.SLAVE and again.ha_state.master_address == "127.0.0.1:10912"
