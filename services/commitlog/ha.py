@@ -32,7 +32,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 
 import grpc
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -47,6 +48,68 @@ from services.commitlog.local import LocalCommitLog
 from services.proto import commitlog_pb
 
 log = logging.getLogger(__name__)
+
+# Controllers of this process, read by the metric callbacks (registered once per process).
+_LIVE: weakref.WeakSet[HAController] = weakref.WeakSet()
+_metrics_registered = False
+
+
+def _register_metrics() -> None:
+    """Observable gauges over every live controller: per slave (master side) lag in bytes and
+    ms and the acknowledged offset; per slave store, bytes behind its master."""
+    global _metrics_registered
+    if _metrics_registered:
+        return
+    _metrics_registered = True
+    m = meter("mqstore.ha")
+
+    def per_slave(field: str) -> Callable[[CallbackOptions], list[Observation]]:
+        def observe(_options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(
+                    getattr(s, field),
+                    {"broker_name": c.config.broker_name, "slave": s.address, "slave_broker_id": s.broker_id},
+                )
+                for c in list(_LIVE)
+                for s in c.log.ha_service.lag()
+            ]
+
+        return observe
+
+    def behind_master(_options: CallbackOptions) -> list[Observation]:
+        return [
+            Observation(
+                c.client.lag_bytes, {"broker_name": c.config.broker_name, "master": c.client.master_address}
+            )
+            for c in list(_LIVE)
+            if c.client is not None
+        ]
+
+    m.create_observable_gauge(
+        "mqstore.ha.replication_lag_bytes",
+        [per_slave("lag_bytes")],
+        unit="By",
+        description="bytes a slave lacks",
+    )
+    m.create_observable_gauge(
+        "mqstore.ha.replication_lag_ms",
+        [per_slave("lag_ms")],
+        unit="ms",
+        description="time since the master wrote the first byte a slave lacks",
+    )
+    m.create_observable_gauge(
+        "mqstore.ha.slave_ack_offset",
+        [per_slave("ack_offset")],
+        unit="By",
+        description="CommitLog offset a slave acknowledged",
+    )
+    m.create_observable_gauge(
+        "mqstore.ha.master_lag_bytes",
+        [behind_master],
+        unit="By",
+        description="slave: bytes behind its master's log end, as last heard",
+    )
+
 
 PEER_TIMEOUT_S = 2.0
 MASTER_ROLES = (BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER)
@@ -78,48 +141,8 @@ class HAController:
         self._switch = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._register_metrics()
-
-    def _register_metrics(self) -> None:
-        m = meter("mqstore.ha")
-
-        def slaves(field: str):  # type: ignore[no-untyped-def]
-            def observe(_options: CallbackOptions) -> list[Observation]:
-                return [
-                    Observation(getattr(s, field), {"slave": s.address, "broker_id": s.broker_id})
-                    for s in self.log.ha_service.lag()
-                ]
-
-            return observe
-
-        def slave_lag(_options: CallbackOptions) -> list[Observation]:
-            client = self.client
-            return [Observation(client.lag_bytes, {"master": client.master_address})] if client else []
-
-        m.create_observable_gauge(
-            "mqstore.ha.replication_lag_bytes",
-            [slaves("lag_bytes")],
-            unit="By",
-            description="master: bytes each slave lacks",
-        )
-        m.create_observable_gauge(
-            "mqstore.ha.replication_lag_ms",
-            [slaves("lag_ms")],
-            unit="ms",
-            description="master: time since it wrote the first byte each slave lacks",
-        )
-        m.create_observable_gauge(
-            "mqstore.ha.slave_ack_offset",
-            [slaves("ack_offset")],
-            unit="By",
-            description="master: CommitLog offset each slave acknowledged",
-        )
-        m.create_observable_gauge(
-            "mqstore.ha.master_lag_bytes",
-            [slave_lag],
-            unit="By",
-            description="slave: bytes behind its master's log end, as last heard",
-        )
+        _register_metrics()
+        _LIVE.add(self)
 
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -152,6 +175,7 @@ class HAController:
         self._task = asyncio.get_running_loop().create_task(self._housekeeping(), name="ha-housekeeping")
 
     async def stop(self) -> None:
+        _LIVE.discard(self)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

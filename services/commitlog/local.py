@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import shutil
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
+
+from opentelemetry.metrics import Histogram
 
 from libstore import (
     CommitLog,
@@ -53,9 +56,7 @@ class LocalCommitLog:
         # (end offset, requests with their final offsets). In-process followers take these
         # instead of decoding the same bytes again; an older offset reads the log as usual.
         self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
-        self._sync_wait_ms = meter("mqstore.commitlog").create_histogram(
-            "mqstore.ha.sync_master_wait", unit="ms", description="SYNC_MASTER: time a put waited for slaves"
-        )
+        self._sync_wait_ms = _sync_wait_histogram()
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
@@ -350,6 +351,14 @@ class LocalCommitLog:
 
     async def delete_topic(self, topic: str) -> bool:
         return self.log.topic_config.delete(topic)
+
+
+@functools.cache
+def _sync_wait_histogram() -> Histogram:
+    """One instrument per process (every LocalCommitLog records into it)."""
+    return meter("mqstore.commitlog").create_histogram(
+        "mqstore.ha.sync_master_wait", unit="ms", description="SYNC_MASTER: time a put waited for slaves"
+    )
 
 
 def _check_divergence(

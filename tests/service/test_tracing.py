@@ -4,6 +4,7 @@ must be one trace gateway → commitlog, one pull one trace gateway → dispatch
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -124,3 +125,56 @@ def test_one_pull_is_one_trace_through_dispatch_and_commitlog(
 
     names = _wait_for(exporter, pull_trace)
     assert names, f"no single pull trace; spans: {sorted({s.name for s in exporter.get_finished_spans()})}"
+
+
+def test_sync_master_wait_and_replication_lag_are_traced_and_measured(
+    exporter: InMemorySpanExporter, suites: InProcessSuites, tmp_path: Path
+):
+    from libstore import Message, PutMessageStatus
+    from services._common.remote import open_channel
+    from services._common.telemetry import metrics_snapshot
+    from services.commitlog.client import RemoteCommitLog
+
+    ports = {name: free_port() for name in ("master", "master-ha", "slave", "slave-ha")}
+    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    for name, role in (("master", "SYNC_MASTER"), ("slave", "SLAVE")):
+        suites.start(
+            ServeOptions(
+                role="commitlog",
+                data_dir=tmp_path / name,
+                listen=addr[name],
+                ha_listen=addr[f"{name}-ha"],
+                store={
+                    **SMALL_STORE,
+                    "brokerRole": role,
+                    "brokerId": 0 if name == "master" else 1,
+                    "haMasterAddress": addr["master-ha"] if name == "slave" else "",
+                },
+            )
+        )
+
+    async def produce() -> tuple[object, object]:
+        channel = open_channel(addr["master"])
+        try:
+            master = RemoteCommitLog(channel)
+            for _ in range(200):
+                state = await master.ha_state()
+                if state.slaves and state.slaves[0].in_sync:
+                    break
+                await asyncio.sleep(0.05)
+            results = await master.append([Message("Traced", b"replicated", 0)])
+            return results, await master.ha_state()
+        finally:
+            await channel.close()
+
+    results, state = suites.loop.run(produce())
+    assert results.status is PutMessageStatus.PUT_OK
+    waits = _wait_for(exporter, lambda spans: [s for s in spans if s.name == "commitlog.replica_wait"])
+    assert waits and waits[-1].attributes["mqstore.status"] == "PUT_OK"
+    assert state.replicated_offset == state.max_offset == results.next_offset
+    metrics = metrics_snapshot()
+    assert any(attrs.get("status") == "PUT_OK" for attrs, _ in metrics["mqstore.ha.sync_master_wait"])
+    acked = [value for _, value in metrics["mqstore.ha.slave_ack_offset"]]
+    assert results.next_offset in acked
+    assert 0.0 in [value for _, value in metrics["mqstore.ha.replication_lag_bytes"]]
+    assert "mqstore.ha.replication_lag_ms" in metrics and "mqstore.ha.master_lag_bytes" in metrics
