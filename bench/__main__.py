@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import baseline, commit_log_bench, service_bench, store_bench
+from bench import baseline, commit_log_bench, ha_bench, service_bench, store_bench
 from bench.harness import machine_facts, scratch_dir
 from libstore import FlushDiskType
 
@@ -35,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services"),
+        choices=("all", "commit_log", "store", "services", "ha"),
         default="all",
-        help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway",
+        help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
+        "ha: replication",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _services_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("services", lines)
+    if args.suite in ("all", "ha"):
+        lines = _ha_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("ha", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -284,6 +289,66 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                         )
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def _ha_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    """Produce under ASYNC_MASTER and SYNC_MASTER (each flush type) with a live slave; then the
+    catch-up of an empty slave from a 1 GiB backlog."""
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
+        "master, slave, gateway and the load-generating clients share the cores.",
+        "",
+        "| broker role | flush | msgs/s | vs ASYNC_MASTER | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    per_process = 60_000
+    rates: dict[str, float] = {}
+    for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+        for role in ("ASYNC_MASTER", "SYNC_MASTER"):
+            with scratch_dir(data_dir, "ha-produce") as d, ha_bench.running_group(d, role, flush) as gw:
+                r = service_bench.produce(gw, processes=2, per_process=per_process, batch=256, inflight=4)
+            rates[role] = r.msgs_per_s
+            ratio = r.msgs_per_s / rates["ASYNC_MASTER"] if "ASYNC_MASTER" in rates else float("nan")
+            console.print(
+                f"  {role} {flush}: {r.msgs_per_s:,.0f} msgs/s ({ratio:.2f}x), "
+                f"p50 {r.pct(50):.1f} ms, p99 {r.pct(99):.1f} ms"
+            )
+            lines.append(
+                f"| {role} | {flush} | {r.msgs_per_s:,.0f} | {ratio:.2f}x | "
+                f"{r.pct(50):.1f} | {r.pct(99):.1f} |"
+            )
+    for role in ("ASYNC_MASTER", "SYNC_MASTER"):
+        with scratch_dir(data_dir, "ha-paced") as d, ha_bench.running_group(d, role, "ASYNC_FLUSH") as gw:
+            r = service_bench.produce(
+                gw, processes=2, per_process=20_000, batch=32, inflight=16, rate=2_000.0
+            )
+        console.print(f"  {role} paced 4k/s: p50 {r.pct(50):.1f} ms, p99 {r.pct(99):.1f} ms")
+        lines.append(
+            f"| {role} | ASYNC_FLUSH, offered 4,000 msgs/s | {r.msgs_per_s:,.0f} | - | "
+            f"{r.pct(50):.1f} | {r.pct(99):.1f} |"
+        )
+    lines += [
+        "",
+        "Load: 2 client processes x 4 Produce calls of 256 x 1 KiB in flight (records encoded by the "
+        "client), 120,000 messages per run, through a gateway in front of the master; the paced rows "
+        "send batches of 32 on a fixed schedule (latency from the scheduled send time).",
+        "",
+    ]
+    with scratch_dir(data_dir, "ha-catch-up") as d:
+        c = ha_bench.catch_up(d, 1 << 30)
+    console.print(
+        f"  catch-up of {c.backlog_bytes / 2**30:.2f} GiB: {c.seconds:.1f} s, {c.mb_per_s:,.0f} MB/s"
+    )
+    lines += [
+        "| replication | result |",
+        "|---|---|",
+        f"| catch-up of an empty slave from a {c.backlog_bytes / 2**30:.2f} GiB backlog | {c.seconds:.1f} s "
+        "(slave process start included) |",
+        f"| replication throughput while catching up | {c.mb_per_s:,.0f} MB/s |",
+    ]
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "ha-latest.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
