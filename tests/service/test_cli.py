@@ -86,3 +86,8 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(embedded: Suite):
     assert "cannot read" in _one_line_error(
         mqstore("produce", "--topic", "T", "--file", "/no/such/file", "-a", gw)
     )
+    assert "host:port" in _one_line_error(mqstore("ha", "demote", "--master", "nonsense", "-c", nobody))
+    assert "ASYNC_MASTER or SYNC_MASTER" in _one_line_error(mqstore("ha", "promote", "--role", "SLAVE"))
+    ha_down = mqstore("ha", "state", "-c", nobody)
+    assert ha_down.returncode == 1 and "not available" in _one_line_error(ha_down)
+    assert "--ha-peers" in _one_line_error(mqstore("serve", "--role", "commitlog", "--ha-peers", "a,b"))

@@ -17,6 +17,7 @@ import pytest
 from libstore import NotMasterError, PutMessageStatus, decode_record
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from tests.service.harness import BrokerGroupCluster, CommitLogAdmin, assert_logs_identical
+from tests.service.test_cli import mqstore
 
 
 def _slave_in_sync(master: str) -> None:
@@ -213,6 +214,10 @@ def test_slave_not_available_and_flush_slave_timeout(tmp_path: Path):
         cluster.start_gateway()
         cluster.wait_serving()
         _slave_in_sync(cluster.address("a"))
+        shown = mqstore("ha", "state", "-c", cluster.address("a"))
+        assert (
+            shown.returncode == 0 and "SYNC_MASTER" in shown.stdout and cluster.address("b") in shown.stdout
+        )
         with Producer(cluster.gateway, retries=0) as producer:
             assert producer.send_batch(msg).status is PutMessageStatus.PUT_OK
 
