@@ -259,7 +259,10 @@ class CommitLog:
         if not self.last_exit_ok:
             # Followers in other processes may have read bytes past the recovered end.
             self.generation.bump(report.end_offset)
-        self.ha_state.truncate(report.end_offset)
+        if self._role is BrokerRole.SLAVE:
+            self.ha_state.truncate(report.end_offset)  # the master's entries come back at the handshake
+        else:
+            self.ha_state.clamp(report.end_offset)
         # SYNC_MASTER: what the slaves held when the checkpoint was last written.
         self.ha_service.reset_replicated_offset(min(self.checkpoint.confirm_phy_offset, report.end_offset))
         self.recovery_report = report

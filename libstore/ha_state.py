@@ -166,6 +166,16 @@ class HAState:
                 self._epochs = kept
                 self._persist_locked()
 
+    def clamp(self, max_offset: int) -> None:
+        """A master's log ended up shorter than its own epochs say (a crash lost the unflushed
+        tail): epochs that start past the end now start at the end, keeping their numbers, so
+        the bytes written next belong to the newest epoch and no older number is reused."""
+        with self._lock:
+            clamped = [EpochEntry(e.epoch, min(e.start_offset, max_offset)) for e in self._epochs]
+            if clamped != self._epochs:
+                self._epochs = clamped
+                self._persist_locked()
+
     # -- role ---------------------------------------------------------------------------------
     def save_role(self, role: BrokerRole, master_address: str = "") -> None:
         """Persist the store's current role (and, for a SLAVE, its master's HA address)."""

@@ -246,6 +246,8 @@ class BrokerGroupCluster:
             "--ha-peers",
             peers,
             *self._store_args(),
+            "--set",
+            f"storeHost={self.address(name)}",  # message ids tell which member stored a message
         ]
         if role == "SLAVE":
             args += ["--ha-master", self.address(master, "ha")]

@@ -12,9 +12,10 @@ import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
-from libstore import NotMasterError, PutMessageStatus, decode_record
+from libstore import NotMasterError, PutMessageStatus, decode_message_id, decode_record
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from tests.service.harness import BrokerGroupCluster, CommitLogAdmin, assert_logs_identical
 from tests.service.test_cli import mqstore
@@ -46,6 +47,7 @@ class Load:
         self.topic = topic
         self.batch = batch
         self.acked: dict[str, tuple[int, int]] = {}
+        self.stored_by: dict[str, str] = {}  # key -> "ip:port" of the member that acknowledged it
         self.statuses: dict[str, int] = {}
         self.errors = 0
         self._lock = threading.Condition()
@@ -77,8 +79,10 @@ class Load:
                     name = results.status.name
                     self.statuses[name] = self.statuses.get(name, 0) + 1
                     if results.status is PutMessageStatus.PUT_OK:
+                        parts = decode_message_id(results[0].msg_id)
                         for k, off, size in zip(keys, results.phy_offsets, results.sizes, strict=False):
                             self.acked[k] = (off, size)
+                            self.stored_by[k] = f"{parts.ip}:{parts.port}"
                     self._lock.notify_all()
 
     def wait_acked(self, more: int, timeout_s: float = 30.0) -> None:
@@ -206,7 +210,9 @@ def test_sync_master_survives_kills_and_a_role_switch(tmp_path: Path):
 
 
 def test_slave_not_available_and_flush_slave_timeout(tmp_path: Path):
-    cluster = BrokerGroupCluster(tmp_path / "g", master_role="SYNC_MASTER")
+    cluster = BrokerGroupCluster(
+        tmp_path / "g", master_role="SYNC_MASTER", store={"haHousekeepingInterval": 3000}
+    )
     msg = [OutgoingMessage("Waits", b"x" * 512)]
     try:
         cluster.start_commitlog("a")
@@ -225,7 +231,11 @@ def test_slave_not_available_and_flush_slave_timeout(tmp_path: Path):
             t0 = time.monotonic()
             assert producer.send_batch(msg).status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
             assert 0.9 <= time.monotonic() - t0 < 5, "slaveTimeout is 1000 ms in this test"
-            cluster.signal("b-commitlog", signal.SIGCONT)
+            with CommitLogAdmin(cluster.address("a")) as a:  # silent for haHousekeepingInterval: dropped
+                a.wait_for(lambda s: not s.slaves, timeout_s=15, what="the master to drop the silent slave")
+            assert producer.send_batch(msg).status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+            cluster.signal("b-commitlog", signal.SIGCONT)  # it reconnects by itself
+            _slave_in_sync(cluster.address("a"))
             assert producer.send_batch(msg).status is PutMessageStatus.PUT_OK
 
             cluster.kill("b-commitlog")  # no slave at all
@@ -281,5 +291,50 @@ def test_consumers_read_from_the_slave_while_the_master_is_down(tmp_path: Path):
             assert progress.total_lag == 0, "offsets committed while the master is down are kept"
             with pytest.raises(Exception, match=r"(?i)master"):
                 admin.create_topic("NoMaster", 1)
+    finally:
+        cluster.stop_all()
+
+
+def test_forced_promotion_fences_the_old_master(tmp_path: Path):
+    cluster = BrokerGroupCluster(tmp_path / "g", master_role="ASYNC_MASTER")
+    try:
+        cluster.start_commitlog("a")
+        cluster.start_commitlog("b")
+        cluster.start_gateway()
+        cluster.wait_serving()
+        _slave_in_sync(cluster.address("a"))
+        load = Load(cluster.gateway, "Fenced", threads=2).start()
+        load.wait_acked(300)
+        cluster.signal("a-commitlog", signal.SIGSTOP)  # the master hangs: alive, but silent
+        before = load.snapshot()
+        with CommitLogAdmin(cluster.address("b")) as b:
+            with pytest.raises(grpc.RpcError) as refused:
+                b.promote()  # still connected to its master: a switch needs --force
+            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            promoted = b.promote(force=True)
+            assert promoted.broker_role == "ASYNC_MASTER" and promoted.epoch == 2
+            switch_offset = promoted.epochs[-1].start_offset
+        cluster.signal("a-commitlog", signal.SIGCONT)
+        with CommitLogAdmin(cluster.address("a")) as a:
+            a.wait_for(
+                lambda s: s.broker_role == "SLAVE" and s.master_connected and s.epoch == 2,
+                timeout_s=30,
+                what="the old master to see the newer epoch and step down",
+            )
+        load.wait_acked(300)  # the gateway found the new master
+        load.stop()
+        end = _caught_up(cluster.address("b"), cluster.address("a"))
+        acked = load.snapshot()
+        by_b = {k: v for k, v in acked.items() if load.stored_by[k] == cluster.address("b")}
+        by_a = {k: v for k, v in acked.items() if k not in by_b}
+        assert by_b and set(before) <= set(by_a)
+        # ASYNC_MASTER: what the old master acknowledged but never shipped (past the switch
+        # offset, including what it took after it resumed and before it saw the new epoch) is
+        # gone, as in RocketMQ; everything it had shipped, and all the new master took, is kept.
+        _assert_held(cluster.address("b"), {k: v for k, v in by_a.items() if v[0] < switch_offset})
+        _assert_held(cluster.address("b"), by_b)
+        _assert_held(cluster.address("a"), by_b)
+        cluster.stop_all()
+        assert_logs_identical(cluster.commitlog_files("a"), cluster.commitlog_files("b"), end)
     finally:
         cluster.stop_all()

@@ -117,7 +117,9 @@ def test_ha_state_persists_epochs_and_role(tmp_path: Path):
     again = HAState(path)
     assert again.epochs == [E(1, 0), E(3, 4096)]
     assert (again.role, again.master_address) == (BrokerRole.SLAVE, "10.0.0.1:10912")
-    again.truncate(4000)
+    again.clamp(4000)  # a master that lost its tail keeps its newest epoch number
+    assert HAState(path).epochs == [E(1, 0), E(3, 4000)]
+    again.truncate(3000)  # a slave cut below an epoch's start forgets it
     assert HAState(path).epochs == [E(1, 0)]
     path.write_text('{"epochs": [[2, 0], [1, 10]]}')
     with pytest.raises(ConfigError):
