@@ -13,6 +13,7 @@ Each class has a ``reason``: the RocketMQ-style name the services put in ``googl
     │   ├── PropertiesSizeExceededError  serialized properties over 32767 bytes
     │   └── QueueIdOutOfRangeError       queue id outside the topic's queues
     ├── InvalidArgumentError             a malformed request parameter (message id, offset, count)
+    │   └── InvalidReceiptHandleError    a pop receipt handle that is malformed, expired or superseded
     ├── TopicNotFoundError               unknown topic and auto-create is off
     ├── MessageNotFoundError             no message with the id asked for
     ├── OffsetOutOfRangeError            a physical range outside what the log holds
@@ -81,6 +82,13 @@ class InvalidArgumentError(StoreError):
     """A request parameter is malformed (a message id that does not decode, a negative count...)."""
 
     reason = "INVALID_ARGUMENT"
+
+
+class InvalidReceiptHandleError(InvalidArgumentError):
+    """A pop receipt handle that does not decode, has expired, or was replaced by a later
+    delivery or change of invisible time (RocketMQ INVALID_RECEIPT_HANDLE)."""
+
+    reason = "INVALID_RECEIPT_HANDLE"
 
 
 class TopicNotFoundError(StoreError):

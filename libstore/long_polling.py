@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 QueueKey = tuple[str, int]
+ANY_QUEUE = -1  # the queue id of waiters woken by an arrival on any queue of their topic
 
 
 class _Waiter:
@@ -38,7 +39,10 @@ class LongPollingService:
         self._waiters: dict[QueueKey, list[_Waiter]] = {}
 
     def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Wake the waiters of (topic, queue_id) whose offset is below ``max_offset``."""
+        """Wake the waiters of (topic, queue_id) whose offset is below ``max_offset``, and the
+        topic's any-queue waiters (:meth:`wait_for_topic_async`)."""
+        if queue_id != ANY_QUEUE:
+            self.notify_message_arriving(topic, ANY_QUEUE, max_offset)
         key = (topic, queue_id)
         with self._lock:
             waiters = self._waiters.get(key)
@@ -121,6 +125,32 @@ class LongPollingService:
             with contextlib.suppress(TimeoutError):  # held for the whole time: an empty answer
                 await asyncio.wait_for(future, timeout_ms / 1000.0)
             return self._max_offset_of(topic, queue_id) > offset
+        finally:
+            self._unregister(key, waiter)
+
+    async def wait_for_topic_async(
+        self, topic: str, timeout_ms: int, arrived: Callable[[], bool] | None = None
+    ) -> None:
+        """Hold an asyncio caller until a message arrives on any queue of ``topic`` or
+        ``timeout_ms`` pass (the pop model's long polling: a receive serves every queue).
+        ``arrived()`` is asked once the waiter is registered (return at once when True), so an
+        arrival between the caller's empty look and the registration is not missed. A wake-up
+        means "look again", not "there is a message for you"."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, future)
+
+        key = (topic, ANY_QUEUE)
+        waiter = _Waiter(-1, wake)
+        self._register(key, waiter)
+        try:
+            if arrived is not None and arrived():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, max(timeout_ms, 0) / 1000.0)
         finally:
             self._unregister(key, waiter)
 

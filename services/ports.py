@@ -17,9 +17,11 @@ from typing import Protocol
 
 from libstore import Message, PutMessageResults, TopicConfig
 from libstore.consume_queue import BoundaryType
+from libstore.errors import StoreError
 from libstore.message_store import QueueProgress
 from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
+from libstore.subscription_group import SubscriptionGroupConfig
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,28 @@ class Entries:
     queue_offsets: list[int] = field(default_factory=list)
     phy_offsets: list[int] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PoppedMessage:
+    """One delivery of the pop model (libstore.pop_state): the unit, its delivery attempt (1 on
+    the first), its receipt handle (text) and when it becomes visible again (ms)."""
+
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    attempt: int
+    receipt_handle: str
+    visible_at_ms: int
+
+
+@dataclass(frozen=True)
+class PopResult:
+    """What a pop delivered; ``fifo``: the group consumes orderly."""
+
+    messages: list[PoppedMessage]
+    fifo: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +187,37 @@ class DispatchPort(Protocol):
     async def consumer_progress(self, group: str, topic: str, queue_nums: int) -> list[QueueProgress]: ...
 
     async def status(self) -> DerivedStatus: ...
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        tag_expression: str = "*",
+        max_count: int = 32,
+        invisible_ms: int = 60_000,
+        wait_ms: int = 0,
+    ) -> PopResult:
+        """Deliver up to ``max_count`` messages of the topic (``queue_id`` -1: any queue) to the
+        group, invisible to it for ``invisible_ms``; holds up to ``wait_ms`` when none is ready."""
+        ...
+
+    async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        """Ack each handle; None where acked, else the error (InvalidReceiptHandleError...)."""
+        ...
+
+    async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        """New invisible time from now; returns the new receipt handle."""
+        ...
+
+    async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Copy the message to ``%DLQ%<group>`` and finish it for the group."""
+        ...
+
+    async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig: ...
+
+    async def get_group(self, group: str) -> SubscriptionGroupConfig: ...
 
 
 class IndexPort(Protocol):

@@ -48,6 +48,8 @@ from services.commitlog.servicer import add_to_server as add_commitlog
 from services.dispatch.app import DispatchApp
 from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
+from services.gateway.rocketmq.messaging import MessagingServicer
+from services.gateway.rocketmq.messaging import add_to_server as add_messaging
 from services.gateway.servicer import GatewayServicer
 from services.gateway.servicer import add_to_server as add_gateway
 from services.index.app import IndexApp
@@ -148,7 +150,16 @@ class Suite:
                 max_pull_batch=self.dispatch_app.config.max_pull_batch_size,
                 max_hold_ms=self.dispatch_app.config.long_polling_hold_time,
             )
-            self.server = await start_grpc_server(self.options.address, lambda s: add_gateway(gateway, s))
+            messaging = MessagingServicer(
+                commitlog,
+                self.dispatch_app.port,
+                endpoints=[self.options.advertise or _advertised(self.options.address)],
+                topics=gateway.topics,
+                broker_name=self.dispatch_app.config.broker_name,
+            )
+            self.server = await start_grpc_server(
+                self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
+            )
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         elif role == "commitlog":
             port = await self._start_commitlog(data)
@@ -183,7 +194,16 @@ class Suite:
                 max_pull_batch=cfg.max_pull_batch_size,
                 max_hold_ms=cfg.long_polling_hold_time,
             )
-            self.server = await start_grpc_server(self.options.address, lambda s: add_gateway(gateway, s))
+            messaging = MessagingServicer(
+                commitlog_port,
+                dispatch_port,
+                endpoints=[self.options.advertise or _advertised(self.options.address)],
+                topics=gateway.topics,
+                broker_name=cfg.broker_name,
+            )
+            self.server = await start_grpc_server(
+                self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
+            )
             await self.server.set_serving(True)
         log.info("mqstore %s serving on %s", role, self.server.address)
 

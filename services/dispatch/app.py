@@ -16,11 +16,13 @@ from libstore.store_paths import consume_queue_dir, consumer_offset_path, dispat
 from services._common.derived_app import DerivedStoreApp
 from services._common.tail_follower import QueueKey
 from services.dispatch.local import LocalDispatch
+from services.dispatch.pop import PopService
 from services.ports import CommitLogPort
 
 
 class DispatchApp(DerivedStoreApp):
-    """Folder ``config.store_path_root_dir``: ``consumequeue/`` and ``config/consumerOffset.json``."""
+    """Folder ``config.store_path_root_dir``: ``consumequeue/``, ``config/consumerOffset.json``,
+    ``config/subscriptionGroup.json`` and ``pop/`` (pop state, services.dispatch.pop)."""
 
     name = "dispatch"
 
@@ -38,6 +40,8 @@ class DispatchApp(DerivedStoreApp):
             max_batch=config.max_pull_batch_size,
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
+        self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
+        self.port.pop_service = self.pop
         self._offset_persist = ConsumerOffsetPersistService(
             self.offsets, config.flush_consumer_offset_interval, self._on_io_error
         )
@@ -57,6 +61,7 @@ class DispatchApp(DerivedStoreApp):
     def _load(self) -> None:
         self.queues.load()
         self.offsets.load()
+        self.pop.load()
 
     def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
         resume, _ = recover_consume_queues(self.queues, self._checkpoint_file(), log_min, log_max)
@@ -80,6 +85,7 @@ class DispatchApp(DerivedStoreApp):
 
     def _close(self) -> None:
         self.queues.shutdown()
+        self.pop.close()
 
     def _checkpoint_file(self) -> DispatchCheckpoint:
         return DispatchCheckpoint(dispatch_checkpoint_path(consume_queue_dir(self.root)))

@@ -6,11 +6,14 @@ from collections.abc import Sequence
 
 import grpc
 
+from libstore import errors as E
 from libstore.consume_queue import BoundaryType
+from libstore.errors import StoreError
 from libstore.message_store import QueueProgress
+from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.remote import DEFAULT_TIMEOUT_S, call
-from services.dispatch.servicer import PULL_STATUS_FROM_PB
-from services.ports import DerivedStatus, Entries, QueueInfo
+from services.dispatch.servicer import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
+from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo
 from services.proto import dispatch_grpc, dispatch_pb
 
 
@@ -99,3 +102,78 @@ class RemoteDispatch:
             timeout_s=self.timeout_s,
         )
         return DerivedStatus(r.reput_offset, r.confirm_offset, r.records_dispatched)
+
+    # -- the pop model ------------------------------------------------------------------------------
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        tag_expression: str = "*",
+        max_count: int = 32,
+        invisible_ms: int = 60_000,
+        wait_ms: int = 0,
+    ) -> PopResult:
+        request = dispatch_pb.PopRequest(
+            group=group,
+            topic=topic,
+            queue_id=queue_id,
+            tag_expression=tag_expression,
+            max_count=max_count,
+            invisible_ms=invisible_ms,
+            wait_ms=wait_ms,
+        )
+        # Not retried: a pop whose reply was lost leaves its messages in flight; they come back
+        # when their invisible time passes.
+        r = await call(self.stub.Pop, request, idempotent=False, timeout_s=self.timeout_s + wait_ms / 1000.0)
+        return PopResult(
+            [
+                PoppedMessage(
+                    m.queue_id,
+                    m.queue_offset,
+                    m.phy_offset,
+                    m.size,
+                    m.attempt,
+                    m.receipt_handle,
+                    m.visible_at_ms,
+                )
+                for m in r.messages
+            ],
+            fifo=r.fifo,
+        )
+
+    async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        request = dispatch_pb.AckRequest(group=group, topic=topic, receipt_handles=list(receipt_handles))
+        r = await call(self.stub.Ack, request, idempotent=True, timeout_s=self.timeout_s)
+        return [_REASONS.get(x.reason, StoreError)(x.message) if x.reason else None for x in r.results]
+
+    async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        request = dispatch_pb.ChangeInvisibleTimeRequest(
+            group=group, topic=topic, receipt_handle=receipt_handle, invisible_ms=invisible_ms
+        )
+        r = await call(self.stub.ChangeInvisibleTime, request, idempotent=False, timeout_s=self.timeout_s)
+        return r.receipt_handle
+
+    async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        request = dispatch_pb.ForwardToDeadLetterRequest(
+            group=group, topic=topic, receipt_handle=receipt_handle
+        )
+        await call(self.stub.ForwardToDeadLetter, request, idempotent=True, timeout_s=self.timeout_s)
+
+    async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        r = await call(
+            self.stub.UpsertSubscriptionGroup, group_to_pb(config), idempotent=True, timeout_s=self.timeout_s
+        )
+        return group_from_pb(r)
+
+    async def get_group(self, group: str) -> SubscriptionGroupConfig:
+        request = dispatch_pb.GetSubscriptionGroupRequest(group=group)
+        return group_from_pb(
+            await call(self.stub.GetSubscriptionGroup, request, idempotent=True, timeout_s=self.timeout_s)
+        )
+
+
+_REASONS = {
+    cls.reason: cls for cls in vars(E).values() if isinstance(cls, type) and issubclass(cls, StoreError)
+}

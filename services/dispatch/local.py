@@ -12,13 +12,16 @@ from libstore import InvalidArgumentError, OffsetOutOfRangeError
 from libstore.consume_queue import BoundaryType, ConsumeQueue
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.errors import ServiceNotAvailableError, StoreError
 from libstore.get_message import select_units
 from libstore.long_polling import LongPollingService
 from libstore.message_filter import TagFilter
 from libstore.message_store import QueueProgress
 from libstore.results import GetMessageStatus
+from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.telemetry import tracer
-from services.ports import DerivedStatus, Entries, QueueInfo
+from services.dispatch.pop import PopService
+from services.ports import DerivedStatus, Entries, PopResult, QueueInfo
 
 _WAITING = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE)
 
@@ -56,6 +59,7 @@ class LocalDispatch:
         self._status_of = status_of
         self.max_batch = max_batch
         self.max_bytes = max_bytes
+        self.pop_service: PopService | None = None
         self._tracer = tracer("mqstore.dispatch")
 
     def max_offset_of(self, topic: str, queue_id: int) -> int:
@@ -159,3 +163,45 @@ class LocalDispatch:
 
     async def status(self) -> DerivedStatus:
         return self._status_of()
+
+    # -- the pop model (services.dispatch.pop) ------------------------------------------------------
+    def _pops(self) -> PopService:
+        if self.pop_service is None:
+            raise ServiceNotAvailableError("this dispatch service has no pop state")
+        return self.pop_service
+
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        tag_expression: str = "*",
+        max_count: int = 32,
+        invisible_ms: int = 60_000,
+        wait_ms: int = 0,
+    ) -> PopResult:
+        return await self._pops().pop(
+            group,
+            topic,
+            queue_id,
+            tag_expression=tag_expression,
+            max_count=max_count,
+            invisible_ms=invisible_ms,
+            wait_ms=wait_ms,
+        )
+
+    async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        return await self._pops().ack(group, topic, receipt_handles)
+
+    async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        return await self._pops().change_invisible(group, topic, receipt_handle, invisible_ms)
+
+    async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        await self._pops().forward_to_dead_letter(group, topic, receipt_handle)
+
+    async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        return await self._pops().upsert_group(config)
+
+    async def get_group(self, group: str) -> SubscriptionGroupConfig:
+        return await self._pops().get_group(group)

@@ -6,6 +6,7 @@ import grpc
 
 from libstore.consume_queue import BoundaryType
 from libstore.results import GetMessageStatus
+from libstore.subscription_group import SubscriptionGroupConfig
 from services.dispatch.local import LocalDispatch
 from services.proto import common_pb, dispatch_grpc, dispatch_pb
 
@@ -95,6 +96,88 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
             records_dispatched=s.records_dispatched,
             behind_bytes=max(0, s.confirm_offset - s.reput_offset),
         )
+
+    # -- the pop model ------------------------------------------------------------------------------
+    async def Pop(
+        self, request: dispatch_pb.PopRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.PopResponse:
+        r = await self.port.pop(
+            request.group,
+            request.topic,
+            request.queue_id,
+            tag_expression=request.tag_expression or "*",
+            max_count=request.max_count,
+            invisible_ms=request.invisible_ms,
+            wait_ms=request.wait_ms,
+        )
+        return dispatch_pb.PopResponse(
+            messages=[
+                dispatch_pb.PoppedMessage(
+                    queue_id=m.queue_id,
+                    queue_offset=m.queue_offset,
+                    phy_offset=m.phy_offset,
+                    size=m.size,
+                    attempt=m.attempt,
+                    receipt_handle=m.receipt_handle,
+                    visible_at_ms=m.visible_at_ms,
+                )
+                for m in r.messages
+            ],
+            fifo=r.fifo,
+        )
+
+    async def Ack(
+        self, request: dispatch_pb.AckRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.AckResponse:
+        errors = await self.port.ack(request.group, request.topic, list(request.receipt_handles))
+        return dispatch_pb.AckResponse(
+            results=[
+                dispatch_pb.AckResult(reason=e.reason, message=str(e)) if e else dispatch_pb.AckResult()
+                for e in errors
+            ]
+        )
+
+    async def ChangeInvisibleTime(
+        self, request: dispatch_pb.ChangeInvisibleTimeRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.ChangeInvisibleTimeResponse:
+        handle = await self.port.change_invisible(
+            request.group, request.topic, request.receipt_handle, request.invisible_ms
+        )
+        return dispatch_pb.ChangeInvisibleTimeResponse(receipt_handle=handle)
+
+    async def ForwardToDeadLetter(
+        self, request: dispatch_pb.ForwardToDeadLetterRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.ForwardToDeadLetterResponse:
+        await self.port.forward_to_dead_letter(request.group, request.topic, request.receipt_handle)
+        return dispatch_pb.ForwardToDeadLetterResponse()
+
+    async def UpsertSubscriptionGroup(
+        self, request: dispatch_pb.SubscriptionGroup, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.SubscriptionGroup:
+        return group_to_pb(await self.port.upsert_group(group_from_pb(request)))
+
+    async def GetSubscriptionGroup(
+        self, request: dispatch_pb.GetSubscriptionGroupRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.SubscriptionGroup:
+        return group_to_pb(await self.port.get_group(request.group))
+
+
+def group_to_pb(c: SubscriptionGroupConfig) -> dispatch_pb.SubscriptionGroup:
+    return dispatch_pb.SubscriptionGroup(
+        group_name=c.group_name,
+        consume_enable=c.consume_enable,
+        retry_max_times=c.retry_max_times,
+        consume_message_orderly=c.consume_message_orderly,
+    )
+
+
+def group_from_pb(m: dispatch_pb.SubscriptionGroup) -> SubscriptionGroupConfig:
+    return SubscriptionGroupConfig(
+        m.group_name,
+        consume_enable=m.consume_enable,
+        retry_max_times=m.retry_max_times,
+        consume_message_orderly=m.consume_message_orderly,
+    )
 
 
 def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.ConsumerProgress:  # type: ignore[type-arg]

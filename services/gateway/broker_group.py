@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +42,7 @@ from libstore import (
 )
 from libstore.consume_queue import BoundaryType
 from libstore.message_store import QueueProgress
+from libstore.subscription_group import SubscriptionGroupConfig
 from services.ports import (
     CommitLogPort,
     DerivedStatus,
@@ -49,6 +50,7 @@ from services.ports import (
     Entries,
     IndexPort,
     LogOffsets,
+    PopResult,
     QueueInfo,
     TailChunk,
 )
@@ -341,6 +343,29 @@ class GroupDispatch:
 
     async def status(self) -> DerivedStatus:
         return await self.group.on_reader(lambda m: m.dispatch.status())
+
+    # The pop model's state lives with the master's dispatch service: a slave's dispatch keeps
+    # its own (unused) pop state, so receives, acks and invisible-time changes go to the master.
+    async def pop(self, group: str, topic: str, queue_id: int, **kw: Any) -> PopResult:
+        return await self.group.on_master(lambda m: m.dispatch.pop(group, topic, queue_id, **kw))
+
+    async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        return await self.group.on_master(lambda m: m.dispatch.ack(group, topic, receipt_handles))
+
+    async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        return await self.group.on_master(
+            lambda m: m.dispatch.change_invisible(group, topic, receipt_handle, invisible_ms)
+        )
+
+    async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        await self.group.on_master(lambda m: m.dispatch.forward_to_dead_letter(group, topic, receipt_handle))
+
+    async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        results = await self.group.on_all(lambda m: m.dispatch.upsert_group(config))
+        return results[0]
+
+    async def get_group(self, group: str) -> SubscriptionGroupConfig:
+        return await self.group.on_reader(lambda m: m.dispatch.get_group(group))
 
 
 class GroupIndex:

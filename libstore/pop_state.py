@@ -1,0 +1,433 @@
+"""PopState: consumer groups' pop ("receive and ack") progress, kept on disk.
+
+The RocketMQ 5 consumption model (PopMessageProcessor / AckMessageProcessor / PopReviveService):
+a receive *pops* messages from a queue for a group; they become invisible for an invisible time
+and are handed out with a receipt handle; an ack removes them for the group; a message whose
+invisible time passes without an ack is delivered again with its delivery attempt + 1; after the
+group's maximum attempts it goes to the group's dead-letter queue (``%DLQ%<group>``).
+
+State per (group, topic, queue id):
+
+- ``pop_offset``: the first queue offset never popped;
+- ``inflight``: popped units not finished yet, by queue offset: the unit (CommitLog offset,
+  size, tags code), the delivery ``attempt`` (1 on the first delivery), ``visible_at`` (ms since
+  the epoch: when it may be delivered again) and ``seq``, which changes at every delivery and
+  every change of invisible time, so a stale receipt handle is recognised.
+
+Everything below ``pop_offset`` that is not in flight is finished (acked, filtered out by tag, or
+forwarded to the DLQ); the *consumer offset* committed to :class:`ConsumerOffsetManager` is the
+lowest in-flight offset, else ``pop_offset`` (RocketMQ's ack offset).
+
+Where RocketMQ writes PopCheckPoint and AckMsg records into a revive topic and replays them, this
+module appends the same facts to a journal (``<root>/pop/popJournal``, one JSON object per line)
+and folds the journal into a snapshot (``popSnapshot.json``, replaced atomically) every
+``snapshot_every`` records. Lines are written before a pop, ack or change returns, without
+fsync: the page cache keeps them through a process crash (SIGKILL), a host crash may lose the
+last ones (then messages are delivered again: at-least-once). A torn last line is ignored.
+
+FIFO (a group consuming orderly, RocketMQ ``consumeMessageOrderly``): a queue with any message in
+flight and still invisible yields nothing; when the invisible time passes, the in-flight
+messages are delivered again in queue order before anything newer.
+
+Thread-safety: every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from libstore._files import atomic_write
+from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
+from libstore.errors import InvalidArgumentError, InvalidReceiptHandleError, StoreIOError
+
+log = logging.getLogger(__name__)
+
+JOURNAL_NAME = "popJournal"
+SNAPSHOT_NAME = "popSnapshot.json"
+HANDLE_VERSION = "p1"
+
+QueueKey = tuple[str, str, int]  # group, topic, queue id
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptHandle:
+    """What a consumer holds for one delivered message. Text form:
+    ``p1:<queue id>:<queue offset>:<seq>:<visible at ms>:<attempt>:<phy offset>:<size>``."""
+
+    queue_id: int
+    queue_offset: int
+    seq: int
+    visible_at: int
+    attempt: int
+    phy_offset: int
+    size: int
+
+    def encode(self) -> str:
+        return (
+            f"{HANDLE_VERSION}:{self.queue_id}:{self.queue_offset}:{self.seq}:{self.visible_at}"
+            f":{self.attempt}:{self.phy_offset}:{self.size}"
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> ReceiptHandle:
+        """Raises InvalidReceiptHandleError for anything that is not a handle of ours."""
+        parts = text.split(":") if isinstance(text, str) else []
+        if len(parts) != 8 or parts[0] != HANDLE_VERSION:
+            raise InvalidReceiptHandleError(f"not a receipt handle: {text!r:.80}")
+        try:
+            qid, offset, seq, visible_at, attempt, phy, size = (int(p) for p in parts[1:])
+        except ValueError:
+            raise InvalidReceiptHandleError(f"not a receipt handle: {text!r:.80}") from None
+        if min(qid, offset, seq, attempt, phy, size) < 0:
+            raise InvalidReceiptHandleError(f"not a receipt handle: {text!r:.80}")
+        return cls(qid, offset, seq, visible_at, attempt, phy, size)
+
+
+@dataclass(slots=True)
+class Inflight:
+    """A popped, unfinished unit (see module docstring)."""
+
+    phy_offset: int
+    size: int
+    tags_code: int
+    attempt: int
+    visible_at: int
+    seq: int
+
+    def row(self, offset: int) -> list[int]:
+        return [offset, self.phy_offset, self.size, self.tags_code, self.attempt, self.visible_at, self.seq]
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """One delivery: the unit, its attempt and handle. ``dead``: it used up its attempts and
+    must go to the DLQ (the caller forwards it, then calls :meth:`PopState.finish`)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    tags_code: int
+    attempt: int
+    handle: ReceiptHandle
+    dead: bool = False
+
+
+class _Queue:
+    __slots__ = ("inflight", "pop_offset")
+
+    def __init__(self, pop_offset: int) -> None:
+        self.pop_offset = pop_offset
+        self.inflight: dict[int, Inflight] = {}
+
+    @property
+    def consumer_offset(self) -> int:
+        return min(self.inflight) if self.inflight else self.pop_offset
+
+
+class PopState:
+    """Pop progress under ``root`` (a folder). ``commit_offset(group, topic, queue_id, offset)``
+    is told the consumer offset whenever it moves; ``committed_offset(group, topic, queue_id)``
+    gives a queue's committed offset (-1: none) when a group first pops it."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        commit_offset: Callable[[str, str, int, int], None] | None = None,
+        committed_offset: Callable[[str, str, int], int] | None = None,
+        snapshot_every: int = 100_000,
+    ) -> None:
+        self.root = Path(root)
+        self._commit_offset = commit_offset
+        self._committed_offset = committed_offset
+        self._snapshot_every = snapshot_every
+        self._lock = threading.RLock()
+        self._queues: dict[QueueKey, _Queue] = {}
+        self._seq = 0
+        self._journal_fd = -1
+        self._journal_lines = 0
+
+    # -- life -------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Read the snapshot and replay the journal, then open the journal for appends.
+        Raises StoreIOError when the snapshot exists but does not parse."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        snap = self.root / SNAPSHOT_NAME
+        with self._lock:
+            if snap.exists():
+                try:
+                    data = json.loads(snap.read_text(encoding="utf-8"))
+                    self._seq = int(data.get("seq", 0))
+                    for row in data.get("queues", []):
+                        group, topic, qid, pop_offset, inflight = row
+                        q = _Queue(int(pop_offset))
+                        for e in inflight:
+                            q.inflight[int(e[0])] = Inflight(*(int(x) for x in e[1:7]))
+                        self._queues[(str(group), str(topic), int(qid))] = q
+                except (OSError, ValueError, TypeError) as exc:
+                    raise StoreIOError(f"pop snapshot {snap} is not valid: {exc}") from exc
+            journal = self.root / JOURNAL_NAME
+            if journal.exists():
+                self._replay(journal)
+            try:
+                self._journal_fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            except OSError as exc:
+                raise StoreIOError(f"cannot open {journal}: {exc.strerror}") from exc
+
+    def _replay(self, journal: Path) -> None:
+        raw = journal.read_bytes()
+        good_end = 0
+        for line in raw.split(b"\n"):
+            if not line:
+                good_end += 1
+                continue
+            try:
+                rec = json.loads(line)
+                self._apply(rec)
+            except (ValueError, TypeError, KeyError, IndexError):
+                log.warning("pop journal %s: ignoring a torn record at byte %d", journal, good_end)
+                break
+            good_end += len(line) + 1
+            self._journal_lines += 1
+        if good_end < len(raw):
+            with open(journal, "r+b") as fh:
+                fh.truncate(min(good_end, len(raw)))
+
+    def _apply(self, rec: dict[str, object]) -> None:
+        key: QueueKey = (str(rec["g"]), str(rec["t"]), int(rec["q"]))  # type: ignore[call-overload]
+        q = self._queues.get(key)
+        if q is None:
+            q = self._queues[key] = _Queue(int(rec.get("o", 0)))  # type: ignore[call-overload]
+        if "o" in rec:
+            q.pop_offset = max(q.pop_offset, int(rec["o"]))  # type: ignore[call-overload]
+        for e in rec.get("s", []):  # type: ignore[attr-defined]
+            q.inflight[int(e[0])] = Inflight(*(int(x) for x in e[1:7]))
+            self._seq = max(self._seq, int(e[6]))
+        for offset in rec.get("a", []):  # type: ignore[attr-defined]
+            q.inflight.pop(int(offset), None)
+
+    def close(self) -> None:
+        """Write a snapshot, empty the journal and close it."""
+        with self._lock:
+            if self._journal_fd >= 0:
+                self._snapshot()
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+
+    # -- journal ------------------------------------------------------------------------------------
+    def _log(
+        self, key: QueueKey, q: _Queue, sets: Iterable[list[int]] = (), acks: Iterable[int] = ()
+    ) -> None:
+        rec: dict[str, object] = {"g": key[0], "t": key[1], "q": key[2], "o": q.pop_offset}
+        sets, acks = list(sets), list(acks)
+        if sets:
+            rec["s"] = sets
+        if acks:
+            rec["a"] = acks
+        line = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+        if self._journal_fd < 0:
+            raise StoreIOError("pop state is closed")
+        try:
+            os.write(self._journal_fd, line)
+        except OSError as exc:
+            raise StoreIOError(f"cannot append to the pop journal: {exc.strerror}") from exc
+        self._journal_lines += 1
+        if self._journal_lines >= self._snapshot_every:
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        queues = [
+            [g, t, qid, q.pop_offset, [e.row(o) for o, e in sorted(q.inflight.items())]]
+            for (g, t, qid), q in self._queues.items()
+        ]
+        data = json.dumps({"seq": self._seq, "queues": queues}, separators=(",", ":")).encode()
+        atomic_write(self.root / SNAPSHOT_NAME, data)
+        os.ftruncate(self._journal_fd, 0)
+        self._journal_lines = 0
+
+    # -- queries ------------------------------------------------------------------------------------
+    def _queue(self, key: QueueKey, min_offset: int) -> _Queue:
+        q = self._queues.get(key)
+        if q is None:
+            start = self._committed_offset(*key) if self._committed_offset else -1
+            q = self._queues[key] = _Queue(max(start, min_offset) if start >= 0 else min_offset)
+        elif q.pop_offset < min_offset and not q.inflight:
+            q.pop_offset = min_offset  # the files below were cleaned up
+        return q
+
+    def consumer_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The group's ack offset of the queue, -1 when it never popped it."""
+        with self._lock:
+            q = self._queues.get((group, topic, queue_id))
+            return q.consumer_offset if q is not None else -1
+
+    def inflight_count(self, group: str, topic: str) -> int:
+        with self._lock:
+            return sum(len(q.inflight) for (g, t, _), q in self._queues.items() if g == group and t == topic)
+
+    def next_visible_at(self, group: str, topic: str) -> int | None:
+        """The earliest time (ms) an in-flight message of (group, topic) becomes deliverable again."""
+        with self._lock:
+            times = [
+                e.visible_at
+                for (g, t, _), q in self._queues.items()
+                if g == group and t == topic
+                for e in q.inflight.values()
+            ]
+        return min(times) if times else None
+
+    # -- pop ----------------------------------------------------------------------------------------
+    def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        read_units: Callable[[int, int], list[CqUnit]],
+        min_offset: int,
+        max_offset: int,
+        max_count: int,
+        invisible_ms: int,
+        now_ms: int,
+        matches_code: Callable[[int], bool] = lambda _c: True,
+        fifo: bool = False,
+        max_attempts: int = 17,
+    ) -> list[Popped]:
+        """Pop up to ``max_count`` messages of one queue: in-flight messages whose invisible time
+        passed first (attempt + 1), then units from the pop offset (attempt 1). Units whose tags
+        code ``matches_code`` rejects, and blank units, are finished without delivery.
+        ``read_units(offset, n)`` reads the queue's units; ``min_offset``/``max_offset`` are its
+        bounds. A redelivery past ``max_attempts`` comes back with ``dead`` set and keeps its
+        handle's invisible time (``invisible_ms``) until :meth:`finish`.
+        Raises InvalidArgumentError for a non-positive count or invisible time."""
+        if max_count <= 0:
+            raise InvalidArgumentError(f"pop count must be positive, got {max_count}")
+        if invisible_ms <= 0:
+            raise InvalidArgumentError(f"invisible time must be positive, got {invisible_ms} ms")
+        key = (group, topic, queue_id)
+        out: list[Popped] = []
+        with self._lock:
+            q = self._queue(key, min_offset)
+            if fifo and any(e.visible_at > now_ms for e in q.inflight.values()):
+                return out  # the queue is locked until its messages are acked or time out
+            sets: list[list[int]] = []
+            for offset in sorted(o for o, e in q.inflight.items() if e.visible_at <= now_ms):
+                if len(out) >= max_count:
+                    break
+                e = q.inflight[offset]
+                self._seq += 1
+                dead = e.attempt >= max_attempts
+                if not dead:
+                    e.attempt += 1
+                e.visible_at, e.seq = now_ms + invisible_ms, self._seq
+                sets.append(e.row(offset))
+                out.append(self._popped(topic, queue_id, offset, e, dead=dead))
+            if fifo and q.inflight:
+                if sets:
+                    self._log(key, q, sets)
+                return out  # nothing newer until what is in flight is finished
+            before = q.consumer_offset
+            scan = max(max_count * 4, 64)
+            while len(out) < max_count and q.pop_offset < max_offset:
+                units = read_units(q.pop_offset, min(scan, max_offset - q.pop_offset))
+                if not units:
+                    break
+                for unit in units:
+                    if len(out) >= max_count:
+                        break
+                    q.pop_offset = unit.queue_offset + 1
+                    if unit.size == BLANK_UNIT_SIZE or not matches_code(unit.tags_code):
+                        continue
+                    self._seq += 1
+                    e = Inflight(
+                        unit.phy_offset, unit.size, unit.tags_code, 1, now_ms + invisible_ms, self._seq
+                    )
+                    q.inflight[unit.queue_offset] = e
+                    sets.append(e.row(unit.queue_offset))
+                    out.append(self._popped(topic, queue_id, unit.queue_offset, e))
+            if sets or q.consumer_offset != before:
+                self._log(key, q, sets)
+                self._committed(key, q)
+        return out
+
+    @staticmethod
+    def _popped(topic: str, queue_id: int, offset: int, e: Inflight, *, dead: bool = False) -> Popped:
+        handle = ReceiptHandle(queue_id, offset, e.seq, e.visible_at, e.attempt, e.phy_offset, e.size)
+        return Popped(topic, queue_id, offset, e.phy_offset, e.size, e.tags_code, e.attempt, handle, dead)
+
+    def _committed(self, key: QueueKey, q: _Queue) -> None:
+        if self._commit_offset is not None:
+            self._commit_offset(key[0], key[1], key[2], q.consumer_offset)
+
+    # -- ack / change ---------------------------------------------------------------------------------
+    def _live(self, key: QueueKey, handle: ReceiptHandle, now_ms: int) -> tuple[_Queue, Inflight | None]:
+        """The queue and in-flight entry a handle names; None when the message is already
+        finished. Raises InvalidReceiptHandleError for an expired or superseded handle."""
+        if handle.visible_at <= now_ms:
+            raise InvalidReceiptHandleError("the receipt handle has expired (its invisible time passed)")
+        q = self._queues.get(key)
+        if q is None or handle.queue_offset >= q.pop_offset:
+            raise InvalidReceiptHandleError("the receipt handle names a message this group never received")
+        e = q.inflight.get(handle.queue_offset)
+        if e is not None and e.seq != handle.seq:
+            raise InvalidReceiptHandleError("the receipt handle was replaced by a later delivery or change")
+        return q, e
+
+    def ack(self, group: str, topic: str, handle: ReceiptHandle, now_ms: int) -> None:
+        """Finish the message for the group. Acking a message already finished is a no-op (a
+        retried ack). Raises InvalidReceiptHandleError (see :meth:`_live`)."""
+        key = (group, topic, handle.queue_id)
+        with self._lock:
+            q, e = self._live(key, handle, now_ms)
+            if e is None:
+                return
+            before = q.consumer_offset
+            del q.inflight[handle.queue_offset]
+            self._log(key, q, acks=[handle.queue_offset])
+            if q.consumer_offset != before:
+                self._committed(key, q)
+
+    def finish(self, group: str, topic: str, queue_id: int, queue_offset: int, seq: int) -> bool:
+        """Finish an in-flight message without a live handle (after forwarding it to the DLQ).
+        False when it was finished already or delivered again since (``seq`` differs)."""
+        key = (group, topic, queue_id)
+        with self._lock:
+            q = self._queues.get(key)
+            e = q.inflight.get(queue_offset) if q is not None else None
+            if q is None or e is None or e.seq != seq:
+                return False
+            before = q.consumer_offset
+            del q.inflight[queue_offset]
+            self._log(key, q, acks=[queue_offset])
+            if q.consumer_offset != before:
+                self._committed(key, q)
+            return True
+
+    def change_invisible(
+        self, group: str, topic: str, handle: ReceiptHandle, invisible_ms: int, now_ms: int
+    ) -> ReceiptHandle:
+        """Make the message invisible for ``invisible_ms`` from now; returns the new handle (the
+        old one stops working). When that time passes the message is delivered again with
+        attempt + 1 (how a consumer's nack with a back-off works). Raises
+        InvalidReceiptHandleError (also for a message already finished) or InvalidArgumentError."""
+        if invisible_ms < 0:
+            raise InvalidArgumentError(f"invisible time must not be negative, got {invisible_ms} ms")
+        key = (group, topic, handle.queue_id)
+        with self._lock:
+            q, e = self._live(key, handle, now_ms)
+            if e is None:
+                raise InvalidReceiptHandleError("the message was already acked")
+            self._seq += 1
+            e.visible_at, e.seq = now_ms + invisible_ms, self._seq
+            self._log(key, q, [e.row(handle.queue_offset)])
+            return ReceiptHandle(
+                handle.queue_id, handle.queue_offset, e.seq, e.visible_at, e.attempt, e.phy_offset, e.size
+            )

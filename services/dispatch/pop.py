@@ -1,0 +1,251 @@
+"""PopService: the pop consumption model on the dispatch service (receive, ack, change invisible
+time, dead-letter forwarding) over libstore.pop_state and this process's ConsumeQueues.
+
+The state lives here, in the dispatch service's folder (``pop/`` and
+``config/subscriptionGroup.json``), next to the ConsumeQueues and consumer offsets it refers to,
+so gateways hold nothing and several of them can serve one group. A pop serves every queue of
+the topic (RocketMQ's proxy pops by broker, whatever queue the client named), starting from a
+rotating queue so no queue starves; when nothing is deliverable it holds on the long-polling
+service until a message arrives on the topic, an in-flight message becomes visible again, or
+the wait ends. Messages that used up the group's attempts are copied to ``%DLQ%<group>``
+through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5
+writes them) and then finished for the group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from libstore import Message
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.errors import (
+    InvalidArgumentError,
+    InvalidReceiptHandleError,
+    ServiceNotAvailableError,
+    StoreError,
+)
+from libstore.long_polling import LongPollingService
+from libstore.message import MessageConst
+from libstore.message_filter import TagFilter
+from libstore.pop_state import Popped, PopState, ReceiptHandle
+from libstore.record_codec import decode_record
+from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager, dlq_topic
+from services._common.telemetry import tracer
+from services.ports import CommitLogPort, PoppedMessage, PopResult
+
+DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+MAX_POP_BATCH = 1024
+MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ's proxy allows up to 12 hours
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PopService:
+    """Pop, ack and dead-letter over ``queues``; state under ``root``; DLQ copies appended
+    through ``commitlog``. ``clock()`` gives ms since the epoch."""
+
+    def __init__(
+        self,
+        root: Path,
+        queues: ConsumeQueueStore,
+        offsets: ConsumerOffsetManager,
+        long_polling: LongPollingService,
+        commitlog: CommitLogPort,
+        *,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.queues = queues
+        self.long_polling = long_polling
+        self.commitlog = commitlog
+        self.clock = clock
+        self.state = PopState(
+            Path(root) / "pop", commit_offset=offsets.commit_offset, committed_offset=offsets.query_offset
+        )
+        self.groups = SubscriptionGroupManager(Path(root) / "config" / "subscriptionGroup.json")
+        self._rotation = itertools.count()
+        self._tracer = tracer("mqstore.dispatch")
+
+    def load(self) -> None:
+        self.groups.load()
+        self.state.load()
+
+    def close(self) -> None:
+        self.state.close()
+
+    # -- pop ----------------------------------------------------------------------------------------
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        *,
+        tag_expression: str = "*",
+        max_count: int = 32,
+        invisible_ms: int = 60_000,
+        wait_ms: int = 0,
+    ) -> PopResult:
+        """See DispatchPort.pop. Raises InvalidArgumentError for a bad group, topic, count,
+        invisible time or expression; ServiceNotAvailableError when the group may not consume."""
+        if not topic:
+            raise InvalidArgumentError("topic must be non-empty")
+        if not 1 <= max_count <= MAX_POP_BATCH:
+            raise InvalidArgumentError(f"max_count must be within 1..{MAX_POP_BATCH}, got {max_count}")
+        if not 0 < invisible_ms <= MAX_INVISIBLE_MS:
+            raise InvalidArgumentError(f"invisible time must be within 1..{MAX_INVISIBLE_MS} ms")
+        if wait_ms < 0:
+            raise InvalidArgumentError("wait_ms must be >= 0")
+        config = self.groups.get(group)
+        if not config.consume_enable:
+            raise ServiceNotAvailableError(f"consumer group {group} is not allowed to consume")
+        filt = TagFilter(tag_expression)
+        deadline = self.clock() + wait_ms
+        with self._tracer.start_as_current_span("dispatch.pop") as span:
+            span.set_attribute("mqstore.group", group)
+            while True:
+                before = self._topic_max_offsets(topic)
+                popped = self._pop_once(group, topic, queue_id, filt, max_count, invisible_ms, config)
+                live = [p for p in popped if not p.dead]
+                for p in popped:
+                    if p.dead:
+                        await self._forward(group, topic, p)
+                now = self.clock()
+                if live or now >= deadline:
+                    span.set_attribute("mqstore.messages", len(live))
+                    return PopResult([_message(p) for p in live], fifo=config.consume_message_orderly)
+                if popped:
+                    continue  # only dead letters this round: look again at once
+                wake_at = self.state.next_visible_at(group, topic)
+                hold = deadline - now if wake_at is None else max(1, min(deadline, wake_at + 1) - now)
+                span.add_event("long polling", {"mqstore.hold_ms": hold})
+                await self.long_polling.wait_for_topic_async(
+                    topic, hold, lambda t=topic, b=before: self._topic_max_offsets(t) != b
+                )
+
+    def _topic_max_offsets(self, topic: str) -> tuple[int, ...]:
+        return tuple(
+            cq.max_offset_in_queue
+            for qid in self.queues.topics().get(topic, [])
+            if (cq := self.queues.find(topic, qid)) is not None
+        )
+
+    def _pop_once(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        filt: TagFilter,
+        max_count: int,
+        invisible_ms: int,
+        config: SubscriptionGroupConfig,
+    ) -> list[Popped]:
+        ids = [queue_id] if queue_id >= 0 else sorted(self.queues.topics().get(topic, []))
+        if len(ids) > 1:
+            start = next(self._rotation) % len(ids)
+            ids = ids[start:] + ids[:start]
+        out: list[Popped] = []
+        now = self.clock()
+        for qid in ids:
+            cq = self.queues.find(topic, qid)
+            if cq is None:
+                continue
+            out += self.state.pop(
+                group,
+                topic,
+                qid,
+                read_units=cq.read_units,
+                min_offset=cq.min_offset_in_queue,
+                max_offset=cq.max_offset_in_queue,
+                max_count=max_count - len(out),
+                invisible_ms=invisible_ms,
+                now_ms=now,
+                matches_code=filt.matches_code,
+                fifo=config.consume_message_orderly,
+                max_attempts=config.max_delivery_attempts,
+            )
+            if len(out) >= max_count:
+                break
+        return out
+
+    # -- ack / change ---------------------------------------------------------------------------------
+    async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        now = self.clock()
+        out: list[StoreError | None] = []
+        for text in receipt_handles:
+            try:
+                self.state.ack(group, topic, ReceiptHandle.decode(text), now)
+                out.append(None)
+            except StoreError as exc:
+                out.append(exc)
+        return out
+
+    async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
+        if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise InvalidArgumentError(f"invisible time must be within 0..{MAX_INVISIBLE_MS} ms")
+        handle = ReceiptHandle.decode(receipt_handle)
+        return self.state.change_invisible(group, topic, handle, invisible_ms, self.clock()).encode()
+
+    async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
+        """Raises InvalidReceiptHandleError for an expired or superseded handle."""
+        handle = ReceiptHandle.decode(receipt_handle)
+        if handle.visible_at <= self.clock():
+            raise InvalidReceiptHandleError("the receipt handle has expired (its invisible time passed)")
+        popped = Popped(
+            topic,
+            handle.queue_id,
+            handle.queue_offset,
+            handle.phy_offset,
+            handle.size,
+            0,
+            handle.attempt,
+            handle,
+            dead=True,
+        )
+        await self._forward(group, topic, popped)
+
+    async def _forward(self, group: str, topic: str, p: Popped) -> None:
+        """Copy ``p`` to the group's DLQ, then finish it (at-least-once: a crash between the two
+        copies it again on the next pop)."""
+        with self._tracer.start_as_current_span("dispatch.forward_to_dlq"):
+            (raw,) = await self.commitlog.read([(p.phy_offset, p.size)])
+            if raw:
+                rec = decode_record(raw, check_crc=False)
+                props = dict(rec.properties)
+                props[DLQ_ORIGIN_TOPIC] = rec.topic
+                props[DLQ_ORIGIN_MESSAGE_ID] = rec.uniq_key or rec.msg_id
+                props[MessageConst.RETRY_TOPIC] = rec.topic
+                copy = Message(
+                    dlq_topic(group),
+                    rec.body,
+                    0,
+                    properties=props,
+                    flag=rec.flag,
+                    born_timestamp=rec.born_timestamp,
+                    born_host=rec.born_host,
+                    reconsume_times=p.attempt,
+                )
+                results = await self.commitlog.append([copy])
+                if not results[0].status.appended:
+                    raise ServiceNotAvailableError(
+                        f"forwarding to {dlq_topic(group)} failed: {results[0].status.name}"
+                    )
+            self.state.finish(group, topic, p.queue_id, p.queue_offset, p.handle.seq)
+
+    # -- groups ---------------------------------------------------------------------------------------
+    async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        return self.groups.upsert(config)
+
+    async def get_group(self, group: str) -> SubscriptionGroupConfig:
+        return self.groups.get(group)
+
+
+def _message(p: Popped) -> PoppedMessage:
+    return PoppedMessage(
+        p.queue_id, p.queue_offset, p.phy_offset, p.size, p.attempt, p.handle.encode(), p.handle.visible_at
+    )

@@ -1,0 +1,286 @@
+"""apache.rocketmq.v2 Message <-> libstore messages, and store outcomes -> v2 status codes.
+
+Property names are RocketMQ's (``MessageConst``): the v2 system properties a producer sets map to
+TAGS, KEYS (space separated), UNIQ_KEY (the client's message id), ``__SHARDINGKEY`` (message
+group), ``TIMER_DELIVER_MS`` (delivery time) and TRAN_MSG/PGROUP (transactions); everything else
+travels as user properties. Limits are the proxy's defaults (spec sheet rocketmq-grpc-v2 §8): body
+1 byte to 4 MiB, at most 128 user properties and 16 KiB of them, message group under 64 bytes,
+no control characters, no system property names among user properties.
+
+Messages delivered to consumers carry an MD5 body digest (uppercase hex, as the proxy sends) and
+IDENTITY encoding (GZIP when the record has RocketMQ's COMPRESSED flag).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from libstore import errors as E
+from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.results import PutMessageStatus
+from libstore.topic_config import TopicMessageType
+from services.gateway.rocketmq.pb import Code, definition
+
+SHARDING_KEY = "__SHARDINGKEY"
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PRODUCER_GROUP = "PGROUP"
+TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+MAX_BODY_SIZE = 4 * 1024 * 1024
+MAX_USER_PROPERTIES = 128
+MAX_USER_PROPERTIES_BYTES = 16 * 1024
+MAX_MESSAGE_GROUP_BYTES = 64
+
+SYSTEM_PROPERTY_NAMES = frozenset(
+    {
+        MessageConst.KEYS,
+        MessageConst.TAGS,
+        MessageConst.WAIT,
+        MessageConst.DELAY,
+        MessageConst.RETRY_TOPIC,
+        MessageConst.REAL_TOPIC,
+        MessageConst.REAL_QID,
+        MessageConst.TRAN_MSG,
+        MessageConst.UNIQ_KEY,
+        MessageConst.RECONSUME_TIME,
+        MessageConst.MAX_RECONSUME_TIMES,
+        MessageConst.TRANSACTION_ID,
+        SHARDING_KEY,
+        TIMER_DELIVER_MS,
+        PRODUCER_GROUP,
+        TRANSACTION_CHECK_TIMES,
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "ORIGIN_MESSAGE_ID",
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "CONSUME_START_TIME",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS",
+        "TIMER_OUT_MS",
+        "TIMER_ENQUEUE_MS",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES",
+        "TIMER_DEL_UNIQKEY",
+        "INNER_NUM",
+        "INNER_BASE",
+        "TRACE_ON",
+        "TRACE_CONTEXT",
+    }
+)
+
+ACCEPT_TYPES = {
+    TopicMessageType.NORMAL: [definition.NORMAL],
+    TopicMessageType.FIFO: [definition.FIFO],
+    TopicMessageType.DELAY: [definition.DELAY],
+    TopicMessageType.TRANSACTION: [definition.TRANSACTION],
+    TopicMessageType.MIXED: [definition.NORMAL, definition.FIFO, definition.DELAY, definition.TRANSACTION],
+}
+
+
+class V2Error(Exception):
+    """A request the RocketMQ protocol answers with a non-OK ``Status`` (the call stays OK)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def status(code: int = Code.OK, message: str = "OK") -> definition.Status:
+    return definition.Status(code=code, message=message)  # type: ignore[arg-type]
+
+
+def timestamp_ms(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def duration_ms(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def to_ms(value: Timestamp | Duration) -> int:
+    return value.seconds * 1000 + value.nanos // 1_000_000
+
+
+# -- outcomes ------------------------------------------------------------------------------------------
+PUT_STATUS_TO_CODE: dict[PutMessageStatus, int] = {
+    PutMessageStatus.PUT_OK: Code.OK,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: Code.MASTER_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: Code.SLAVE_PERSISTENCE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: Code.HA_NOT_AVAILABLE,
+    PutMessageStatus.IN_SYNC_REPLICAS_NOT_ENOUGH: Code.HA_NOT_AVAILABLE,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: Code.INTERNAL_SERVER_ERROR,
+    PutMessageStatus.OS_PAGE_CACHE_BUSY: Code.TOO_MANY_REQUESTS,
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: Code.INTERNAL_SERVER_ERROR,
+    PutMessageStatus.MESSAGE_ILLEGAL: Code.BAD_REQUEST,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: Code.MESSAGE_PROPERTIES_TOO_LARGE,
+    PutMessageStatus.UNKNOWN_ERROR: Code.INTERNAL_SERVER_ERROR,
+}
+
+
+def code_of_error(exc: Exception) -> int:
+    """The v2 code for a store error (spec sheet §6, the proxy's mapping)."""
+    if isinstance(exc, V2Error):
+        return exc.code
+    for cls, code in (
+        (E.InvalidReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
+        (E.TopicNotFoundError, Code.TOPIC_NOT_FOUND),
+        (E.PropertiesSizeExceededError, Code.MESSAGE_PROPERTIES_TOO_LARGE),
+        (E.IllegalTopicError, Code.ILLEGAL_TOPIC),
+        (E.MessageIllegalError, Code.BAD_REQUEST),
+        (E.InvalidArgumentError, Code.BAD_REQUEST),
+        (E.MessageNotFoundError, Code.MESSAGE_NOT_FOUND),
+        (E.NotMasterError, Code.HA_NOT_AVAILABLE),
+        (E.OSPageCacheBusyError, Code.TOO_MANY_REQUESTS),
+        (E.DiskFullError, Code.TOO_MANY_REQUESTS),
+    ):
+        if isinstance(exc, cls):
+            return code
+    return Code.INTERNAL_SERVER_ERROR
+
+
+# -- producer -> store ---------------------------------------------------------------------------------
+def message_type_of(props: Mapping[str, str]) -> int:
+    """The v2 MessageType a stored message was sent as."""
+    if props.get(MessageConst.TRAN_MSG) == "true":
+        return definition.TRANSACTION
+    if TIMER_DELIVER_MS in props or props.get(MessageConst.DELAY, "0") not in ("", "0"):
+        return definition.DELAY
+    if SHARDING_KEY in props:
+        return definition.FIFO
+    return definition.NORMAL
+
+
+def _check_text(what: str, value: str, code: int) -> None:
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise V2Error(code, f"{what} holds control characters")
+
+
+def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[Message, int, str]:
+    """The libstore Message for a v2 message, its v2 type, and its message group ("" if none).
+    Raises V2Error with the proxy's code for what the proxy refuses."""
+    sp = m.system_properties
+    if not m.body:
+        raise V2Error(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(m.body) > MAX_BODY_SIZE:
+        raise V2Error(Code.MESSAGE_BODY_TOO_LARGE, f"message body is larger than {MAX_BODY_SIZE} bytes")
+    if not sp.message_id:
+        raise V2Error(Code.ILLEGAL_MESSAGE_ID, "message id is missing")
+    _check_text("message id", sp.message_id, Code.ILLEGAL_MESSAGE_ID)
+    if len(m.user_properties) > MAX_USER_PROPERTIES:
+        raise V2Error(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"more than {MAX_USER_PROPERTIES} user properties")
+    props: dict[str, str] = {}
+    size = 0
+    for key, value in m.user_properties.items():
+        if not key or key in SYSTEM_PROPERTY_NAMES:
+            raise V2Error(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key!r} is reserved or empty")
+        _check_text(f"property {key!r}", key + value, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+        size += len(key.encode()) + len(value.encode())
+        props[key] = value
+    if size > MAX_USER_PROPERTIES_BYTES:
+        raise V2Error(
+            Code.MESSAGE_PROPERTIES_TOO_LARGE, f"user properties exceed {MAX_USER_PROPERTIES_BYTES} bytes"
+        )
+    if sp.HasField("tag"):
+        if not sp.tag.strip() or "|" in sp.tag:
+            raise V2Error(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|'")
+        _check_text("tag", sp.tag, Code.ILLEGAL_MESSAGE_TAG)
+        props[MessageConst.TAGS] = sp.tag
+    keys = list(sp.keys)
+    for key in keys:
+        if not key.strip() or MessageConst.KEY_SEPARATOR in key:
+            raise V2Error(Code.ILLEGAL_MESSAGE_KEY, f"key {key!r} is blank or holds a space")
+        _check_text("key", key, Code.ILLEGAL_MESSAGE_KEY)
+    if keys:
+        props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(keys)
+    props[MessageConst.UNIQ_KEY] = sp.message_id
+    mtype = sp.message_type or definition.NORMAL
+    group = ""
+    if sp.HasField("message_group"):
+        group = sp.message_group
+        if not group.strip() or len(group.encode()) >= MAX_MESSAGE_GROUP_BYTES:
+            raise V2Error(
+                Code.ILLEGAL_MESSAGE_GROUP, f"message group must be 1-{MAX_MESSAGE_GROUP_BYTES - 1} bytes"
+            )
+        _check_text("message group", group, Code.ILLEGAL_MESSAGE_GROUP)
+        props[SHARDING_KEY] = group
+    if sp.HasField("delivery_timestamp"):
+        deliver_ms = to_ms(sp.delivery_timestamp)
+        if sp.delivery_timestamp.seconds > 100_000_000_000:  # the client's ms-in-seconds quirk (§5)
+            deliver_ms = sp.delivery_timestamp.seconds
+        props[TIMER_DELIVER_MS] = str(max(deliver_ms, now_ms))
+    if mtype == definition.TRANSACTION:
+        props[MessageConst.TRAN_MSG] = "true"
+    born_ms = to_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now_ms
+    born_ip = sp.born_host if _is_ipv4(sp.born_host) else peer_ip
+    msg = Message(
+        m.topic.name,
+        bytes(m.body),
+        0,
+        properties=props,
+        born_timestamp=born_ms or now_ms,
+        born_host=(born_ip if _is_ipv4(born_ip) else "127.0.0.1", 0),
+    )
+    return msg, int(mtype), group
+
+
+def _is_ipv4(host: str) -> bool:
+    parts = host.split(".")
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+
+
+# -- store -> consumer ---------------------------------------------------------------------------------
+def body_digest(body: bytes) -> definition.Digest:
+    return definition.Digest(type=definition.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+
+
+def consumer_message(
+    rec: MessageRecord,
+    *,
+    namespace: str,
+    receipt_handle: str,
+    attempt: int,
+    invisible_ms: int,
+    topic: str | None = None,
+) -> definition.Message:
+    """The v2 Message a consumer receives for a stored record (spec sheet §5 table)."""
+    props = rec.properties
+    sp = definition.SystemProperties(
+        keys=rec.keys,
+        message_id=rec.uniq_key or rec.msg_id,
+        body_digest=body_digest(rec.body),
+        body_encoding=definition.GZIP
+        if rec.sys_flag & MessageSysFlag.COMPRESSED_FLAG
+        else definition.IDENTITY,
+        message_type=message_type_of(props),  # type: ignore[arg-type]
+        born_timestamp=timestamp_ms(rec.born_timestamp),
+        born_host=rec.born_host[0],
+        store_timestamp=timestamp_ms(rec.store_timestamp),
+        store_host=f"{rec.store_host[0]}:{rec.store_host[1]}",
+        receipt_handle=receipt_handle,
+        queue_id=rec.queue_id,
+        queue_offset=rec.queue_offset,
+        invisible_duration=duration_ms(invisible_ms),
+        delivery_attempt=attempt,
+    )
+    if rec.tags is not None:
+        sp.tag = rec.tags
+    if SHARDING_KEY in props:
+        sp.message_group = props[SHARDING_KEY]
+    if TIMER_DELIVER_MS in props and props[TIMER_DELIVER_MS].isdigit():
+        sp.delivery_timestamp.CopyFrom(timestamp_ms(int(props[TIMER_DELIVER_MS])))
+    if "DLQ_ORIGIN_TOPIC" in props:
+        sp.dead_letter_queue.CopyFrom(
+            definition.DeadLetterQueue(
+                topic=props["DLQ_ORIGIN_TOPIC"], message_id=props.get("DLQ_ORIGIN_MESSAGE_ID", "")
+            )
+        )
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
+    return definition.Message(
+        topic=definition.Resource(resource_namespace=namespace, name=topic or rec.topic),
+        user_properties=user,
+        system_properties=sp,
+        body=rec.body,
+    )

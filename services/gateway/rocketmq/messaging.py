@@ -1,0 +1,494 @@
+"""MessagingServicer: Apache RocketMQ 5's ``apache.rocketmq.v2.MessagingService`` on the gateway,
+so the official RocketMQ 5 clients work unchanged (spec sheet rocketmq-grpc-v2).
+
+A thin translation over the gateway's ports, like the mqstore.v1 Gateway:
+
+* QueryRoute / QueryAssignment: the topic's queues on this broker group (broker id 0), at the
+  endpoints the client used to reach us (numeric IPv4, else DOMAIN_NAME), or the advertised ones;
+  permissions from the topic's perm bits, accepted message types from its message type.
+* SendMessage: v2 messages become store messages (services.gateway.rocketmq.convert); the queue
+  is chosen by a hash of the message group (FIFO) or round robin; one entry per message.
+* ReceiveMessage / AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue: the
+  pop model kept by the dispatch service (services.dispatch.pop): nothing about deliveries is
+  held here, so gateways are stateless and interchangeable.
+* Telemetry: the client's settings are answered with the server's (status OK, limits, back-off,
+  FIFO flag from the group's config); the stream is kept as the server-to-client channel
+  (services.gateway.rocketmq.sessions).
+* Heartbeat / NotifyClientTermination: OK.
+
+Business errors go in the response's Status and the call returns OK (the proxy's contract);
+only a malformed Telemetry stream ends with a gRPC error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from libstore import StoreError
+from libstore.message_filter import TagFilter
+from libstore.record_codec import decode_record
+from libstore.topic_config import TopicConfig
+from services._common import convert as common_convert
+from services._common.telemetry import tracer
+from services.gateway.rocketmq import convert
+from services.gateway.rocketmq.convert import V2Error
+from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.gateway.rocketmq.sessions import ClientSessions
+from services.gateway.servicer import TopicCache
+from services.ports import CommitLogPort, DispatchPort
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+DEFAULT_INVISIBLE_MS = 60_000  # a push consumer's receive names no invisible time (the proxy's default)
+MAX_RECEIVE_BATCH = 32
+MAX_LONG_POLLING_MS = 20_000
+DEADLINE_MARGIN_MS = 800  # end a long poll this long before the client's deadline
+
+PRODUCER_BACKOFF = definition.RetryPolicy(
+    max_attempts=3,
+    exponential_backoff=definition.ExponentialBackoff(
+        initial=convert.duration_ms(10), max=convert.duration_ms(1000), multiplier=2.0
+    ),
+)
+# RocketMQ's consumer retry schedule (messageDelayLevel from level 3: 1s .. 2h).
+CONSUMER_DELAYS_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable[..., Awaitable[R]]]:
+    """Answer store errors and V2Error with ``response(status)`` instead of failing the call."""
+
+    def wrap(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+        @functools.wraps(fn)
+        async def handler(self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
+            try:
+                return await fn(self, request, context)
+            except (StoreError, V2Error) as exc:
+                return response(convert.status(convert.code_of_error(exc), str(exc)))
+            except Exception as exc:
+                log.exception("%s failed", fn.__name__)
+                return response(convert.status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+        return handler
+
+    return wrap
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v if isinstance(v, str) else v.decode()
+    return ""
+
+
+class MessagingServicer(service_grpc.MessagingServiceServicer):
+    """apache.rocketmq.v2.MessagingService over the gateway's ports. ``endpoints``: addresses
+    to advertise in routes when the client's access point is not usable as one."""
+
+    def __init__(
+        self,
+        commitlog: CommitLogPort,
+        dispatch: DispatchPort,
+        *,
+        endpoints: list[str],
+        topics: TopicCache | None = None,
+        broker_name: str = "broker-a",
+    ) -> None:
+        self.commitlog = commitlog
+        self.dispatch = dispatch
+        self.endpoints = endpoints
+        self.topics = topics or TopicCache(commitlog)
+        self.broker_name = broker_name
+        self.sessions = ClientSessions()
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._tracer = tracer("mqstore.gateway")
+
+    # -- routes ---------------------------------------------------------------------------------------
+    async def _topic(self, name: str) -> TopicConfig:
+        if not name:
+            raise V2Error(Code.ILLEGAL_TOPIC, "topic name is empty")
+        config = await self.topics.get(name)
+        if config is None:
+            raise V2Error(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        return config
+
+    def _endpoints(self, requested: definition.Endpoints | None) -> definition.Endpoints:
+        if requested is not None and requested.addresses:
+            addresses = [(a.host, a.port) for a in requested.addresses]
+        else:
+            addresses = []
+            for e in self.endpoints:
+                host, _, port = e.rpartition(":")
+                addresses.append((host.strip("[]"), int(port)))
+        numeric = all(convert._is_ipv4(h) for h, _ in addresses)
+        if not numeric:
+            addresses = addresses[:1]  # DOMAIN_NAME takes one address (spec §2)
+        return definition.Endpoints(
+            scheme=definition.IPv4 if numeric else definition.DOMAIN_NAME,
+            addresses=[definition.Address(host=h, port=p) for h, p in addresses],
+        )
+
+    def _queues(
+        self, topic: definition.Resource, config: TopicConfig, endpoints: definition.Endpoints
+    ) -> list[definition.MessageQueue]:
+        broker = definition.Broker(name=self.broker_name, id=0, endpoints=endpoints)
+        out = []
+        for qid in range(max(config.read_queue_nums, config.write_queue_nums)):
+            readable = config.readable and qid < config.read_queue_nums
+            writable = config.writeable and qid < config.write_queue_nums
+            perm = (
+                definition.READ_WRITE
+                if readable and writable
+                else definition.READ
+                if readable
+                else definition.WRITE
+                if writable
+                else definition.NONE
+            )
+            out.append(
+                definition.MessageQueue(
+                    topic=topic,
+                    id=qid,
+                    permission=perm,
+                    broker=broker,
+                    accept_message_types=convert.ACCEPT_TYPES[config.message_type],
+                )
+            )
+        return out
+
+    @_unary(lambda s: service.QueryRouteResponse(status=s))
+    async def QueryRoute(
+        self, request: service.QueryRouteRequest, context: grpc.aio.ServicerContext
+    ) -> service.QueryRouteResponse:
+        config = await self._topic(request.topic.name)
+        endpoints = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
+        return service.QueryRouteResponse(
+            status=convert.status(), message_queues=self._queues(request.topic, config, endpoints)
+        )
+
+    @_unary(lambda s: service.QueryAssignmentResponse(status=s))
+    async def QueryAssignment(
+        self, request: service.QueryAssignmentRequest, context: grpc.aio.ServicerContext
+    ) -> service.QueryAssignmentResponse:
+        config = await self._topic(request.topic.name)
+        if not config.readable or config.read_queue_nums <= 0:
+            raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} has no readable queue")
+        endpoints = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
+        queue = definition.MessageQueue(
+            topic=request.topic,
+            id=-1,  # any queue: a receive serves every queue of the topic
+            permission=definition.READ_WRITE if config.writeable else definition.READ,
+            broker=definition.Broker(name=self.broker_name, id=0, endpoints=endpoints),
+            accept_message_types=convert.ACCEPT_TYPES[config.message_type],
+        )
+        return service.QueryAssignmentResponse(
+            status=convert.status(), assignments=[definition.Assignment(message_queue=queue)]
+        )
+
+    # -- client life --------------------------------------------------------------------------------
+    @_unary(lambda s: service.HeartbeatResponse(status=s))
+    async def Heartbeat(
+        self, request: service.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> service.HeartbeatResponse:
+        self.sessions.touch(_metadata(context, "x-mq-client-id"))
+        return service.HeartbeatResponse(status=convert.status())
+
+    @_unary(lambda s: service.NotifyClientTerminationResponse(status=s))
+    async def NotifyClientTermination(
+        self, request: service.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> service.NotifyClientTerminationResponse:
+        self.sessions.drop(_metadata(context, "x-mq-client-id"))
+        return service.NotifyClientTerminationResponse(status=convert.status())
+
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[service.TelemetryCommand], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service.TelemetryCommand]:
+        client_id = _metadata(context, "x-mq-client-id")
+        if not client_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
+        session = self.sessions.open(client_id)
+        reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
+        try:
+            while True:
+                command = await session.outbox.get()
+                if command is None:
+                    break
+                yield command
+        finally:
+            reader.cancel()
+            self.sessions.close(session)
+
+    async def _read_telemetry(self, commands: AsyncIterator[service.TelemetryCommand], session: Any) -> None:
+        try:
+            async for command in commands:
+                kind = command.WhichOneof("command")
+                if kind == "settings":
+                    reply = await self._settings_reply(command.settings)
+                    session.settings = command.settings
+                    session.outbox.put_nowait(
+                        service.TelemetryCommand(status=convert.status(), settings=reply)
+                    )
+                # thread stack traces and verify results answer commands we never send
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+        finally:
+            session.outbox.put_nowait(None)
+
+    async def _settings_reply(self, settings: definition.Settings) -> definition.Settings:
+        reply = definition.Settings()
+        reply.CopyFrom(settings)
+        kind = settings.WhichOneof("pub_sub")
+        if kind == "publishing":
+            reply.backoff_policy.CopyFrom(PRODUCER_BACKOFF)
+            reply.publishing.max_body_size = convert.MAX_BODY_SIZE
+            reply.publishing.validate_message_type = True
+        elif kind == "subscription":
+            group = settings.subscription.group.name
+            config = await self.dispatch.get_group(group) if group else None
+            sub = reply.subscription
+            sub.fifo = bool(config and config.consume_message_orderly)
+            sub.receive_batch_size = MAX_RECEIVE_BATCH
+            if not sub.HasField("long_polling_timeout"):
+                sub.long_polling_timeout.CopyFrom(convert.duration_ms(MAX_LONG_POLLING_MS))
+            attempts = config.max_delivery_attempts if config else 17
+            reply.backoff_policy.CopyFrom(
+                definition.RetryPolicy(
+                    max_attempts=attempts,
+                    customized_backoff=definition.CustomizedBackoff(
+                        next=[convert.duration_ms(s * 1000) for s in CONSUMER_DELAYS_S]
+                    ),
+                )
+            )
+        reply.metric.CopyFrom(definition.Metric(on=False))
+        return reply
+
+    # -- produce ----------------------------------------------------------------------------------------
+    @_unary(lambda s: service.SendMessageResponse(status=s))
+    async def SendMessage(
+        self, request: service.SendMessageRequest, context: grpc.aio.ServicerContext
+    ) -> service.SendMessageResponse:
+        if not request.messages:
+            raise V2Error(Code.BAD_REQUEST, "no message to send")
+        with self._tracer.start_as_current_span("gateway.v2.send") as span:
+            span.set_attribute("mqstore.messages", len(request.messages))
+            peer_ip, _ = common_convert.peer_host(context.peer())
+            now = _now_ms()
+            messages, ids = [], []
+            for m in request.messages:
+                config = await self._topic(m.topic.name)
+                if not config.writeable:
+                    raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not writeable")
+                msg, mtype, group = convert.store_message(m, peer_ip=peer_ip, now_ms=now)
+                allowed = convert.ACCEPT_TYPES[config.message_type]
+                if mtype not in allowed:
+                    raise V2Error(
+                        Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                        f"topic {config.topic_name} takes {config.message_type.value} messages, "
+                        f"not {definition.MessageType.Name(mtype)}",  # type: ignore[arg-type]
+                    )
+                msg.queue_id = self._queue_for(config, group)
+                messages.append(msg)
+                ids.append(m.system_properties.message_id)
+            results = await self.commitlog.append(messages)
+            entries = []
+            for r, mid in zip(results, ids, strict=True):
+                code = convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR)
+                entries.append(
+                    service.SendResultEntry(
+                        status=convert.status(code, r.status.name),
+                        message_id=mid,
+                        offset=max(r.queue_offset, 0),
+                    )
+                )
+            codes = {e.status.code for e in entries}
+            if codes == {Code.OK}:
+                top = convert.status()
+            elif len(entries) == 1:
+                top = entries[0].status
+            else:
+                top = convert.status(Code.MULTIPLE_RESULTS, "some messages failed, see the entries")
+            span.set_attribute("mqstore.status", definition.Code.Name(top.code))
+            return service.SendMessageResponse(status=top, entries=entries)
+
+    def _queue_for(self, config: TopicConfig, group: str) -> int:
+        n = max(config.write_queue_nums, 1)
+        if group:  # one message group always goes to the same queue: its order is the queue's order
+            return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") % n
+        return next(self._round_robin.setdefault(config.topic_name, itertools.count())) % n
+
+    # -- consume ----------------------------------------------------------------------------------------
+    async def ReceiveMessage(
+        self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service.ReceiveMessageResponse]:
+        def done(code: int, message: str) -> list[service.ReceiveMessageResponse]:
+            return [
+                service.ReceiveMessageResponse(status=convert.status(code, message)),
+                service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
+            ]
+
+        try:
+            responses = await self._receive(request, context)
+        except (StoreError, V2Error) as exc:
+            responses = done(convert.code_of_error(exc), str(exc))
+        except Exception as exc:
+            log.exception("ReceiveMessage failed")
+            responses = done(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+        for r in responses:
+            yield r
+
+    async def _receive(
+        self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> list[service.ReceiveMessageResponse]:
+        group = request.group.name
+        if not group:
+            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        resource = request.message_queue.topic
+        config = await self._topic(resource.name)
+        if not config.readable:
+            raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not readable")
+        expr = request.filter_expression
+        if expr.type == definition.SQL:
+            raise V2Error(Code.NOT_IMPLEMENTED, "SQL92 filters are not supported; use a TAG expression")
+        filt = TagFilter(expr.expression or "*")
+        batch = request.batch_size or MAX_RECEIVE_BATCH
+        if not 1 <= batch <= MAX_RECEIVE_BATCH:
+            raise V2Error(Code.BAD_REQUEST, f"batch size must be within 1..{MAX_RECEIVE_BATCH}")
+        invisible_ms = (
+            convert.to_ms(request.invisible_duration)
+            if request.HasField("invisible_duration")
+            else DEFAULT_INVISIBLE_MS
+        )
+        if invisible_ms <= 0:
+            raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must be positive")
+        wait_ms = (
+            convert.to_ms(request.long_polling_timeout)
+            if request.HasField("long_polling_timeout")
+            else MAX_LONG_POLLING_MS
+        )
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait_ms = min(wait_ms, int(remaining * 1000) - DEADLINE_MARGIN_MS)
+        wait_ms = max(0, min(wait_ms, MAX_LONG_POLLING_MS))
+        with self._tracer.start_as_current_span("gateway.v2.receive") as span:
+            result = await self.dispatch.pop(
+                group,
+                resource.name,
+                -1,
+                tag_expression=filt.expression,
+                max_count=batch,
+                invisible_ms=invisible_ms,
+                wait_ms=wait_ms,
+            )
+            raws = (
+                await self.commitlog.read([(m.phy_offset, m.size) for m in result.messages])
+                if result.messages
+                else []
+            )
+            out: list[service.ReceiveMessageResponse] = []
+            skipped: list[str] = []
+            for popped, raw in zip(result.messages, raws, strict=True):
+                if not raw:
+                    skipped.append(popped.receipt_handle)  # cleaned up under the group: nothing to deliver
+                    continue
+                rec = decode_record(raw, check_crc=False)
+                if not filt.matches_tags(rec.tags):
+                    skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
+                    continue
+                out.append(
+                    service.ReceiveMessageResponse(
+                        message=convert.consumer_message(
+                            rec,
+                            namespace=resource.resource_namespace,
+                            receipt_handle=popped.receipt_handle,
+                            attempt=popped.attempt,
+                            invisible_ms=invisible_ms,
+                        )
+                    )
+                )
+            if skipped:
+                await self.dispatch.ack(group, resource.name, skipped)
+            span.set_attribute("mqstore.messages", len(out))
+        stamp = service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms()))
+        if not out:
+            return [
+                service.ReceiveMessageResponse(
+                    status=convert.status(Code.MESSAGE_NOT_FOUND, "no new message")
+                ),
+                stamp,
+            ]
+        return [service.ReceiveMessageResponse(status=convert.status()), *out, stamp]
+
+    @_unary(lambda s: service.AckMessageResponse(status=s))
+    async def AckMessage(
+        self, request: service.AckMessageRequest, context: grpc.aio.ServicerContext
+    ) -> service.AckMessageResponse:
+        if not request.group.name:
+            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        if not request.entries:
+            raise V2Error(Code.BAD_REQUEST, "no entry to ack")
+        errors = await self.dispatch.ack(
+            request.group.name, request.topic.name, [e.receipt_handle for e in request.entries]
+        )
+        entries = [
+            service.AckMessageResultEntry(
+                message_id=e.message_id,
+                receipt_handle=e.receipt_handle,
+                status=convert.status()
+                if err is None
+                else convert.status(convert.code_of_error(err), str(err)),
+            )
+            for e, err in zip(request.entries, errors, strict=True)
+        ]
+        failed = [e for e in entries if e.status.code != Code.OK]
+        if not failed:
+            top = convert.status()
+        elif len(entries) == 1:
+            top = failed[0].status
+        else:
+            top = convert.status(Code.MULTIPLE_RESULTS, f"{len(failed)} of {len(entries)} acks failed")
+        return service.AckMessageResponse(status=top, entries=entries)
+
+    @_unary(lambda s: service.ChangeInvisibleDurationResponse(status=s))
+    async def ChangeInvisibleDuration(
+        self, request: service.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> service.ChangeInvisibleDurationResponse:
+        if not request.group.name:
+            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        invisible_ms = convert.to_ms(request.invisible_duration)
+        if invisible_ms < 0:
+            raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
+        handle = await self.dispatch.change_invisible(
+            request.group.name, request.topic.name, request.receipt_handle, invisible_ms
+        )
+        return service.ChangeInvisibleDurationResponse(status=convert.status(), receipt_handle=handle)
+
+    @_unary(lambda s: service.ForwardMessageToDeadLetterQueueResponse(status=s))
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: service.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> service.ForwardMessageToDeadLetterQueueResponse:
+        if not request.group.name:
+            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        await self.dispatch.forward_to_dead_letter(
+            request.group.name, request.topic.name, request.receipt_handle
+        )
+        return service.ForwardMessageToDeadLetterQueueResponse(status=convert.status())
+
+
+def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> list[str]:
+    from services.gateway.rocketmq.pb import SERVICE_NAME
+
+    service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+    return [SERVICE_NAME]
