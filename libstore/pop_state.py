@@ -284,6 +284,19 @@ class PopState:
             ]
         return min(times) if times else None
 
+    def expired(self, now_ms: int, min_attempt: int = 1) -> list[tuple[str, Popped]]:
+        """(group, message) for in-flight messages whose invisible time passed after at least
+        ``min_attempt`` deliveries: the revive scan (RocketMQ's PopReviveService), so a message
+        out of attempts reaches the DLQ without waiting for a consumer to pop again. The
+        handles carry the current ``seq`` (for :meth:`finish`)."""
+        with self._lock:
+            return [
+                (g, self._popped(t, qid, o, e, dead=True))
+                for (g, t, qid), q in self._queues.items()
+                for o, e in q.inflight.items()
+                if e.visible_at <= now_ms and e.attempt >= min_attempt
+            ]
+
     # -- pop ----------------------------------------------------------------------------------------
     def pop(
         self,

@@ -39,6 +39,8 @@ from libstore import BrokerRole, FlushDiskType, ServiceNotAvailableError, StoreE
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
 topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
 app.add_typer(topic_app, name="topic")
+group_app = typer.Typer(no_args_is_help=True, help="create consumer groups")
+app.add_typer(group_app, name="group")
 ha_app = typer.Typer(no_args_is_help=True, help="replication: state of a commitlog service, role switch")
 app.add_typer(ha_app, name="ha")
 console = Console()
@@ -397,6 +399,26 @@ def topic_create(
     with _Errors(address), Admin(address) as admin:
         t = admin.create_topic(topic, queues, message_type=message_type)
     console.print(f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {t.message_type.value}")
+
+
+@group_app.command("create")
+def group_create(
+    group: Annotated[str, typer.Argument(help="consumer group name")],
+    retry_max_times: Annotated[
+        int, typer.Option(min=0, max=1000, help="redeliveries before the message goes to %DLQ%<group>")
+    ] = 16,
+    fifo: Annotated[
+        bool, typer.Option(help="consume orderly: one message group's messages in order")
+    ] = False,
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Create or update a consumer group (RocketMQ 5 clients: retries and FIFO)."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address) as admin:
+        g = admin.upsert_group(group, retry_max_times=retry_max_times, orderly=fifo)
+    kind = "FIFO" if g.consume_message_orderly else "concurrent"
+    console.print(f"group {g.group_name}: {kind}, retry max times {g.retry_max_times}")
 
 
 @topic_app.command("list")

@@ -37,6 +37,7 @@ from libstore import (
     decode_record,
 )
 from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+from libstore.subscription_group import SubscriptionGroupConfig
 from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.server import CHANNEL_OPTIONS
@@ -343,6 +344,22 @@ class Admin:
         return convert.topic_from_pb(
             self._call(self._conn.stub.CreateTopic, gateway_pb.CreateTopicRequest(config=pb))
         )  # type: ignore[arg-type]
+
+    def upsert_group(
+        self, group: str, *, retry_max_times: int = 16, orderly: bool = False, consume_enable: bool = True
+    ) -> SubscriptionGroupConfig:
+        """Create or update a consumer group (pop model: redeliveries before the DLQ, FIFO)."""
+        from services.dispatch.servicer import group_from_pb, group_to_pb
+
+        request = group_to_pb(
+            SubscriptionGroupConfig(
+                group,
+                consume_enable=consume_enable,
+                retry_max_times=retry_max_times,
+                consume_message_orderly=orderly,
+            )
+        )
+        return group_from_pb(self._call(self._conn.stub.UpsertSubscriptionGroup, request))  # type: ignore[arg-type]
 
     def list_topics(self) -> list[TopicConfig]:
         reply = self._call(self._conn.stub.ListTopics, commitlog_pb.ListTopicsRequest())

@@ -41,6 +41,8 @@ class DispatchApp(DerivedStoreApp):
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
         self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
+        self._revive: asyncio.Task[None] | None = None
+        self._revive_stop = asyncio.Event()
         self.port.pop_service = self.pop
         self._offset_persist = ConsumerOffsetPersistService(
             self.offsets, config.flush_consumer_offset_interval, self._on_io_error
@@ -94,8 +96,14 @@ class DispatchApp(DerivedStoreApp):
     async def start(self) -> None:
         await super().start()
         self._offset_persist.start()
+        self._revive_stop = asyncio.Event()
+        self._revive = asyncio.create_task(self.pop.run_revive(self._revive_stop))
 
     async def stop(self) -> None:
+        if self._revive is not None:
+            self._revive_stop.set()
+            await self._revive
+            self._revive = None
         self.long_polling.wake_all()
         await super().stop()
         await asyncio.to_thread(self._offset_persist.shutdown)

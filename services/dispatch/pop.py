@@ -7,14 +7,18 @@ so gateways hold nothing and several of them can serve one group. A pop serves e
 the topic (RocketMQ's proxy pops by broker, whatever queue the client named), starting from a
 rotating queue so no queue starves; when nothing is deliverable it holds on the long-polling
 service until a message arrives on the topic, an in-flight message becomes visible again, or
-the wait ends. Messages that used up the group's attempts are copied to ``%DLQ%<group>``
+the wait ends. Messages that used up the group's attempts (found by the next pop, or by the
+revive scan every second) are copied to ``%DLQ%<group>``
 through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5
 writes them) and then finished for the group.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +41,9 @@ from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGro
 from services._common.telemetry import tracer
 from services.ports import CommitLogPort, PoppedMessage, PopResult
 
+log = logging.getLogger(__name__)
+
+REVIVE_INTERVAL_S = 1.0
 DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 MAX_POP_BATCH = 1024
@@ -236,6 +243,28 @@ class PopService:
                         f"forwarding to {dlq_topic(group)} failed: {results[0].status.name}"
                     )
             self.state.finish(group, topic, p.queue_id, p.queue_offset, p.handle.seq)
+
+    async def revive(self) -> int:
+        """Forward every expired in-flight message that used up its group's attempts to the
+        group's DLQ; returns how many were forwarded. Run every ``REVIVE_INTERVAL_S``."""
+        forwarded = 0
+        for group, p in self.state.expired(self.clock(), min_attempt=1):
+            config = self.groups.get(group)
+            if p.attempt >= config.max_delivery_attempts:
+                await self._forward(group, p.topic, p)
+                forwarded += 1
+        return forwarded
+
+    async def run_revive(self, stop: asyncio.Event) -> None:
+        """Call :meth:`revive` every ``REVIVE_INTERVAL_S`` until ``stop`` is set; failures are
+        logged and retried on the next round (the messages stay in flight meanwhile)."""
+        while not stop.is_set():
+            try:
+                await self.revive()
+            except Exception:
+                log.exception("pop revive failed; retrying in %.0f s", REVIVE_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), REVIVE_INTERVAL_S)
 
     # -- groups ---------------------------------------------------------------------------------------
     async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:

@@ -37,7 +37,7 @@ from libstore.message_filter import TagFilter
 from libstore.results import GetMessageStatus
 from services._common import convert
 from services._common.telemetry import tracer
-from services.dispatch.servicer import PULL_STATUS_TO_PB, progress_to_pb
+from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.ports import CommitLogPort, DispatchPort, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
@@ -317,6 +317,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         config = await self.commitlog.upsert_topic(convert.topic_from_pb(request.config))
         self.topics.forget(config.topic_name)
         return convert.topic_to_pb(config)
+
+    async def UpsertSubscriptionGroup(
+        self, request: dispatch_pb.SubscriptionGroup, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.SubscriptionGroup:
+        return group_to_pb(await self.dispatch.upsert_group(group_from_pb(request)))
 
     async def ListTopics(
         self, request: commitlog_pb.ListTopicsRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,200 @@
+"""Drives the official Apache RocketMQ 5 Python client (``rocketmq-python-client``) for the tests.
+
+Run as a separate process: ``python tests/rocketmq/client_driver.py <scenario> '<json args>'``.
+It prints one JSON object on its last stdout line. The client's generated stubs and ours
+register the same protobuf names, so the client never shares a process with mqstore's code
+(services.gateway.rocketmq.pb). HOME must point at a scratch folder: the client logs under
+``~/logs``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    Producer,
+    PushConsumer,
+    SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
+)
+
+
+def _config(args: dict[str, Any]) -> ClientConfiguration:
+    creds = Credentials(args["ak"], args["sk"]) if args.get("ak") else Credentials()
+    return ClientConfiguration(args["endpoint"], creds, request_timeout=args.get("request_timeout", 3))
+
+
+def _message(topic: str, spec: dict[str, Any]) -> Message:
+    m = Message()
+    m.topic = topic
+    m.body = spec["body"].encode()
+    if spec.get("tag"):
+        m.tag = spec["tag"]
+    for key in spec.get("keys") or []:
+        m.keys = key  # the setter adds one key per assignment
+    if spec.get("group"):
+        m.message_group = spec["group"]
+    if spec.get("deliver_at_s"):
+        m.delivery_timestamp = int(spec["deliver_at_s"])
+    for k, v in (spec.get("props") or {}).items():
+        m.add_property(k, v)
+    return m
+
+
+def _view(m: Any) -> dict[str, Any]:
+    return {
+        "id": m.message_id,
+        "body": m.body.decode(errors="replace"),
+        "attempt": m.delivery_attempt,
+        "tag": m.tag,
+        "keys": list(m.keys or []),
+        "group": m.message_group,
+        "props": dict(m.properties or {}),
+        "corrupted": bool(getattr(m, "corrupted", False)),
+        "born_ms": m.born_timestamp,
+        "received_ms": int(time.time() * 1000),
+    }
+
+
+def send(args: dict[str, Any]) -> dict[str, Any]:
+    producer = Producer(_config(args), (args["topic"],))
+    producer.startup()
+    ids, errors = [], []
+    try:
+        futures = []
+        for spec in args["messages"]:
+            msg = _message(args["topic"], spec)
+            try:
+                if args.get("async"):
+                    futures.append(producer.send_async(msg))
+                else:
+                    ids.append(producer.send(msg).message_id)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+        for f in futures:
+            try:
+                ids.append(f.result(timeout=30).message_id)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        producer.shutdown()
+    return {"ids": ids, "errors": errors}
+
+
+def simple(args: dict[str, Any]) -> dict[str, Any]:
+    """Receive until ``expect`` messages (or ``timeout_s``); ack per ``ack`` ("all", "none").
+    With ``change_first_s``, the first message's invisible time is changed, it is not acked, and
+    its redelivery is awaited and acked with the new handle."""
+    consumer = SimpleConsumer(
+        _config(args),
+        args["group"],
+        {args["topic"]: FilterExpression(args.get("expr", "*"))},
+        args.get("await_s", 5),
+    )
+    consumer.startup()
+    got: list[dict[str, Any]] = []
+    notes: dict[str, Any] = {}
+    deadline = time.time() + args.get("timeout_s", 30)
+    try:
+        while len(got) < args["expect"] and time.time() < deadline:
+            for m in consumer.receive(args.get("batch", 32), args.get("invisible_s", 20)):
+                view = _view(m)
+                got.append(view)
+                if args.get("change_first_s") is not None and "changed" not in notes:
+                    old = m.receipt_handle
+                    consumer.change_invisible_duration(m, args["change_first_s"])
+                    notes["changed"] = view["id"]
+                    notes["handle_replaced"] = m.receipt_handle != old
+                    continue
+                if args.get("ack", "all") == "all":
+                    try:
+                        consumer.ack(m)
+                        view["acked"] = True
+                    except Exception as exc:
+                        view["ack_error"] = f"{type(exc).__name__}: {exc}"
+        if args.get("final_empty"):
+            notes["final"] = [_view(m) for m in consumer.receive(32, 10)]
+    finally:
+        consumer.shutdown()
+    return {"messages": got, **notes}
+
+
+def push(args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer whose listener fails the messages whose body is in ``fail``; runs until
+    ``expect`` deliveries or ``timeout_s``."""
+    fail = set(args.get("fail", []))
+    deliveries: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> ConsumeResult:
+            with lock:
+                deliveries.append(_view(message))
+                if len(deliveries) >= args["expect"]:
+                    done.set()
+            return ConsumeResult.FAILURE if message.body.decode() in fail else ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(
+        _config(args), args["group"], Listener(), {args["topic"]: FilterExpression(args.get("expr", "*"))}
+    )
+    consumer.startup()
+    try:
+        done.wait(args.get("timeout_s", 60))
+        time.sleep(args.get("linger_s", 1.0))  # let the last acks and nacks go out
+    finally:
+        consumer.shutdown()
+    with lock:
+        return {"deliveries": list(deliveries)}
+
+
+def transaction(args: dict[str, Any]) -> dict[str, Any]:
+    """Send half messages and resolve them: "commit", "rollback", or "check" (left open, the
+    checker answers ``check_answer`` when the server asks)."""
+    checks: list[str] = []
+
+    class Checker(TransactionChecker):
+        def check(self, message: Any) -> TransactionResolution:
+            checks.append(message.message_id)
+            return (
+                TransactionResolution.COMMIT
+                if args.get("check_answer") == "commit"
+                else TransactionResolution.ROLLBACK
+            )
+
+    producer = Producer(_config(args), (args["topic"],), Checker())
+    producer.startup()
+    ids: list[str] = []
+    try:
+        for spec in args["messages"]:
+            txn = producer.begin_transaction()
+            receipt = producer.send(_message(args["topic"], spec), txn)
+            ids.append(receipt.message_id)
+            if spec["action"] == "commit":
+                txn.commit()
+            elif spec["action"] == "rollback":
+                txn.rollback()
+        deadline = time.time() + args.get("wait_checks_s", 0)
+        while time.time() < deadline and len(set(checks)) < args.get("expect_checks", 0):
+            time.sleep(0.2)
+    finally:
+        producer.shutdown()
+    return {"ids": ids, "checks": checks}
+
+
+SCENARIOS = {"send": send, "simple": simple, "push": push, "transaction": transaction}
+
+if __name__ == "__main__":
+    result = SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))
+    print(json.dumps(result))

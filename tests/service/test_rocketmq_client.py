@@ -1,0 +1,143 @@
+"""The official Apache RocketMQ 5 Python client (rocketmq-python-client 5.1.2) against the gateway's
+apache.rocketmq.v2 MessagingService, unchanged: each scenario runs the client in its own process
+(tests/rocketmq/client_driver.py) against a real gateway on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from services.client import Admin, PullConsumer
+from services.serve import Suite
+from tests.rocketmq.harness import run_driver
+
+
+def _setup(address: str, topic: str, *, queues: int = 4, message_type: str = "NORMAL") -> None:
+    with Admin(address) as admin:
+        admin.create_topic(topic, queues, message_type=message_type)
+
+
+def test_producer_send_and_simple_consumer_ack(embedded: Suite, tmp_path: Path) -> None:
+    addr = embedded.address
+    _setup(addr, "Orders")
+    specs = [{"body": f"order-{i}", "tag": "paid" if i % 2 else "new", "keys": [f"k{i}"]} for i in range(10)]
+    sync = run_driver("send", {"endpoint": addr, "topic": "Orders", "messages": specs[:5]}, tmp_path / "p1")
+    asyn = run_driver(
+        "send", {"endpoint": addr, "topic": "Orders", "messages": specs[5:], "async": True}, tmp_path / "p2"
+    )
+    assert not sync["errors"] and not asyn["errors"]
+    sent = sync["ids"] + asyn["ids"]
+    assert len(set(sent)) == 10
+
+    got = run_driver(
+        "simple",
+        {"endpoint": addr, "group": "billing", "topic": "Orders", "expect": 10, "final_empty": True},
+        tmp_path / "c1",
+    )
+    msgs = got["messages"]
+    assert sorted(m["id"] for m in msgs) == sorted(sent)  # each once
+    assert all(m["acked"] and m["attempt"] == 1 and not m["corrupted"] for m in msgs)
+    by_body = {m["body"]: m for m in msgs}
+    assert by_body["order-3"]["tag"] == "paid" and by_body["order-3"]["keys"] == ["k3"]
+    assert got["final"] == []  # acked: nothing comes back
+
+    # A tag filter: another group sees only its tag, from the start of the queues.
+    paid = run_driver(
+        "simple",
+        {
+            "endpoint": addr,
+            "group": "audit",
+            "topic": "Orders",
+            "expr": "paid",
+            "expect": 5,
+            "final_empty": True,
+        },
+        tmp_path / "c2",
+    )
+    assert sorted(m["body"] for m in paid["messages"]) == sorted(f"order-{i}" for i in range(1, 10, 2))
+    assert paid["final"] == []
+    # The store's own view: the group's consumer offsets reached the end of every queue.
+    with Admin(addr) as admin:
+        progress = admin.consumer_progress("billing", "Orders")
+    assert progress.total_lag == 0 and all(q.committed_offset == q.max_offset for q in progress.queues)
+
+
+def test_change_invisible_duration_redelivers_with_next_attempt(embedded: Suite, tmp_path: Path) -> None:
+    addr = embedded.address
+    _setup(addr, "Jobs", queues=2)
+    sent = run_driver(
+        "send", {"endpoint": addr, "topic": "Jobs", "messages": [{"body": "j1"}]}, tmp_path / "p"
+    )
+    got = run_driver(
+        "simple",
+        # the first delivery is made invisible for 1 s instead of acked; it comes back
+        {
+            "endpoint": addr,
+            "group": "workers",
+            "topic": "Jobs",
+            "expect": 2,
+            "change_first_s": 1,
+            "await_s": 3,
+        },
+        tmp_path / "c",
+    )
+    assert got["changed"] == sent["ids"][0] and got["handle_replaced"]
+    first, second = got["messages"]
+    assert first["id"] == second["id"] == sent["ids"][0]
+    assert (first["attempt"], second["attempt"]) == (1, 2)
+    assert second["acked"]
+
+
+def test_unknown_topic_is_refused(embedded: Suite, tmp_path: Path) -> None:
+    sent = run_driver(
+        "send",
+        {"endpoint": embedded.address, "topic": "NoSuchTopic", "messages": [{"body": "x"}]},
+        tmp_path / "p",
+    )
+    assert sent["ids"] == [] and "route" in sent["errors"][0]
+
+
+def test_push_consumer_failures_are_redelivered_then_dead_lettered(embedded: Suite, tmp_path: Path) -> None:
+    addr = embedded.address
+    _setup(addr, "Events", queues=2)
+    with Admin(addr) as admin:
+        admin.upsert_group("handlers", retry_max_times=2)  # 3 deliveries, then %DLQ%handlers
+    bodies = [f"e{i}" for i in range(6)]
+    sent = run_driver(
+        "send",
+        {"endpoint": addr, "topic": "Events", "messages": [{"body": b} for b in bodies]},
+        tmp_path / "p",
+    )
+    # e2 always fails: delivered 3 times (attempts 1, 2, 3, the client nacks with its back-off of
+    # 1 s then 5 s), then moved to the DLQ. The others succeed once.
+    result = run_driver(
+        "push",
+        {
+            "endpoint": addr,
+            "group": "handlers",
+            "topic": "Events",
+            "fail": ["e2"],
+            "expect": 8,
+            "timeout_s": 40,
+        },
+        tmp_path / "c",
+        timeout_s=90,
+    )
+    deliveries = result["deliveries"]
+    failing = [d for d in deliveries if d["body"] == "e2"]
+    assert [d["attempt"] for d in failing] == [1, 2, 3]
+    others = sorted(d["body"] for d in deliveries if d["body"] != "e2")
+    assert others == [b for b in bodies if b != "e2"]
+
+    e2_id = sent["ids"][2]
+    deadline = time.monotonic() + 30  # the last nack hides it for 10 s
+    dlq = []
+    while not dlq and time.monotonic() < deadline:
+        try:
+            with PullConsumer(addr, "dlq-reader", "%DLQ%handlers") as pull:
+                dlq = pull.poll(2000)
+        except Exception:  # the DLQ topic is created by the first forward
+            time.sleep(0.5)
+    assert [m.body for m in dlq] == [b"e2"]
+    assert dlq[0].properties["DLQ_ORIGIN_TOPIC"] == "Events"
+    assert dlq[0].properties["DLQ_ORIGIN_MESSAGE_ID"] == e2_id
