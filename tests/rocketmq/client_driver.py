@@ -193,7 +193,81 @@ def transaction(args: dict[str, Any]) -> dict[str, Any]:
     return {"ids": ids, "checks": checks}
 
 
-SCENARIOS = {"send": send, "simple": simple, "push": push, "transaction": transaction}
+def consume_many(args: dict[str, Any]) -> dict[str, Any]:
+    """A SimpleConsumer that acks everything it receives until ``expect`` distinct messages are
+    acked or ``timeout_s`` passes, riding out gateway outages (errors are counted, the loop goes
+    on). Progress goes to ``progress_file`` (acked count) so a test can act mid-run."""
+    consumer = SimpleConsumer(
+        _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 3)
+    )
+    consumer.startup()
+    deliveries: list[list[Any]] = []  # [id, attempt, acked]
+    acked: set[str] = set()
+    errors = 0
+    deadline = time.time() + args.get("timeout_s", 120)
+    try:
+        while len(acked) < args["expect"] and time.time() < deadline:
+            try:
+                batch = consumer.receive(32, args.get("invisible_s", 5))
+            except Exception:
+                errors += 1
+                time.sleep(0.3)
+                continue
+            for m in batch:
+                row = [m.message_id, m.delivery_attempt, False]
+                deliveries.append(row)
+                try:
+                    consumer.ack(m)
+                    row[2] = True
+                    acked.add(m.message_id)
+                except Exception:
+                    errors += 1
+            with open(args["progress_file"], "w") as fh:
+                fh.write(str(len(acked)))
+    finally:
+        consumer.shutdown()
+    return {"deliveries": deliveries, "errors": errors}
+
+
+def send_many(args: dict[str, Any]) -> dict[str, Any]:
+    """``count`` messages of ``size`` bytes through send_async, ``window`` in flight."""
+    producer = Producer(_config(args), (args["topic"],))
+    producer.startup()
+    ids: list[str] = []
+    errors: list[str] = []
+    started = time.time()
+    try:
+        pending = []
+        for i in range(args["count"]):
+            m = Message()
+            m.topic = args["topic"]
+            m.body = (f"{i:08d}".encode() * (args.get("size", 8) // 8 + 1))[: args.get("size", 8)]
+            pending.append(producer.send_async(m))
+            if len(pending) >= args.get("window", 64):
+                for f in pending:
+                    try:
+                        ids.append(f.result(timeout=30).message_id)
+                    except Exception as exc:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                pending = []
+        for f in pending:
+            try:
+                ids.append(f.result(timeout=30).message_id)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        producer.shutdown()
+    return {"ids": ids, "errors": errors[:20], "seconds": time.time() - started}
+
+
+SCENARIOS = {
+    "consume_many": consume_many,
+    "send_many": send_many,
+    "send": send,
+    "simple": simple,
+    "push": push,
+    "transaction": transaction,
+}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](json.loads(sys.argv[2]))

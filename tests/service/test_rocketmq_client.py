@@ -9,7 +9,8 @@ from pathlib import Path
 
 from services.client import Admin, PullConsumer
 from services.serve import Suite
-from tests.rocketmq.harness import run_driver
+from tests.rocketmq.harness import finish_driver, run_driver, start_driver
+from tests.service.harness import SplitCluster
 
 
 def _setup(address: str, topic: str, *, queues: int = 4, message_type: str = "NORMAL") -> None:
@@ -141,3 +142,70 @@ def test_push_consumer_failures_are_redelivered_then_dead_lettered(embedded: Sui
     assert [m.body for m in dlq] == [b"e2"]
     assert dlq[0].properties["DLQ_ORIGIN_TOPIC"] == "Events"
     assert dlq[0].properties["DLQ_ORIGIN_MESSAGE_ID"] == e2_id
+
+
+def _wait_progress(path: Path, at_least: int, proc: object, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if int(path.read_text() or 0) >= at_least:
+                return
+        except (OSError, ValueError):
+            pass
+        assert proc.poll() is None, "the consumer ended early"  # type: ignore[attr-defined]
+        time.sleep(0.1)
+    raise AssertionError(f"the consumer did not ack {at_least} messages in {timeout_s} s")
+
+
+def test_ten_thousand_messages_exactly_once_across_gateway_and_dispatch_kills(
+    split: SplitCluster, tmp_path: Path
+) -> None:
+    """10,000 messages through the official Producer; a SimpleConsumer group acks each. The
+    gateway is SIGKILLed and restarted after ~3,000 acks, the dispatch service (which keeps the
+    pop state) after ~6,000: every message is acked exactly once, and only messages whose
+    delivery was not acked come again."""
+    addr = split.gateway
+    _setup(addr, "Bulk", queues=8)
+    sent = run_driver(
+        "send_many", {"endpoint": addr, "topic": "Bulk", "count": 10_000, "size": 1024}, tmp_path / "p", 300
+    )
+    assert not sent["errors"] and len(set(sent["ids"])) == 10_000
+    progress = tmp_path / "progress"
+    consumer = start_driver(
+        "consume_many",
+        {
+            "endpoint": addr,
+            "group": "bulk-readers",
+            "topic": "Bulk",
+            "expect": 10_000,
+            "invisible_s": 5,
+            "timeout_s": 240,
+            "progress_file": str(progress),
+        },
+        tmp_path / "c",
+    )
+    try:
+        _wait_progress(progress, 3_000, consumer)
+        split.procs["gateway"].kill()
+        time.sleep(1.0)
+        split.start("gateway")
+        _wait_progress(progress, 6_000, consumer)
+        split.procs["dispatch"].kill()
+        time.sleep(1.0)
+        split.start("dispatch")
+        result = finish_driver(consumer, timeout_s=300)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+    acked: dict[str, int] = {}
+    delivered_after_ack = []
+    for msg_id, _attempt, ok in result["deliveries"]:
+        if msg_id in acked:
+            delivered_after_ack.append(msg_id)
+        if ok:
+            acked[msg_id] = acked.get(msg_id, 0) + 1
+    assert set(acked) == set(sent["ids"])  # nothing lost
+    assert max(acked.values()) == 1  # nothing acked twice
+    assert delivered_after_ack == []  # an acked message never came back
+    redelivered = [d for d in result["deliveries"] if d[1] > 1]
+    assert result["errors"] > 0 or redelivered  # the outages were felt
