@@ -1,0 +1,174 @@
+"""PopState: deliveries, acks, invisible time, FIFO locking and the journal, on real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
+from libstore.errors import InvalidReceiptHandleError
+from libstore.pop_state import JOURNAL_NAME, PopState, ReceiptHandle
+
+T0 = 1_700_000_000_000
+
+
+class Queue:
+    """A stand-in ConsumeQueue: units 0..n-1, tags code = offset % 3."""
+
+    def __init__(self, n: int) -> None:
+        self.units = [CqUnit(i, 1000 * i, 100, i % 3) for i in range(n)]
+
+    def read(self, offset: int, count: int) -> list[CqUnit]:
+        return self.units[offset : offset + count]
+
+
+def _pop(state: PopState, q: Queue, now: int, n: int = 10, **kw: object) -> list:  # type: ignore[type-arg]
+    return state.pop(
+        "g",
+        "t",
+        0,
+        read_units=q.read,
+        min_offset=0,
+        max_offset=len(q.units),
+        max_count=n,
+        invisible_ms=kw.pop("invisible_ms", 1000),  # type: ignore[arg-type]
+        now_ms=now,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _open(root: Path, committed: dict | None = None) -> PopState:  # type: ignore[type-arg]
+    commits: dict = committed if committed is not None else {}  # type: ignore[type-arg]
+    s = PopState(root, commit_offset=lambda g, t, qid, o: commits.__setitem__((g, t, qid), o))
+    s.load()
+    return s
+
+
+def test_pop_ack_and_redelivery_after_invisible_time(tmp_path: Path) -> None:
+    commits: dict = {}  # type: ignore[type-arg]
+    s = _open(tmp_path, commits)
+    q = Queue(5)
+    first = _pop(s, q, T0, 3)
+    assert [p.queue_offset for p in first] == [0, 1, 2] and {p.attempt for p in first} == {1}
+    s.ack("g", "t", first[1].handle, T0 + 10)
+    assert commits[("g", "t", 0)] == 0  # 0 is still in flight
+    s.ack("g", "t", first[0].handle, T0 + 10)
+    assert commits[("g", "t", 0)] == 2
+    again = _pop(s, q, T0 + 500)  # 2 is invisible, 3 and 4 are new
+    assert [p.queue_offset for p in again] == [3, 4]
+    later = _pop(s, q, T0 + 1001)  # 2's time passed: attempt 2; 3, 4 are still invisible
+    assert [(p.queue_offset, p.attempt) for p in later] == [(2, 2)]
+    with pytest.raises(InvalidReceiptHandleError):  # the first handle of 2 was superseded
+        s.ack("g", "t", first[2].handle, T0 + 1002)
+    s.ack("g", "t", later[0].handle, T0 + 1002)
+    s.ack("g", "t", later[0].handle, T0 + 1003)  # a retried ack is harmless
+    with pytest.raises(InvalidReceiptHandleError):  # expired
+        s.ack("g", "t", again[0].handle, T0 + 2000)
+
+
+def test_change_invisible_gives_a_new_handle_and_a_later_redelivery(tmp_path: Path) -> None:
+    s = _open(tmp_path)
+    q = Queue(1)
+    (p,) = _pop(s, q, T0)
+    new = s.change_invisible("g", "t", p.handle, 5000, T0 + 100)
+    assert new.visible_at == T0 + 5100 and new.seq != p.handle.seq
+    with pytest.raises(InvalidReceiptHandleError):
+        s.ack("g", "t", p.handle, T0 + 200)
+    assert _pop(s, q, T0 + 2000) == []  # still invisible past the original 1 s
+    (again,) = _pop(s, q, T0 + 5100)
+    assert again.attempt == 2
+    with pytest.raises(InvalidReceiptHandleError):
+        ReceiptHandle.decode("garbage")
+
+
+def test_tag_filter_and_blank_units_finish_without_delivery(tmp_path: Path) -> None:
+    commits: dict = {}  # type: ignore[type-arg]
+    s = _open(tmp_path, commits)
+    q = Queue(9)
+    q.units[4] = CqUnit(4, 0, BLANK_UNIT_SIZE, 0)
+    got = _pop(s, q, T0, 10, matches_code=lambda c: c == 1)
+    assert [p.queue_offset for p in got] == [1, 7]  # 4 has code 1 but is blank
+    for p in got:
+        s.ack("g", "t", p.handle, T0 + 1)
+    assert commits[("g", "t", 0)] == 9
+
+
+def test_fifo_queue_is_locked_until_acked_and_redelivers_in_order(tmp_path: Path) -> None:
+    s = _open(tmp_path)
+    q = Queue(4)
+    first = _pop(s, q, T0, 2, fifo=True)
+    assert [p.queue_offset for p in first] == [0, 1]
+    assert _pop(s, q, T0 + 10, fifo=True) == []  # locked
+    s.ack("g", "t", first[0].handle, T0 + 20)
+    assert _pop(s, q, T0 + 30, fifo=True) == []  # 1 still in flight
+    again = _pop(s, q, T0 + 1001, fifo=True)  # 1 timed out: it comes back first, alone
+    assert [(p.queue_offset, p.attempt) for p in again] == [(1, 2)]
+    s.ack("g", "t", again[0].handle, T0 + 1002)
+    assert [p.queue_offset for p in _pop(s, q, T0 + 1003, fifo=True)] == [2, 3]
+
+
+def test_exhausted_messages_are_reported_dead(tmp_path: Path) -> None:
+    s = _open(tmp_path)
+    q = Queue(1)
+    _pop(s, q, T0, max_attempts=2)
+    (second,) = _pop(s, q, T0 + 1000, max_attempts=2)
+    assert second.attempt == 2 and not second.dead
+    assert s.expired(T0 + 1500) == []
+    [(group, dead)] = s.expired(T0 + 2000, min_attempt=2)
+    assert group == "g" and dead.queue_offset == 0
+    assert s.finish("g", "t", 0, 0, dead.handle.seq)
+    assert _pop(s, q, T0 + 3000) == [] and s.consumer_offset("g", "t", 0) == 1
+
+
+def test_state_survives_reopen_and_a_torn_journal_tail(tmp_path: Path) -> None:
+    s = _open(tmp_path)
+    q = Queue(6)
+    got = _pop(s, q, T0, 4)
+    s.ack("g", "t", got[0].handle, T0 + 1)
+    new = s.change_invisible("g", "t", got[1].handle, 9000, T0 + 2)
+    # no close(): as after a SIGKILL, only the journal is there; a torn line ends it
+    with open(tmp_path / JOURNAL_NAME, "ab") as fh:
+        fh.write(b'{"g":"g","t":"t","q":0,"o":')
+    r = _open(tmp_path)
+    assert r.consumer_offset("g", "t", 0) == 1
+    with pytest.raises(InvalidReceiptHandleError):  # replaced by the change, also after the restart
+        r.ack("g", "t", got[1].handle, T0 + 3)
+    r.ack("g", "t", new, T0 + 3)  # the changed handle is the live one
+    assert [p.queue_offset for p in _pop(r, q, T0 + 10)] == [4, 5]  # 2, 3 still invisible
+    r.close()
+    again = _open(tmp_path)  # from the snapshot
+    assert [(p.queue_offset, p.attempt) for p in _pop(again, q, T0 + 1500, 2)] == [(2, 2), (3, 2)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["pop", "ack", "tick", "reopen"]), st.integers(0, 7)), max_size=40))
+def test_every_message_is_delivered_until_acked(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:  # type: ignore[type-arg]
+    """Model: whatever the interleaving of pops, acks, time and restarts, a message is never
+    delivered after its ack, and every unacked message is deliverable once its time passes."""
+    root = tmp_path_factory.mktemp("pop")
+    s = _open(root)
+    q = Queue(8)
+    now = T0
+    live: dict[int, ReceiptHandle] = {}
+    acked: set[int] = set()
+    for op, arg in ops:
+        if op == "pop":
+            for p in _pop(s, q, now, arg + 1):
+                assert p.queue_offset not in acked
+                live[p.queue_offset] = p.handle
+        elif op == "ack" and live:
+            offset = sorted(live)[arg % len(live)]
+            handle = live.pop(offset)
+            if handle.visible_at > now:
+                s.ack("g", "t", handle, now)
+                acked.add(offset)
+        elif op == "tick":
+            now += 600
+        elif op == "reopen":
+            s = _open(root)
+    now += 10_000
+    rest = {p.queue_offset for p in _pop(s, q, now, 8)}
+    assert rest == set(range(8)) - acked
