@@ -131,9 +131,11 @@ def simple(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def push(args: dict[str, Any]) -> dict[str, Any]:
-    """A PushConsumer whose listener fails the messages whose body is in ``fail``; runs until
+    """A PushConsumer whose listener fails the messages whose body is in ``fail`` (always) or
+    ``fail_once`` (the first time); runs until
     ``expect`` deliveries or ``timeout_s``."""
     fail = set(args.get("fail", []))
+    fail_once = set(args.get("fail_once", []))
     deliveries: list[dict[str, Any]] = []
     lock = threading.Lock()
     done = threading.Event()
@@ -144,7 +146,11 @@ def push(args: dict[str, Any]) -> dict[str, Any]:
                 deliveries.append(_view(message))
                 if len(deliveries) >= args["expect"]:
                     done.set()
-            return ConsumeResult.FAILURE if message.body.decode() in fail else ConsumeResult.SUCCESS
+            body = message.body.decode()
+            if body in fail_once:
+                fail_once.discard(body)
+                return ConsumeResult.FAILURE
+            return ConsumeResult.FAILURE if body in fail else ConsumeResult.SUCCESS
 
     consumer = PushConsumer(
         _config(args), args["group"], Listener(), {args["topic"]: FilterExpression(args.get("expr", "*"))}

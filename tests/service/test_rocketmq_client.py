@@ -209,3 +209,28 @@ def test_ten_thousand_messages_exactly_once_across_gateway_and_dispatch_kills(
     assert delivered_after_ack == []  # an acked message never came back
     redelivered = [d for d in result["deliveries"] if d[1] > 1]
     assert result["errors"] > 0 or redelivered  # the outages were felt
+
+
+def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(embedded: Suite, tmp_path: Path) -> None:
+    addr = embedded.address
+    _setup(addr, "Ledger", queues=4, message_type="FIFO")
+    with Admin(addr) as admin:
+        admin.upsert_group("ledger-fifo", orderly=True)
+    specs = [{"body": f"{g}-{i}", "group": g} for i in range(8) for g in ("acct1", "acct2", "acct3")]
+    sent = run_driver("send", {"endpoint": addr, "topic": "Ledger", "messages": specs}, tmp_path / "p")
+    assert not sent["errors"]
+    # acct2-3 fails once: in FIFO mode nothing after it in acct2 may be consumed before its retry
+    result = run_driver(
+        "push",
+        {"endpoint": addr, "group": "ledger-fifo", "topic": "Ledger", "fail_once": ["acct2-3"], "expect": 25},
+        tmp_path / "c",
+        timeout_s=90,
+    )
+    per_group: dict[str, list[str]] = {}
+    for d in result["deliveries"]:
+        assert d["group"] == d["body"].split("-")[0]
+        per_group.setdefault(d["group"], []).append(d["body"])
+    for g in ("acct1", "acct3"):
+        assert per_group[g] == [f"{g}-{i}" for i in range(8)]
+    expected = [f"acct2-{i}" for i in range(4)] + ["acct2-3"] + [f"acct2-{i}" for i in range(4, 8)]
+    assert per_group["acct2"] == expected
