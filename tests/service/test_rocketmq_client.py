@@ -234,3 +234,19 @@ def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(embedded: Suite,
         assert per_group[g] == [f"{g}-{i}" for i in range(8)]
     expected = [f"acct2-{i}" for i in range(4)] + ["acct2-3"] + [f"acct2-{i}" for i in range(4, 8)]
     assert per_group["acct2"] == expected
+
+
+def test_delay_messages_are_refused_until_supported(embedded: Suite, tmp_path: Path) -> None:
+    """A DELAY send gets UNSUPPORTED instead of being delivered before its time."""
+    addr = embedded.address
+    _setup(addr, "Later", queues=2, message_type="DELAY")
+    sent = run_driver(
+        "send",
+        {
+            "endpoint": addr,
+            "topic": "Later",
+            "messages": [{"body": "x", "deliver_at_s": int(time.time()) + 60}],
+        },
+        tmp_path / "p",
+    )
+    assert sent["ids"] == [] and "not supported" in sent["errors"][0]

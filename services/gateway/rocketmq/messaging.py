@@ -292,6 +292,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 if not config.writeable:
                     raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not writeable")
                 msg, mtype, group = convert.store_message(m, peer_ip=peer_ip, now_ms=now)
+                if mtype in (definition.DELAY, definition.TRANSACTION):
+                    # Refused rather than delivered early or uncommitted: not built yet.
+                    raise V2Error(
+                        Code.UNSUPPORTED,
+                        f"{definition.MessageType.Name(mtype)} messages are not supported yet",  # type: ignore[arg-type]
+                    )
                 allowed = convert.ACCEPT_TYPES[config.message_type]
                 if mtype not in allowed:
                     raise V2Error(
