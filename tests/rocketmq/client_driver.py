@@ -200,39 +200,48 @@ def transaction(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def consume_many(args: dict[str, Any]) -> dict[str, Any]:
-    """A SimpleConsumer that acks everything it receives until ``expect`` distinct messages are
-    acked or ``timeout_s`` passes, riding out gateway outages (errors are counted, the loop goes
-    on). Progress goes to ``progress_file`` (acked count) so a test can act mid-run."""
+    """A SimpleConsumer that acks everything it receives, riding out gateway outages (errors
+    are counted, the loop goes on), until ``expect`` distinct messages were delivered and then
+    nothing more came for longer than the invisible time (so the redeliveries of deliveries
+    whose ack did not get through have shown up), or ``timeout_s`` passes. Progress (distinct
+    messages delivered) goes to ``progress_file`` so a test can act mid-run."""
     consumer = SimpleConsumer(
         _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 3)
     )
     consumer.startup()
-    deliveries: list[list[Any]] = []  # [id, attempt, acked]
-    acked: set[str] = set()
+    invisible_s = args.get("invisible_s", 5)
+    deliveries: list[list[Any]] = []  # [id, attempt, ack confirmed]
+    seen: set[str] = set()
     errors = 0
-    deadline = time.time() + args.get("timeout_s", 120)
+    started = time.time()
+    deadline = started + args.get("timeout_s", 120)
+    quiet_since = time.time()
     try:
-        while len(acked) < args["expect"] and time.time() < deadline:
+        while time.time() < deadline:
+            if len(seen) >= args["expect"] and time.time() - quiet_since > invisible_s + 2:
+                break
             try:
-                batch = consumer.receive(32, args.get("invisible_s", 5))
+                batch = consumer.receive(32, invisible_s)
             except Exception:
                 errors += 1
                 time.sleep(0.3)
                 continue
+            if batch:
+                quiet_since = time.time()
             for m in batch:
                 row = [m.message_id, m.delivery_attempt, False]
                 deliveries.append(row)
+                seen.add(m.message_id)
                 try:
                     consumer.ack(m)
                     row[2] = True
-                    acked.add(m.message_id)
                 except Exception:
-                    errors += 1
+                    errors += 1  # maybe applied, maybe not: the store decides whether it comes back
             with open(args["progress_file"], "w") as fh:
-                fh.write(str(len(acked)))
+                fh.write(str(len(seen)))
     finally:
         consumer.shutdown()
-    return {"deliveries": deliveries, "errors": errors}
+    return {"deliveries": deliveries, "errors": errors, "seconds": time.time() - started}
 
 
 def send_many(args: dict[str, Any]) -> dict[str, Any]:
