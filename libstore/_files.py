@@ -1,10 +1,12 @@
-"""Small-file persistence helpers: atomic replace and the store's exclusive lock file."""
+"""Small-file persistence helpers: atomic replace, JSON read and the store's exclusive lock file."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from libstore.errors import StoreIOError, StoreLockedError
 
@@ -34,6 +36,28 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.close(dfd)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from exc
+
+
+def read_json(path: Path, what: str) -> Any:
+    """The JSON value stored in ``path`` (UTF-8), or None when the file does not exist.
+
+    ``what`` names the file's content in error messages (e.g. "consumer offsets"). Raises
+    StoreIOError when the file cannot be read or does not hold valid UTF-8 JSON. A file holding
+    JSON ``null`` also reads as None.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {what} {path}: {exc.strerror}") from exc
+    except ValueError as exc:  # UnicodeDecodeError
+        raise StoreIOError(f"{what} {path} is not valid UTF-8: {exc}") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise StoreIOError(f"{what} {path} is not valid JSON: {exc}") from exc
 
 
 class StoreLock:

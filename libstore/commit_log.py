@@ -66,25 +66,22 @@ from libstore.ha_state import HAState
 from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import Message, MessageRecord, MessageSysFlag
+from libstore.message import Message, MessageRecord
 from libstore.message_id import encode_host
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
-    BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
-    MESSAGE_MAGIC_CODE,
-    MESSAGE_MAGIC_CODE_V2,
     QUEUE_OFFSET_AND_PHY_OFFSET,
     QUEUE_OFFSET_POSITION,
     RECORD_OVERHEAD_V1_IPV4,
     STORE_TIMESTAMP,
-    SYS_FLAG_POSITION,
     DispatchRequest,
     EncodedBatch,
     RecordEncoder,
     decode_record,
     encode_blank,
     record_size_of,
+    store_timestamp_at,
 )
 from libstore.recovery import RecoveryReport, rebuild_queue_offsets, recover_commit_log
 from libstore.results import PutMessageResults, PutMessageStatus
@@ -103,10 +100,7 @@ from libstore.topic_config import TopicConfigManager
 from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
-_INT = struct.Struct(">i")
-_TOTAL_MAGIC = struct.Struct(">ii")
-_RECORD_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
-_MASTER_ROLES = (BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER)
+_TOTAL_SIZE = struct.Struct(">i")  # TOTALSIZE, the first field of a record (free bytes in a blank)
 
 
 class AppendResult:
@@ -239,7 +233,10 @@ class CommitLog:
         return self.last_exit_ok
 
     def recover(self) -> RecoveryReport:
-        """Normal or abnormal recovery, then rebuild the queue-offset table (see libstore.recovery)."""
+        """Normal or abnormal recovery, then rebuild the queue-offset table (see libstore.recovery).
+
+        After a crash the log generation is bumped at the recovered end before the log is cut
+        there: followers in other processes may have read bytes past it."""
         assert self.queue is not None and self.checkpoint is not None, "load() first"
         assert self.generation is not None and self.ha_state is not None
         report = recover_commit_log(
@@ -247,6 +244,7 @@ class CommitLog:
             normal=self.last_exit_ok,
             recover_timestamp=self.checkpoint.commit_log_recover_timestamp,
             check_crc=self.config.check_crc_on_recover,
+            before_cut=None if self.last_exit_ok else self.generation.bump,
         )
         snapshot_file = queue_offset_table_path(self.root)
         snapshot = load_snapshot(snapshot_file)
@@ -256,9 +254,6 @@ class CommitLog:
         self._queue_offsets = offsets
         self._table_offset = report.end_offset
         save_snapshot(snapshot_file, report.end_offset, offsets)
-        if not self.last_exit_ok:
-            # Followers in other processes may have read bytes past the recovered end.
-            self.generation.bump(report.end_offset)
         if self._role is BrokerRole.SLAVE:
             self.ha_state.truncate(report.end_offset)  # the master's entries come back at the handshake
         else:
@@ -420,8 +415,11 @@ class CommitLog:
         gc.put_request(req)
         return req.future
 
-    def append_messages(self, messages: Sequence[Message]) -> AppendResult:
-        """Validate, encode and append ``messages`` without waiting for any flush.
+    def append_messages(self, messages: Sequence[Message], *, place_unassigned: bool = False) -> AppendResult:
+        """Validate, encode and append ``messages`` without waiting for any flush. With
+        ``place_unassigned``, a message with queue id -1 is placed round robin over its topic's
+        write queues (its ``queue_id`` is set), as client-encoded records with QUEUEID -1 are
+        (:meth:`adopt_records`); otherwise -1 is out of range like any other bad queue id.
 
         Results carry PUT_OK for appended messages and CREATE_MAPPED_FILE_FAILED for those that
         found no segment to go to; raises like :meth:`put_messages`.
@@ -430,6 +428,10 @@ class CommitLog:
         if not messages:
             return AppendResult(PutMessageResults(0), False)
         assert self._topic_config is not None
+        if place_unassigned:
+            for m in messages:
+                if m.queue_id == -1:
+                    m.queue_id = self._next_queue(m.topic)
         batch = self._encoder.encode_batch(
             messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums
         )
@@ -839,18 +841,7 @@ class CommitLog:
             end = self.queue.get_max_wrote_position()
             if offset >= end:
                 return
-            self.generation.bump(offset)
-            if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
-                self.queue.reset_to_empty(offset)
-            else:
-                self.queue.truncate_dirty_files(offset)
-            snapshot = load_snapshot(queue_offset_table_path(self.root))
-            if snapshot is not None and snapshot.phy_offset > offset:
-                snapshot = None
-            self._queue_offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, offset)
-            self._table_offset = offset
-            save_snapshot(queue_offset_table_path(self.root), offset, self._queue_offsets)
-            self.ha_state.truncate(offset)
+            self._cut_locked(offset, drop_all=False)
             log.warning("CommitLog cut at %d (%d bytes dropped)", offset, end - offset)
         self._notify_confirm(self.confirm_offset)
 
@@ -861,14 +852,34 @@ class CommitLog:
         if self._role is not BrokerRole.SLAVE:
             raise ServiceNotAvailableError("only a SLAVE resets its log")
         with self._put_lock:
-            self.generation.bump(0)
-            self.queue.reset_to_empty(offset)
-            self._queue_offsets = {}
-            self._table_offset = offset
-            save_snapshot(queue_offset_table_path(self.root), offset, {})
-            self.ha_state.truncate(offset)
+            self._cut_locked(offset, drop_all=True)
             log.warning("CommitLog reset to start at %d", offset)
         self._notify_confirm(self.confirm_offset)
+
+    def _cut_locked(self, offset: int, *, drop_all: bool) -> None:
+        """Make the log end at ``offset`` (put lock held): bump the log generation first (cut
+        point 0 when ``drop_all``, else ``offset``), then drop the bytes past ``offset`` (with
+        ``drop_all`` every byte, the log restarting empty at ``offset``), rebuild and save the
+        queue-offset table, and forget epochs that start past ``offset``."""
+        assert self.queue is not None and self.generation is not None and self.ha_state is not None
+        self.generation.bump(0 if drop_all else offset)
+        table_path = queue_offset_table_path(self.root)
+        if drop_all:
+            self.queue.reset_to_empty(offset)
+            offsets: dict[QueueKey, int] = {}
+        else:
+            if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
+                self.queue.reset_to_empty(offset)
+            else:
+                self.queue.truncate_dirty_files(offset)
+            snapshot = load_snapshot(table_path)
+            if snapshot is not None and snapshot.phy_offset > offset:
+                snapshot = None
+            offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, offset)
+        self._queue_offsets = offsets
+        self._table_offset = offset
+        save_snapshot(table_path, offset, offsets)
+        self.ha_state.truncate(offset)
 
     def read_chunk(self, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:
         """Whole records from ``offset`` (a record boundary) up to ``limit``, at most
@@ -888,12 +899,12 @@ class CommitLog:
         while pos < end:
             if end - pos < 8:
                 raise CorruptRecordError(f"truncated record header at offset {base + pos}")
-            size, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
-            if magic == BLANK_MAGIC_CODE:
+            size = record_size_of(buf, pos)
+            if size == 0:  # blank END record
                 pos += 8
                 next_offset = self.queue.roll_next_file(base + pos - 8)
                 break
-            if magic not in _RECORD_MAGICS or size <= 0 or pos + size > end:
+            if size < 0 or pos + size > end:
                 raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
             if pos > start and pos + size - start > max_bytes:
                 break
@@ -945,7 +956,7 @@ class CommitLog:
                 readable = base + mf.readable_position
             try:
                 if size == 0:
-                    size = _INT.unpack_from(buf, offset - base)[0] if offset + 8 <= readable else 0
+                    size = _TOTAL_SIZE.unpack_from(buf, offset - base)[0] if offset + 8 <= readable else 0
                 if size <= 0 or offset + size > readable:
                     append(None)
                     continue
@@ -1001,9 +1012,7 @@ class CommitLog:
         try:
             if pos + size > mf.readable_position:
                 return -1
-            sys_flag = _INT.unpack_from(mf.buffer, pos + SYS_FLAG_POSITION)[0]
-            born = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
-            return STORE_TIMESTAMP.unpack_from(mf.buffer, pos + 48 + born)[0]
+            return store_timestamp_at(mf.buffer, pos)
         except ValueError:  # segment unmapped concurrently
             return -1
 
@@ -1060,20 +1069,15 @@ def _walk_replica(data: bytes | memoryview, offset: int, room: int) -> tuple[int
     while pos < n:
         if n - pos < 8:
             raise CorruptRecordError(f"replicated bytes end inside a record header at {offset + pos}")
-        size, magic = _TOTAL_MAGIC.unpack_from(data, pos)
-        if magic == BLANK_MAGIC_CODE:
-            if pos + 8 != n or size != room - pos:
+        size = record_size_of(data, pos)
+        if size == 0:  # blank END record: it must end the bytes and fill the segment
+            if pos + 8 != n or _TOTAL_SIZE.unpack_from(data, pos)[0] != room - pos:
                 raise CorruptRecordError(f"misplaced blank END record in replicated bytes at {offset + pos}")
             break
-        if magic not in _RECORD_MAGICS or size < RECORD_OVERHEAD_V1_IPV4 or pos + size > n:
+        if size < RECORD_OVERHEAD_V1_IPV4 or pos + size > n:
             raise CorruptRecordError(f"replicated bytes at {offset + pos} are not a record")
         last = pos
         pos += size
     if pos > room:
         raise CorruptRecordError(f"replicated bytes at {offset} overflow their segment")
-    store_ts = 0
-    if last >= 0:
-        sys_flag = _INT.unpack_from(data, last + SYS_FLAG_POSITION)[0]
-        born = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
-        store_ts = STORE_TIMESTAMP.unpack_from(data, last + 48 + born)[0]
-    return pos, store_ts
+    return pos, (store_timestamp_at(data, last) if last >= 0 else 0)

@@ -98,6 +98,19 @@ class ConsumeQueueStore:
     def queues(self) -> Iterator[ConsumeQueue]:
         return iter(list(self._queues.values()))
 
+    def max_offset_of(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next unit of (topic, queue id) takes; 0 for an unknown queue."""
+        cq = self._queues.get((topic, queue_id))
+        return cq.max_offset_in_queue if cq is not None else 0
+
+    def queues_of(self, topic: str, queue_id: int = -1) -> list[ConsumeQueue]:
+        """The ConsumeQueues of one topic by queue id (a snapshot); with ``queue_id`` >= 0 only
+        that queue (none when it has no ConsumeQueue)."""
+        if queue_id >= 0:
+            cq = self._queues.get((topic, queue_id))
+            return [cq] if cq is not None else []
+        return sorted((cq for (t, _), cq in self._queues.items() if t == topic), key=lambda cq: cq.queue_id)
+
     def topics(self) -> dict[str, list[int]]:
         """Queue ids of every topic that has a ConsumeQueue."""
         out: dict[str, list[int]] = {}

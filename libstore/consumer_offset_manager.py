@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.errors import InvalidArgumentError, StoreIOError
 from libstore.service_thread import ServiceThread
 
@@ -40,14 +40,10 @@ class ConsumerOffsetManager:
 
     def load(self) -> None:
         """Read the file if present. Raises StoreIOError when it exists but does not parse."""
-        try:
-            raw = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        data = read_json(self.path, "consumer offsets")
+        if data is None:
             return
-        except OSError as exc:
-            raise StoreIOError(f"cannot read consumer offsets {self.path}: {exc.strerror}") from exc
         try:
-            data = json.loads(raw)
             table = {
                 str(key): {int(qid): int(offset) for qid, offset in queues.items()}
                 for key, queues in data.get("offsetTable", {}).items()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import StoreError, StoreIOError
 from libstore.index_service import IndexService
@@ -75,20 +75,20 @@ class DispatchCheckpoint:
     def load(self) -> int | None:
         """The saved offset, or None when there is none (or it does not parse: rebuild)."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            return int(data["reputOffset"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            data = read_json(self.path, "dispatch checkpoint")
+            return None if data is None else int(data["reputOffset"])
+        except (StoreIOError, ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring unreadable dispatch checkpoint %s: %s", self.path, exc)
             return None
 
     def load_generation(self) -> tuple[str, int]:
         """The saved (log id, generation), or ("", 0) when unknown."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_json(self.path, "dispatch checkpoint")
+            if data is None:
+                return "", 0
             return str(data.get("logId", "")), int(data.get("generation", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (StoreIOError, ValueError, TypeError, AttributeError):
             return "", 0
 
     def save(self, reput_offset: int, log_id: str = "", generation: int = 0) -> None:

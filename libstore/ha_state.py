@@ -26,9 +26,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.config import BrokerRole
-from libstore.errors import ConfigError
+from libstore.errors import ConfigError, StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,11 @@ class HAState:
 
     def _load(self) -> None:
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+            raw = read_json(self.path, "HA state")
+        except StoreIOError as exc:
+            raise ConfigError(str(exc)) from exc
+        if raw is None:
             return
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read HA state {self.path}: {exc}") from exc
         try:
             role = raw.get("brokerRole")
             self.role = BrokerRole(role) if role else None
@@ -98,6 +98,12 @@ class HAState:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"HA state {self.path} is malformed: {exc}") from exc
         _check_history(self._epochs, str(self.path))
+
+    def _replace_locked(self, epochs: list[EpochEntry]) -> None:
+        """Make ``epochs`` the history and persist it, unless it is the current one (lock held)."""
+        if epochs != self._epochs:
+            self._epochs = epochs
+            self._persist_locked()
 
     def _persist_locked(self) -> None:
         data = {
@@ -141,40 +147,33 @@ class HAState:
         kept = [e for e in entries if e.start_offset <= max_offset]
         _check_history(kept, "the master's epochs")
         with self._lock:
-            if kept != self._epochs:
-                self._epochs = kept
-                self._persist_locked()
+            self._replace_locked(kept)
 
     def extend_to(self, pending: list[EpochEntry], max_offset: int) -> list[EpochEntry]:
         """Append the entries of ``pending`` (a master's history, newer than ours) that start at
-        or before ``max_offset``; return those still pending."""
+        or before ``max_offset`` (persisted when any was new); return those still pending."""
         take = [e for e in pending if e.start_offset <= max_offset]
         if not take:
             return pending
         with self._lock:
+            extended = list(self._epochs)
             for e in take:
-                if not self._epochs or e.epoch > self._epochs[-1].epoch:
-                    self._epochs.append(e)
-            self._persist_locked()
+                if not extended or e.epoch > extended[-1].epoch:
+                    extended.append(e)
+            self._replace_locked(extended)
         return [e for e in pending if e.start_offset > max_offset]
 
     def truncate(self, max_offset: int) -> None:
         """The log was cut at ``max_offset``: forget epochs that start past it."""
         with self._lock:
-            kept = [e for e in self._epochs if e.start_offset <= max_offset]
-            if kept != self._epochs:
-                self._epochs = kept
-                self._persist_locked()
+            self._replace_locked([e for e in self._epochs if e.start_offset <= max_offset])
 
     def clamp(self, max_offset: int) -> None:
         """A master's log ended up shorter than its own epochs say (a crash lost the unflushed
         tail): epochs that start past the end now start at the end, keeping their numbers, so
         the bytes written next belong to the newest epoch and no older number is reused."""
         with self._lock:
-            clamped = [EpochEntry(e.epoch, min(e.start_offset, max_offset)) for e in self._epochs]
-            if clamped != self._epochs:
-                self._epochs = clamped
-                self._persist_locked()
+            self._replace_locked([EpochEntry(e.epoch, min(e.start_offset, max_offset)) for e in self._epochs])
 
     # -- role ---------------------------------------------------------------------------------
     def save_role(self, role: BrokerRole, master_address: str = "") -> None:

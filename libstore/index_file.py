@@ -161,35 +161,11 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """Add one entry; False when the file is full (the caller rolls to a new file)."""
-        return self.put_hashed(index_key_hash_code(key), phy_offset, store_timestamp)
+        return self.put_many((index_key_hash_code(key),), (phy_offset,), (store_timestamp,)) == 1
 
     def put_hashed(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
         """:meth:`put_key` with the key's :func:`index_key_hash_code` already computed."""
-        if self.index_count >= self.index_num:
-            return False
-        slot_pos = INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE
-        mm = self._mmap
-        slot_value = _SLOT.unpack_from(mm, slot_pos)[0]
-        if slot_value <= INVALID_INDEX or slot_value > self.index_count:
-            slot_value = INVALID_INDEX
-        index_count = self.index_count
-        if index_count <= 1:  # the first entry defines the file's begin (see module docstring)
-            self.begin_phy_offset = phy_offset
-            self.begin_timestamp = store_timestamp
-        begin = self.begin_timestamp
-        # Seconds since the file's begin time; 0 without one, clamped to [0, Integer.MAX_VALUE].
-        time_diff = 0 if begin <= 0 else min(max((store_timestamp - begin) // 1000, 0), _INT_MAX)
-        _ENTRY.pack_into(
-            mm, self._entries_at + index_count * INDEX_SIZE, key_hash, phy_offset, time_diff, slot_value
-        )
-        _SLOT.pack_into(mm, slot_pos, index_count)
-        if slot_value == INVALID_INDEX:
-            self.hash_slot_count += 1
-        self.index_count = index_count + 1
-        self.end_phy_offset = phy_offset
-        self.end_timestamp = store_timestamp
-        self._write_header()
-        return True
+        return self.put_many((key_hash,), (phy_offset,), (store_timestamp,)) == 1
 
     def put_many(
         self, key_hashes: Sequence[int], offsets: Sequence[int], timestamps: Sequence[int], start: int = 0

@@ -137,27 +137,6 @@ class IndexService:
             for f in self.files:
                 f.close()
 
-    def destroy(self) -> None:
-        """Delete every IndexFile (a rebuild from the CommitLog follows)."""
-        with self._lock:
-            for f in self.files:
-                f.destroy()
-            self.files = []
-            self._dirty.clear()
-            self.last_indexed_offset = -1
-
-    def delete_expired(self, commit_log_min_offset: int) -> int:
-        """Delete files (never the newest) whose entries all point below the CommitLog's min."""
-        with self._lock:
-            files = list(self.files)
-            doomed = [f for f in files[:-1] if f.end_phy_offset < commit_log_min_offset]
-            for f in doomed:
-                files.remove(f)
-                self._dirty.discard(f.file_name)
-                f.destroy()
-            self.files = files
-        return len(doomed)
-
     # -- build ----------------------------------------------------------------------------------
     def dispatch(self, req: DispatchRequest) -> None:
         """Index one record's unique key and keys (see :meth:`dispatch_batch`)."""
@@ -237,7 +216,3 @@ class IndexService:
             if f.begin_timestamp < begin:
                 break
         return out
-
-    @property
-    def end_phy_offset(self) -> int:
-        return self.files[-1].end_phy_offset if self.files else 0

@@ -24,7 +24,8 @@ import threading
 import uuid
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
+from libstore.errors import StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,12 @@ class LogGeneration:
         self.generation = 1
         self._cuts: list[tuple[int, int]] = []
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
-            self.log_id = str(raw["logId"])
-            self.generation = int(raw["generation"])
-            self._cuts = [(int(g), int(o)) for g, o in raw.get("cuts", [])]
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raw = read_json(self.path, "log generation")
+            if raw is not None:
+                self.log_id = str(raw["logId"])
+                self.generation = int(raw["generation"])
+                self._cuts = [(int(g), int(o)) for g, o in raw.get("cuts", [])]
+        except (StoreIOError, ValueError, KeyError, TypeError) as exc:
             # Unreadable: start a new identity, so every follower rebuilds (safe, never wrong).
             log.warning("log generation file %s is unreadable (%s); starting a new log id", self.path, exc)
             self.log_id = ""

@@ -66,6 +66,11 @@ class LongPollingService:
         for (topic, queue_id), max_offset in max_offsets.items():
             self.notify_message_arriving(topic, queue_id, max_offset)
 
+    def wake_topic(self, topic: str) -> None:
+        """Wake the topic's any-queue waiters (:meth:`wait_for_topic_async`) without an arrival:
+        something else they wait for changed (a message's invisible time was shortened)."""
+        self.notify_message_arriving(topic, ANY_QUEUE, 0)
+
     def wake_all(self) -> None:
         """Release every waiter (shutdown): they return and find what there is."""
         with self._lock:
@@ -110,13 +115,7 @@ class LongPollingService:
         key = (topic, queue_id)
         if self._max_offset_of(topic, queue_id) > offset:
             return True
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                loop.call_soon_threadsafe(_resolve, future)
-
+        future, wake = _loop_wakeup()
         waiter = _Waiter(offset, wake)
         self._register(key, waiter)
         try:
@@ -136,13 +135,7 @@ class LongPollingService:
         ``arrived()`` is asked once the waiter is registered (return at once when True), so an
         arrival between the caller's empty look and the registration is not missed. A wake-up
         means "look again", not "there is a message for you"."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_resolve, future)
-
+        future, wake = _loop_wakeup()
         key = (topic, ANY_QUEUE)
         waiter = _Waiter(-1, wake)
         self._register(key, waiter)
@@ -159,6 +152,19 @@ class LongPollingService:
         """How many pulls are being held."""
         with self._lock:
             return sum(len(ws) for ws in self._waiters.values())
+
+
+def _loop_wakeup() -> tuple[asyncio.Future[None], Callable[[], None]]:
+    """A future of the running event loop and a wake function, callable from any thread, that
+    resolves it through the loop (a no-op once the loop is closed)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            loop.call_soon_threadsafe(_resolve, future)
+
+    return future, wake
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -27,6 +27,8 @@ class MessageConst:
     RECONSUME_TIME = "RECONSUME_TIME"
     MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
     TRANSACTION_ID = "__transactionId__"
+    DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"  # RocketMQ 5: on a %DLQ% copy, the topic it came from
+    DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
     KEY_SEPARATOR = " "
 
 

@@ -55,6 +55,7 @@ from libstore.long_polling import LongPollingService
 from libstore.message import Message, MessageRecord
 from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.message_id import decode_message_id
+from libstore.record_codec import decode_record
 from libstore.results import GetMessageStatus, PutMessageResults
 from libstore.store_paths import (
     consume_queue_dir,
@@ -359,12 +360,18 @@ class MessageStore:
             raise ServiceNotAvailableError("the message index is disabled (messageIndexEnable=false)")
         if self.commit_log.topic_config.get(topic) is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        offsets = self.index_service.query_offsets(topic, key, max_num, begin_ms, end_ms)
+        raws = self.commit_log.read_many([(phy, 0) for phy in offsets])  # size 0: the whole record
         out = []
-        for phy in self.index_service.query_offsets(topic, key, max_num, begin_ms, end_ms):
-            try:
-                record = self.commit_log.read_message(phy)
-            except (OffsetOutOfRangeError, CorruptRecordError):
+        for phy, raw in zip(offsets, raws, strict=True):
+            if raw is None:
                 continue  # the log no longer holds it
+            try:
+                record = decode_record(raw)
+            except CorruptRecordError:
+                continue
+            if record.phy_offset != phy:
+                continue  # another record now sits there
             if record.topic == topic and (key in record.keys or record.uniq_key == key):
                 out.append(record)
         return out

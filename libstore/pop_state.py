@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
 from libstore.errors import InvalidArgumentError, InvalidReceiptHandleError, StoreIOError
 
@@ -101,7 +101,14 @@ class Inflight:
     seq: int
 
     def row(self, offset: int) -> list[int]:
+        """The journal and snapshot form: [queue offset, phy, size, tags code, attempt, visible at, seq]."""
         return [offset, self.phy_offset, self.size, self.tags_code, self.attempt, self.visible_at, self.seq]
+
+    @classmethod
+    def from_row(cls, row: list[object]) -> tuple[int, Inflight]:
+        """The (queue offset, entry) a :meth:`row` stands for."""
+        offset, *fields = (int(x) for x in row[:7])  # type: ignore[call-overload]
+        return offset, cls(*fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,17 +169,18 @@ class PopState:
         self.root.mkdir(parents=True, exist_ok=True)
         snap = self.root / SNAPSHOT_NAME
         with self._lock:
-            if snap.exists():
+            data = read_json(snap, "pop snapshot")
+            if data is not None:
                 try:
-                    data = json.loads(snap.read_text(encoding="utf-8"))
                     self._seq = int(data.get("seq", 0))
                     for row in data.get("queues", []):
                         group, topic, qid, pop_offset, inflight = row
                         q = _Queue(int(pop_offset))
                         for e in inflight:
-                            q.inflight[int(e[0])] = Inflight(*(int(x) for x in e[1:7]))
+                            offset, entry = Inflight.from_row(e)
+                            q.inflight[offset] = entry
                         self._queues[(str(group), str(topic), int(qid))] = q
-                except (OSError, ValueError, TypeError) as exc:
+                except (ValueError, TypeError, AttributeError) as exc:
                     raise StoreIOError(f"pop snapshot {snap} is not valid: {exc}") from exc
             journal = self.root / JOURNAL_NAME
             if journal.exists():
@@ -203,14 +211,13 @@ class PopState:
 
     def _apply(self, rec: dict[str, object]) -> None:
         key: QueueKey = (str(rec["g"]), str(rec["t"]), int(rec["q"]))  # type: ignore[call-overload]
-        q = self._queues.get(key)
-        if q is None:
-            q = self._queues[key] = _Queue(int(rec.get("o", 0)))  # type: ignore[call-overload]
-        if "o" in rec:
-            q.pop_offset = max(q.pop_offset, int(rec["o"]))  # type: ignore[call-overload]
+        pop_offset = int(rec.get("o", 0))  # type: ignore[call-overload]
+        q = self._queues.setdefault(key, _Queue(pop_offset))
+        q.pop_offset = max(q.pop_offset, pop_offset)
         for e in rec.get("s", []):  # type: ignore[attr-defined]
-            q.inflight[int(e[0])] = Inflight(*(int(x) for x in e[1:7]))
-            self._seq = max(self._seq, int(e[6]))
+            offset, entry = Inflight.from_row(e)
+            q.inflight[offset] = entry
+            self._seq = max(self._seq, entry.seq)
         for offset in rec.get("a", []):  # type: ignore[attr-defined]
             q.inflight.pop(int(offset), None)
 
@@ -269,10 +276,6 @@ class PopState:
             q = self._queues.get((group, topic, queue_id))
             return q.consumer_offset if q is not None else -1
 
-    def inflight_count(self, group: str, topic: str) -> int:
-        with self._lock:
-            return sum(len(q.inflight) for (g, t, _), q in self._queues.items() if g == group and t == topic)
-
     def next_visible_at(self, group: str, topic: str) -> int | None:
         """The earliest time (ms) an in-flight message of (group, topic) becomes deliverable again."""
         with self._lock:
@@ -284,17 +287,23 @@ class PopState:
             ]
         return min(times) if times else None
 
-    def expired(self, now_ms: int, min_attempt: int = 1) -> list[tuple[str, Popped]]:
-        """(group, message) for in-flight messages whose invisible time passed after at least
-        ``min_attempt`` deliveries: the revive scan (RocketMQ's PopReviveService), so a message
-        out of attempts reaches the DLQ without waiting for a consumer to pop again. The
-        handles carry the current ``seq`` (for :meth:`finish`)."""
+    def expired(self, now_ms: int, max_attempts_of: Callable[[str], int]) -> list[tuple[str, Popped]]:
+        """(group, message) for in-flight messages out of attempts (delivered
+        ``max_attempts_of(group)`` times) whose invisible time passed: the revive scan (RocketMQ's
+        PopReviveService), so such a message reaches the DLQ without waiting for a consumer to
+        pop again. The handles carry the current ``seq`` (for :meth:`finish`)."""
         with self._lock:
-            return [
-                (g, self._popped(t, qid, o, e, dead=True))
+            found = [
+                (g, t, qid, o, e)
                 for (g, t, qid), q in self._queues.items()
                 for o, e in q.inflight.items()
-                if e.visible_at <= now_ms and e.attempt >= min_attempt
+                if e.visible_at <= now_ms
+            ]
+            limits = {g: max_attempts_of(g) for g in {f[0] for f in found}}
+            return [
+                (g, self._popped(t, qid, o, e, dead=True))
+                for g, t, qid, o, e in found
+                if e.attempt >= limits[g]
             ]
 
     # -- pop ----------------------------------------------------------------------------------------
@@ -400,13 +409,16 @@ class PopState:
         key = (group, topic, handle.queue_id)
         with self._lock:
             q, e = self._live(key, handle, now_ms)
-            if e is None:
-                return
-            before = q.consumer_offset
-            del q.inflight[handle.queue_offset]
-            self._log(key, q, acks=[handle.queue_offset])
-            if q.consumer_offset != before:
-                self._committed(key, q)
+            if e is not None:
+                self._remove(key, q, handle.queue_offset)
+
+    def _remove(self, key: QueueKey, q: _Queue, queue_offset: int) -> None:
+        """Finish one in-flight unit: journal it, commit the consumer offset if it moved."""
+        before = q.consumer_offset
+        del q.inflight[queue_offset]
+        self._log(key, q, acks=[queue_offset])
+        if q.consumer_offset != before:
+            self._committed(key, q)
 
     def finish(self, group: str, topic: str, queue_id: int, queue_offset: int, seq: int) -> bool:
         """Finish an in-flight message without a live handle (after forwarding it to the DLQ).
@@ -417,11 +429,7 @@ class PopState:
             e = q.inflight.get(queue_offset) if q is not None else None
             if q is None or e is None or e.seq != seq:
                 return False
-            before = q.consumer_offset
-            del q.inflight[queue_offset]
-            self._log(key, q, acks=[queue_offset])
-            if q.consumer_offset != before:
-                self._committed(key, q)
+            self._remove(key, q, queue_offset)
             return True
 
     def change_invisible(
@@ -441,6 +449,4 @@ class PopState:
             self._seq += 1
             e.visible_at, e.seq = now_ms + invisible_ms, self._seq
             self._log(key, q, [e.row(handle.queue_offset)])
-            return ReceiptHandle(
-                handle.queue_id, handle.queue_offset, e.seq, e.visible_at, e.attempt, e.phy_offset, e.size
-            )
+            return self._popped(topic, handle.queue_id, handle.queue_offset, e).handle

@@ -78,15 +78,10 @@ STORE_TIMESTAMP_POSITION_V4: Final = 56
 
 _TOTAL_MAGIC = struct.Struct(">ii")
 _INT = struct.Struct(">i")
-_LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 # QUEUEOFFSET + PHYSICALOFFSET (at QUEUE_OFFSET_POSITION) and STORETIMESTAMP: patched under the put lock.
 QUEUE_OFFSET_AND_PHY_OFFSET: Final = struct.Struct(">qq")
 STORE_TIMESTAMP: Final = struct.Struct(">q")
-# TOTALSIZE .. BORNTIMESTAMP: the part every record shares whatever its host sizes are (48 bytes).
-_HEAD = struct.Struct(">iiiiiqqiq")
-# STORETIMESTAMP after the born host; RECONSUMETIMES, PREPARED_TX_OFFSET, BODYLEN after the store host.
-_TAIL = struct.Struct(">iqi")
 
 _HOST_V6_FLAGS = MessageSysFlag.BORNHOST_V6_FLAG | MessageSysFlag.STOREHOSTADDRESS_V6_FLAG
 _TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
@@ -100,6 +95,18 @@ def _header_struct(born_len: int, store_len: int) -> struct.Struct:
 # Whole fixed header up to and including BODYLEN, per (born host, store host) size.
 _HEADERS = {(b, s): _header_struct(b, s) for b in (8, 20) for s in (8, 20)}
 _HEADER_V4_V4 = _HEADERS[(8, 8)]
+
+
+def _header_for(sys_flag: int) -> struct.Struct:
+    """The fixed-header struct (TOTALSIZE .. BODYLEN) of a record with this SYSFLAG."""
+    if not sys_flag & _HOST_V6_FLAGS:
+        return _HEADER_V4_V4
+    return _HEADERS[
+        (
+            20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8,
+            20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8,
+        )
+    ]
 
 
 def encode_blank(max_blank: int) -> bytes:
@@ -465,7 +472,7 @@ class RecordEncoder:
         max_body = self.max_message_size
         no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
         while pos < limit:
-            req = check_record(buf, pos, limit, check_crc=True, expected_phy_offset=0)
+            req, fields, _, _ = _check_record(buf, pos, limit, True, 0, True)
             if not req.success or req.msg_size == 0:
                 raise MessageIllegalError(
                     f"record {index}: not a valid CommitLog record (size, magic or CRC)"
@@ -490,15 +497,15 @@ class RecordEncoder:
                     f"record {index}: queue id {req.queue_id} out of range: "
                     f"topic {topic!r} has {queue_limit} queues"
                 )
-            born_len = 20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8
-            body_len = _INT.unpack_from(buf, pos + 48 + born_len + 8 + 8 + 12)[0]
+            body_len = fields[-1]  # BODYLEN, the last field of the fixed header
             if body_len > max_body:
                 raise MessageIllegalError(
                     f"record {index}: body is {body_len} bytes, the limit is {max_body}"
                 )
-            ts_position = 48 + born_len
+            ts_position = _store_ts_position(sys_flag)
             buf[pos + ts_position + 8 : pos + ts_position + 16] = store_host
-            if born_host and born_len == 8 and buf[pos + 48 : pos + 56] == STORE_HOST_PLACEHOLDER:
+            born_v4 = not sys_flag & MessageSysFlag.BORNHOST_V6_FLAG
+            if born_host and born_v4 and buf[pos + 48 : pos + 56] == STORE_HOST_PLACEHOLDER:
                 buf[pos + 48 : pos + 56] = born_host
             if req.born_timestamp == 0:
                 STORE_TIMESTAMP.pack_into(buf, pos + 40, now_ms)
@@ -517,7 +524,6 @@ class RecordEncoder:
 
 
 STORE_HOST_PLACEHOLDER: Final = bytes(8)  # 0.0.0.0:0 as STOREHOST in client-encoded records
-BORN_HOST_POSITION: Final = 48
 QUEUE_ID_POSITION: Final = 12
 
 
@@ -649,33 +655,40 @@ def check_record(
     bad bytes: returns ``success`` False instead. The record's offset in the log is taken from
     its PHYSICALOFFSET field into ``commit_log_offset``.
     """
+    return _check_record(buf, pos, limit, check_crc, expected_phy_offset, decode_properties)[0]
+
+
+_NO_FIELDS: tuple[Any, ...] = ()
+
+
+def _check_record(
+    buf: Any, pos: int, limit: int, check_crc: bool, expected_phy_offset: int, decode_properties: bool
+) -> tuple[DispatchRequest, tuple[Any, ...], int, int]:
+    """:func:`check_record`, also returning what it unpacked for :func:`decode_record`: the
+    fixed header's fields (TOTALSIZE .. BODYLEN), where the body starts and where the
+    properties start. For a blank or bad bytes: (request, (), -1, -1)."""
     remaining = limit - pos
     if remaining < END_FILE_MIN_BLANK_LENGTH:
-        return DispatchRequest(False, -1)
+        return DispatchRequest(False, -1), _NO_FIELDS, -1, -1
     total, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
-        return DispatchRequest(True, 0)
+        return DispatchRequest(True, 0), _NO_FIELDS, -1, -1
     if magic == MESSAGE_MAGIC_CODE:
         topic_len_size = 1
     elif magic == MESSAGE_MAGIC_CODE_V2:
         topic_len_size = 2
     else:
-        return DispatchRequest(False, -1)
+        return DispatchRequest(False, -1), _NO_FIELDS, -1, -1
     if total < RECORD_OVERHEAD_V1_IPV4 or total > remaining:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     # The common layout (IPv4 born and store hosts) in one call; redo for IPv6 hosts.
     header = _HEADER_V4_V4
     fields = header.unpack_from(buf, pos)
     sys_flag = fields[7]
     if sys_flag & _HOST_V6_FLAGS:
-        header = _HEADERS[
-            (
-                20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8,
-                20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8,
-            )
-        ]
+        header = _header_for(sys_flag)
         if header.size > total:
-            return DispatchRequest(False, total)
+            return DispatchRequest(False, total), _NO_FIELDS, -1, -1
         fields = header.unpack_from(buf, pos)
     (
         _,
@@ -695,27 +708,27 @@ def check_record(
         body_len,
     ) = fields
     if 0 <= expected_phy_offset != phy_offset:
-        return DispatchRequest(False, total)
-    p = pos + header.size
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
+    body_at = p = pos + header.size
     end = pos + total
     if body_len < 0 or p + body_len + topic_len_size + 2 > end:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     if check_crc and (_crc32(buf[p : p + body_len]) & 0x7FFFFFFF) != body_crc:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     p += body_len
     topic_len = buf[p] if topic_len_size == 1 else _SHORT.unpack_from(buf, p)[0]
     p += topic_len_size
     if topic_len <= 0 or p + topic_len + 2 > end:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     try:
         topic = _topic_name(bytes(buf[p : p + topic_len]))
     except UnicodeDecodeError:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     p += topic_len
     prop_len = _SHORT.unpack_from(buf, p)[0]
     p += 2
     if prop_len < 0 or p + prop_len != end:
-        return DispatchRequest(False, total)
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     tags = uniq_key = None
     code = 0
     keys: list[str] | None = None
@@ -733,7 +746,7 @@ def check_record(
             raw_uniq = found.get(b"UNIQ_KEY")
             if raw_uniq:
                 uniq_key = raw_uniq.decode("utf-8", "replace")
-    return DispatchRequest(
+    req = DispatchRequest(
         True,
         total,
         topic,
@@ -749,6 +762,7 @@ def check_record(
         keys,
         uniq_key,
     )
+    return req, fields, body_at, p
 
 
 def decode_record(
@@ -760,17 +774,10 @@ def decode_record(
     Raises CorruptRecordError when the bytes are not a valid record (or are a blank).
     """
     end_limit = len(buf) if limit is None else limit
-    check = check_record(buf, pos, end_limit, check_crc=check_crc, decode_properties=False)
+    check, fields, body_at, props_at = _check_record(buf, pos, end_limit, check_crc, -1, False)
     if not check.success or check.msg_size == 0:
         what = "a blank end-of-file record" if check.success else "not a valid record"
         raise CorruptRecordError(f"bytes at position {pos} are {what}")
-    sys_flag = check.sys_flag
-    header = _HEADERS[
-        (
-            20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8,
-            20 if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG else 8,
-        )
-    ]
     (
         total,
         magic,
@@ -779,7 +786,7 @@ def decode_record(
         flag,
         queue_offset,
         phy_offset,
-        _,
+        sys_flag,
         born_ts,
         born_raw,
         store_ts,
@@ -787,13 +794,10 @@ def decode_record(
         reconsume,
         prepared_tx,
         body_len,
-    ) = header.unpack_from(buf, pos)
-    p = pos + header.size
-    body = bytes(buf[p : p + body_len])
-    p += body_len
-    p += (1 + buf[p]) if magic == MESSAGE_MAGIC_CODE else (2 + _SHORT.unpack_from(buf, p)[0])
-    prop_len = _SHORT.unpack_from(buf, p)[0]
-    properties = bytes_to_properties(buf[p + 2 : p + 2 + prop_len]) if prop_len else {}
+    ) = fields
+    body = bytes(buf[body_at : body_at + body_len])
+    end = pos + total
+    properties = bytes_to_properties(buf[props_at:end]) if props_at < end else {}
     return MessageRecord(  # positional, in MessageRecord's field order (cheaper per record)
         total,
         magic,
@@ -823,10 +827,23 @@ def _decoded_host(raw: bytes) -> tuple[str, int]:
 
 
 def record_size_of(buf: Any, pos: int) -> int:
-    """TOTALSIZE of the record at ``pos`` (0 for a blank, -1 for anything else)."""
+    """TOTALSIZE of the record at ``pos`` (0 for a blank END record, -1 for anything else: an
+    unknown magic, or a record magic with a TOTALSIZE that is not positive). Only the first 8
+    bytes are read; whether the record fits where it is, the caller checks."""
     total, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
         return 0
-    if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+    if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) and total > 0:
         return total
     return -1
+
+
+def _store_ts_position(sys_flag: int) -> int:
+    """Where STORETIMESTAMP sits inside a record with this SYSFLAG (after the born host)."""
+    return _STORE_TS_POSITION[20 if sys_flag & MessageSysFlag.BORNHOST_V6_FLAG else 8]
+
+
+def store_timestamp_at(buf: Any, pos: int) -> int:
+    """STORETIMESTAMP (ms) of the record at ``pos`` (its header must be in ``buf``)."""
+    sys_flag = _INT.unpack_from(buf, pos + SYS_FLAG_POSITION)[0]
+    return STORE_TIMESTAMP.unpack_from(buf, pos + _store_ts_position(sys_flag))[0]

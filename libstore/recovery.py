@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libstore.log_scanner import scan_log
@@ -60,16 +61,21 @@ def recover_commit_log(
     normal: bool,
     recover_timestamp: int,
     check_crc: bool = True,
+    before_cut: Callable[[int], object] | None = None,
 ) -> RecoveryReport:
     """Find the end of the valid log, cut everything after it, set the watermarks.
 
     ``normal``: the last shutdown was clean. ``recover_timestamp``: store time (ms) at or before
-    which records are known flushed (checkpoint). Returns a RecoveryReport.
+    which records are known flushed (checkpoint). ``before_cut(end)`` is called once the end is
+    known and before anything is cut there (an empty log: with 0), e.g. to bump the log
+    generation first. Returns a RecoveryReport.
     """
     started = time.monotonic()
     report = RecoveryReport(normal=normal)
     files = queue.mapped_files
     if not files:
+        if before_cut is not None:
+            before_cut(report.end_offset)
         report.duration_ms = (time.monotonic() - started) * 1000
         return report
     if normal:
@@ -100,6 +106,8 @@ def recover_commit_log(
         end = _last_scanned_segment_end(queue, end)
     report.files_scanned = len(seen_files) or 1
     report.scanned_file_names = [queue.file_name_of(s) for s in sorted(seen_files)]
+    if before_cut is not None:
+        before_cut(end)
     before = len(queue.mapped_files)
     queue.truncate_dirty_files(end)
     report.files_deleted = before - len(queue.mapped_files)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.errors import InvalidArgumentError, StoreIOError
 
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DEFAULT_RETRY_MAX_TIMES = 16
 _MAX_GROUP_LENGTH = 255
 
@@ -65,16 +64,13 @@ class SubscriptionGroupManager:
 
     def load(self) -> None:
         """Read the file if present. Raises StoreIOError when it exists but does not parse."""
-        try:
-            raw = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+        data = read_json(self.path, "subscription groups")
+        if data is None:
             return
-        except OSError as exc:
-            raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from exc
         try:
             table = {
                 name: SubscriptionGroupConfig(**cfg)
-                for name, cfg in json.loads(raw).get("subscriptionGroupTable", {}).items()
+                for name, cfg in data.get("subscriptionGroupTable", {}).items()
             }
         except (ValueError, TypeError, AttributeError) as exc:
             raise StoreIOError(f"subscription groups {self.path} are not valid: {exc}") from exc
@@ -92,19 +88,15 @@ class SubscriptionGroupManager:
         return SubscriptionGroupConfig(group)
 
     def upsert(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
-        """Create or replace a group's config and persist the table.
-        Raises InvalidArgumentError for a malformed name or a negative retry count."""
+        """Create or replace a group's config and persist the table. Raises InvalidArgumentError
+        for a malformed name or a retry count outside 0-1000; StoreIOError when the write fails."""
         validate_group(config.group_name)
         if not 0 <= config.retry_max_times <= 1000:
             raise InvalidArgumentError(f"retryMaxTimes must be 0-1000, got {config.retry_max_times}")
-        config = replace(config)
         with self._lock:
             self._groups[config.group_name] = config
             data = {"subscriptionGroupTable": {n: asdict(c) for n, c in sorted(self._groups.items())}}
-            try:
-                atomic_write(self.path, json.dumps(data, indent=1).encode())
-            except OSError as exc:
-                raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from exc
+            atomic_write(self.path, json.dumps(data, indent=1).encode())
         return config
 
     def list(self) -> list[SubscriptionGroupConfig]:

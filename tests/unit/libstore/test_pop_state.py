@@ -116,8 +116,9 @@ def test_exhausted_messages_are_reported_dead(tmp_path: Path) -> None:
     _pop(s, q, T0, max_attempts=2)
     (second,) = _pop(s, q, T0 + 1000, max_attempts=2)
     assert second.attempt == 2 and not second.dead
-    assert s.expired(T0 + 1500) == []
-    [(group, dead)] = s.expired(T0 + 2000, min_attempt=2)
+    assert s.expired(T0 + 1500, lambda g: 2) == []
+    assert s.expired(T0 + 2000, lambda g: 3) == []  # one attempt left
+    [(group, dead)] = s.expired(T0 + 2000, lambda g: 2)
     assert group == "g" and dead.queue_offset == 0
     assert s.finish("g", "t", 0, 0, dead.handle.seq)
     assert _pop(s, q, T0 + 3000) == [] and s.consumer_offset("g", "t", 0) == 1
