@@ -17,9 +17,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 MESSAGE_SIZE = 1024  # bytes of body per message (OpenMessaging Benchmark's 1 KiB payload size)
 
@@ -91,15 +90,6 @@ def window_sample(recorders: list[Recorder], start_ns: int, end_ns: int) -> Samp
     return Sample(messages, (end_ns - start_ns) / 1e9, latencies)
 
 
-@dataclass
-class Row:
-    """One line of a result table."""
-
-    suite: str
-    scenario: str
-    values: dict[str, Any] = field(default_factory=dict)
-
-
 def machine_facts(data_dir: Path) -> dict[str, str]:
     """CPU, cores, kernel, Python, and the filesystem the data folder is on."""
     cpu = platform.processor() or ""
@@ -138,7 +128,3 @@ def scratch_dir(parent: Path, name: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def as_json(rows: list[Row]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]

@@ -30,7 +30,6 @@ from libstore import (
     MessageConst,
     MessageRecord,
     PutMessageResults,
-    PutMessageStatus,
     ServiceNotAvailableError,
     TopicConfig,
     UniqKeyGenerator,
@@ -40,18 +39,12 @@ from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common import convert
 from services._common.errors import store_error_from_rpc
+from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-def _raise(err: grpc.RpcError) -> None:
-    mapped = store_error_from_rpc(err)
-    if mapped is not None:
-        raise mapped from None
-    raise err
 
 
 @dataclass
@@ -112,7 +105,7 @@ class _Connection:
                 return method(request, timeout=timeout_s)
             except grpc.RpcError as err:
                 if err.code() not in _RETRY_CODES or attempt == retries:  # type: ignore[attr-defined]
-                    _raise(err)
+                    reraise_mapped(err)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -289,7 +282,7 @@ class PullConsumer:
         except grpc.RpcError as err:
             if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
                 return []  # re-pulled on the next poll
-            _raise(err)
+            reraise_mapped(err)
         self._next[queue_id] = reply.next_offset
         if reply.records:
             self._consumed[queue_id] = reply.next_offset
@@ -420,7 +413,3 @@ class Admin:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def all_ok(results: PutMessageResults) -> bool:
-    return results.appended == len(results) and results.status is PutMessageStatus.PUT_OK

@@ -117,7 +117,10 @@ class DerivedStatus:
 class CommitLogPort(Protocol):
     """The commitlog service: the single writer of the log."""
 
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults: ...
+    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+        """Append a batch; a message with queue id -1 is placed round robin over its topic's
+        write queues."""
+        ...
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         """Append client-encoded records (libstore.record_codec.RecordEncoder.adopt_records);
@@ -225,6 +228,9 @@ class IndexPort(Protocol):
 
     async def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_count: int
-    ) -> list[int]: ...
+    ) -> list[int]:
+        """CommitLog offsets of messages with ``key`` stored within [begin_ms, end_ms] (end 0:
+        no upper bound), newest first."""
+        ...
 
     async def status(self) -> DerivedStatus: ...

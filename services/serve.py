@@ -142,23 +142,8 @@ class Suite:
             commitlog = await self._start_commitlog(data / "commitlog")
             await self._start_derived(data, commitlog, embedded=True)
             assert self.dispatch_app is not None and self.index_app is not None
-            gateway = GatewayServicer(
-                commitlog,
-                self.dispatch_app.port,
-                self.index_app.port,
-                endpoints=[self.options.address],
-                max_pull_batch=self.dispatch_app.config.max_pull_batch_size,
-                max_hold_ms=self.dispatch_app.config.long_polling_hold_time,
-            )
-            messaging = MessagingServicer(
-                commitlog,
-                self.dispatch_app.port,
-                endpoints=[self.options.advertise or _advertised(self.options.address)],
-                topics=gateway.topics,
-                broker_name=self.dispatch_app.config.broker_name,
-            )
-            self.server = await start_grpc_server(
-                self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
+            await self._start_gateway(
+                commitlog, self.dispatch_app.port, self.index_app.port, self.dispatch_app.config
             )
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         elif role == "commitlog":
@@ -185,27 +170,31 @@ class Suite:
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         else:  # gateway
             cfg = store_config(self.options, data)
-            commitlog_port, dispatch_port, index_port = self._remote_group(cfg)
-            gateway = GatewayServicer(
-                commitlog_port,
-                dispatch_port,
-                index_port,
-                endpoints=[self.options.address],
-                max_pull_batch=cfg.max_pull_batch_size,
-                max_hold_ms=cfg.long_polling_hold_time,
-            )
-            messaging = MessagingServicer(
-                commitlog_port,
-                dispatch_port,
-                endpoints=[self.options.advertise or _advertised(self.options.address)],
-                topics=gateway.topics,
-                broker_name=cfg.broker_name,
-            )
-            self.server = await start_grpc_server(
-                self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
-            )
+            await self._start_gateway(*self._remote_group(cfg), cfg)
+            assert self.server is not None
             await self.server.set_serving(True)
         log.info("mqstore %s serving on %s", role, self.server.address)
+
+    async def _start_gateway(
+        self, commitlog: CommitLogPort, dispatch: DispatchPort, index: IndexPort, cfg: StoreConfig
+    ) -> None:
+        """The gateway's server: mqstore.v1.Gateway and apache.rocketmq.v2.MessagingService on one
+        port, both advertising the same endpoint."""
+        endpoints = [self.options.advertise or _advertised(self.options.address)]
+        gateway = GatewayServicer(
+            commitlog,
+            dispatch,
+            index,
+            endpoints=endpoints,
+            max_pull_batch=cfg.max_pull_batch_size,
+            max_hold_ms=cfg.long_polling_hold_time,
+        )
+        messaging = MessagingServicer(
+            commitlog, dispatch, endpoints=endpoints, topics=gateway.topics, broker_name=cfg.broker_name
+        )
+        self.server = await start_grpc_server(
+            self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
+        )
 
     def _remote_group(self, cfg: StoreConfig) -> tuple[CommitLogPort, DispatchPort, IndexPort]:
         """The gateway's ports: one member's remote ports, or a BrokerGroup over several."""

@@ -35,8 +35,18 @@ def peer_host(peer: str) -> tuple[str, int]:
     return "127.0.0.1", 0
 
 
+def host_text(host: tuple[str, int]) -> str:
+    """``(ip, port)`` as ``ip:port`` (``[ip]:port`` for IPv6), the form born hosts travel in."""
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def peer_text(peer: str) -> str:
+    """The caller's address from a gRPC peer string, as :func:`host_text`."""
+    return host_text(peer_host(peer))
+
+
 def message_to_pb(m: Message) -> common_pb.Message:
-    host, port = m.born_host
     return common_pb.Message(
         topic=m.topic,
         queue_id=m.queue_id,
@@ -45,7 +55,7 @@ def message_to_pb(m: Message) -> common_pb.Message:
         flag=m.flag,
         sys_flag=m.sys_flag,
         born_timestamp=m.born_timestamp,
-        born_host=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+        born_host=host_text(m.born_host),
         reconsume_times=m.reconsume_times,
         prepared_transaction_offset=m.prepared_transaction_offset,
     )

@@ -185,6 +185,11 @@ def error_reason(err: grpc.RpcError) -> str | None:
     return info.reason if info is not None else None
 
 
+def store_error_of(reason: str, message: str) -> E.StoreError:
+    """The StoreError whose ``reason`` is given (StoreError itself for an unknown one)."""
+    return _BY_REASON.get(reason, E.StoreError)(message)
+
+
 def store_error_from_rpc(err: grpc.RpcError) -> E.StoreError | None:
     """The StoreError a failed call stands for (None for codes with no store meaning, such as
     DEADLINE_EXCEEDED or CANCELLED: callers decide about those)."""

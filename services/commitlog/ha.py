@@ -112,7 +112,6 @@ def _register_metrics() -> None:
 
 
 PEER_TIMEOUT_S = 2.0
-MASTER_ROLES = (BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER)
 
 
 class HAController:

@@ -70,7 +70,7 @@ class LocalCommitLog:
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
             fresh, placed = self._split_replays(messages)
-            appended = self.log.append_messages(fresh) if fresh else None
+            appended = self.log.append_messages(fresh, place_unassigned=True) if fresh else None
             if appended is not None:
                 self._remember(fresh, appended.results)
             results = self._merge(messages, appended.results if appended else None, placed)

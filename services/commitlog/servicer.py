@@ -27,12 +27,12 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
         if request.records:
             if request.messages:
                 raise InvalidArgumentError("send messages or records, not both")
-            born = request.born_host or _host_text(convert.peer_host(context.peer()))
+            born = request.born_host or convert.peer_text(context.peer())
             results = await self.port.append_records(request.records, born)
             return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
         messages = request.messages
         if any(not m.born_host for m in messages):
-            host = _host_text(convert.peer_host(context.peer()))
+            host = convert.peer_text(context.peer())
             for m in messages:
                 if not m.born_host:
                     m.born_host = host
@@ -147,8 +147,3 @@ def _role(text: str) -> BrokerRole:
 def add_to_server(servicer: CommitLogServicer, server: grpc.aio.Server) -> list[str]:
     commitlog_grpc.add_CommitLogServiceServicer_to_server(servicer, server)
     return [SERVICE_NAME]
-
-
-def _host_text(host: tuple[str, int]) -> str:
-    ip, port = host
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

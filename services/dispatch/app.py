@@ -30,27 +30,23 @@ class DispatchApp(DerivedStoreApp):
         super().__init__(config, commitlog)
         self.queues = ConsumeQueueStore(consume_queue_dir(self.root), config.mapped_file_size_consume_queue)
         self.offsets = ConsumerOffsetManager(consumer_offset_path(self.root))
-        self.long_polling = LongPollingService(self._max_offset_of)
+        self.long_polling = LongPollingService(self.queues.max_offset_of)
+        self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
         self.port = LocalDispatch(
             self.queues,
             self.offsets,
             self.long_polling,
+            self.pop,
             self._store_time_of,
             lambda: self.derived_status(),
             max_batch=config.max_pull_batch_size,
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
-        self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
         self._revive: asyncio.Task[None] | None = None
         self._revive_stop = asyncio.Event()
-        self.port.pop_service = self.pop
         self._offset_persist = ConsumerOffsetPersistService(
             self.offsets, config.flush_consumer_offset_interval, self._on_io_error
         )
-
-    def _max_offset_of(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.find(topic, queue_id)
-        return cq.max_offset_in_queue if cq is not None else 0
 
     async def _store_time_of(self, phy_offset: int, size: int) -> int:
         (raw,) = await self.commitlog.read([(phy_offset, size)])

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import grpc
 
-from libstore import errors as E
 from libstore.consume_queue import BoundaryType
 from libstore.errors import StoreError
 from libstore.message_store import QueueProgress
 from libstore.subscription_group import SubscriptionGroupConfig
+from services._common.errors import store_error_of
 from services._common.remote import DEFAULT_TIMEOUT_S, call
 from services.dispatch.servicer import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
 from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo
@@ -146,7 +146,7 @@ class RemoteDispatch:
     async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
         request = dispatch_pb.AckRequest(group=group, topic=topic, receipt_handles=list(receipt_handles))
         r = await call(self.stub.Ack, request, idempotent=True, timeout_s=self.timeout_s)
-        return [_REASONS.get(x.reason, StoreError)(x.message) if x.reason else None for x in r.results]
+        return [store_error_of(x.reason, x.message) if x.reason else None for x in r.results]
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         request = dispatch_pb.ChangeInvisibleTimeRequest(
@@ -172,8 +172,3 @@ class RemoteDispatch:
         return group_from_pb(
             await call(self.stub.GetSubscriptionGroup, request, idempotent=True, timeout_s=self.timeout_s)
         )
-
-
-_REASONS = {
-    cls.reason: cls for cls in vars(E).values() if isinstance(cls, type) and issubclass(cls, StoreError)
-}

@@ -12,7 +12,7 @@ from libstore import InvalidArgumentError, OffsetOutOfRangeError
 from libstore.consume_queue import BoundaryType, ConsumeQueue
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
-from libstore.errors import ServiceNotAvailableError, StoreError
+from libstore.errors import StoreError
 from libstore.get_message import select_units
 from libstore.long_polling import LongPollingService
 from libstore.message_filter import TagFilter
@@ -38,14 +38,16 @@ class CodeFilter(TagFilter):
 
 
 class LocalDispatch:
-    """DispatchPort over local objects. ``store_time_of(phy, size)`` reads a message's store time
-    from the CommitLog (a remote read in the split topology); ``status_of`` reports progress."""
+    """DispatchPort over local objects; the pop model is ``pop_service``'s. ``store_time_of(phy,
+    size)`` reads a message's store time from the CommitLog (a remote read in the split
+    topology); ``status_of`` reports progress."""
 
     def __init__(
         self,
         queues: ConsumeQueueStore,
         offsets: ConsumerOffsetManager,
         long_polling: LongPollingService,
+        pop_service: PopService,
         store_time_of: Callable[[int, int], Awaitable[int]],
         status_of: Callable[[], DerivedStatus],
         *,
@@ -59,12 +61,8 @@ class LocalDispatch:
         self._status_of = status_of
         self.max_batch = max_batch
         self.max_bytes = max_bytes
-        self.pop_service: PopService | None = None
+        self.pop_service = pop_service
         self._tracer = tracer("mqstore.dispatch")
-
-    def max_offset_of(self, topic: str, queue_id: int) -> int:
-        cq = self.queues.find(topic, queue_id)
-        return cq.max_offset_in_queue if cq is not None else 0
 
     def _select(
         self, cq: ConsumeQueue | None, offset: int, max_count: int, max_bytes: int, filt: TagFilter
@@ -118,14 +116,17 @@ class LocalDispatch:
             return entries
 
     async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
-        ids = [queue_id] if queue_id >= 0 else self.queues.topics().get(topic, [])
-        out = []
-        for qid in ids:
-            cq = self.queues.find(topic, qid)
-            out.append(
-                QueueInfo(qid, cq.min_offset_in_queue, cq.max_offset_in_queue) if cq else QueueInfo(qid, 0, 0)
-            )
-        return out
+        if queue_id < 0:
+            return [
+                QueueInfo(cq.queue_id, cq.min_offset_in_queue, cq.max_offset_in_queue)
+                for cq in self.queues.queues_of(topic)
+            ]
+        cq = self.queues.find(topic, queue_id)
+        return [
+            QueueInfo(queue_id, cq.min_offset_in_queue, cq.max_offset_in_queue)
+            if cq
+            else QueueInfo(queue_id, 0, 0)
+        ]
 
     async def offset_by_time(
         self, topic: str, queue_id: int, timestamp_ms: int, boundary: BoundaryType = BoundaryType.LOWER
@@ -142,7 +143,7 @@ class LocalDispatch:
             return int(done.value)
 
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        max_offset = self.max_offset_of(topic, queue_id)
+        max_offset = self.queues.max_offset_of(topic, queue_id)
         if offset > max_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is past the max offset {max_offset} of {topic}-{queue_id}"
@@ -165,11 +166,6 @@ class LocalDispatch:
         return self._status_of()
 
     # -- the pop model (services.dispatch.pop) ------------------------------------------------------
-    def _pops(self) -> PopService:
-        if self.pop_service is None:
-            raise ServiceNotAvailableError("this dispatch service has no pop state")
-        return self.pop_service
-
     async def pop(
         self,
         group: str,
@@ -181,7 +177,7 @@ class LocalDispatch:
         invisible_ms: int = 60_000,
         wait_ms: int = 0,
     ) -> PopResult:
-        return await self._pops().pop(
+        return await self.pop_service.pop(
             group,
             topic,
             queue_id,
@@ -192,16 +188,16 @@ class LocalDispatch:
         )
 
     async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
-        return await self._pops().ack(group, topic, receipt_handles)
+        return await self.pop_service.ack(group, topic, receipt_handles)
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
-        return await self._pops().change_invisible(group, topic, receipt_handle, invisible_ms)
+        return await self.pop_service.change_invisible(group, topic, receipt_handle, invisible_ms)
 
     async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
-        await self._pops().forward_to_dead_letter(group, topic, receipt_handle)
+        await self.pop_service.forward_to_dead_letter(group, topic, receipt_handle)
 
     async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
-        return await self._pops().upsert_group(config)
+        return await self.pop_service.upsert_group(config)
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig:
-        return await self._pops().get_group(group)
+        return await self.pop_service.get_group(group)

@@ -7,7 +7,8 @@ so gateways hold nothing and several of them can serve one group. A pop serves e
 the topic (RocketMQ's proxy pops by broker, whatever queue the client named), starting from a
 rotating queue so no queue starves; when nothing is deliverable it holds on the long-polling
 service until a message arrives on the topic, an in-flight message becomes visible again, or
-the wait ends. Messages that used up the group's attempts (found by the next pop, or by the
+the wait ends (a change of invisible time wakes it too: the message may now come back sooner
+than the hold it computed). Messages that used up the group's attempts (found by the next pop, or by the
 revive scan every second) are copied to ``%DLQ%<group>``
 through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5
 writes them) and then finished for the group.
@@ -44,8 +45,6 @@ from services.ports import CommitLogPort, PoppedMessage, PopResult
 log = logging.getLogger(__name__)
 
 REVIVE_INTERVAL_S = 1.0
-DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
-DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 MAX_POP_BATCH = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ's proxy allows up to 12 hours
 
@@ -119,9 +118,8 @@ class PopService:
                 before = self._topic_max_offsets(topic)
                 popped = self._pop_once(group, topic, queue_id, filt, max_count, invisible_ms, config)
                 live = [p for p in popped if not p.dead]
-                for p in popped:
-                    if p.dead:
-                        await self._forward(group, topic, p)
+                if len(live) < len(popped):
+                    await self._forward(group, [p for p in popped if p.dead])
                 now = self.clock()
                 if live or now >= deadline:
                     span.set_attribute("mqstore.messages", len(live))
@@ -136,11 +134,7 @@ class PopService:
                 )
 
     def _topic_max_offsets(self, topic: str) -> tuple[int, ...]:
-        return tuple(
-            cq.max_offset_in_queue
-            for qid in self.queues.topics().get(topic, [])
-            if (cq := self.queues.find(topic, qid)) is not None
-        )
+        return tuple(cq.max_offset_in_queue for cq in self.queues.queues_of(topic))
 
     def _pop_once(
         self,
@@ -152,20 +146,17 @@ class PopService:
         invisible_ms: int,
         config: SubscriptionGroupConfig,
     ) -> list[Popped]:
-        ids = [queue_id] if queue_id >= 0 else sorted(self.queues.topics().get(topic, []))
-        if len(ids) > 1:
-            start = next(self._rotation) % len(ids)
-            ids = ids[start:] + ids[:start]
+        cqs = self.queues.queues_of(topic, queue_id)
+        if len(cqs) > 1:
+            start = next(self._rotation) % len(cqs)
+            cqs = cqs[start:] + cqs[:start]
         out: list[Popped] = []
         now = self.clock()
-        for qid in ids:
-            cq = self.queues.find(topic, qid)
-            if cq is None:
-                continue
+        for cq in cqs:
             out += self.state.pop(
                 group,
                 topic,
-                qid,
+                cq.queue_id,
                 read_units=cq.read_units,
                 min_offset=cq.min_offset_in_queue,
                 max_offset=cq.max_offset_in_queue,
@@ -196,7 +187,10 @@ class PopService:
         if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
             raise InvalidArgumentError(f"invisible time must be within 0..{MAX_INVISIBLE_MS} ms")
         handle = ReceiptHandle.decode(receipt_handle)
-        return self.state.change_invisible(group, topic, handle, invisible_ms, self.clock()).encode()
+        new = self.state.change_invisible(group, topic, handle, invisible_ms, self.clock())
+        # A held pop sleeps until the earliest visible time it saw; this one may be earlier.
+        self.long_polling.wake_topic(topic)
+        return new.encode()
 
     async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
         """Raises InvalidReceiptHandleError for an expired or superseded handle."""
@@ -214,46 +208,32 @@ class PopService:
             handle,
             dead=True,
         )
-        await self._forward(group, topic, popped)
+        await self._forward(group, [popped])
 
-    async def _forward(self, group: str, topic: str, p: Popped) -> None:
-        """Copy ``p`` to the group's DLQ, then finish it (at-least-once: a crash between the two
-        copies it again on the next pop)."""
-        with self._tracer.start_as_current_span("dispatch.forward_to_dlq"):
-            (raw,) = await self.commitlog.read([(p.phy_offset, p.size)])
-            if raw:
-                rec = decode_record(raw, check_crc=False)
-                props = dict(rec.properties)
-                props[DLQ_ORIGIN_TOPIC] = rec.topic
-                props[DLQ_ORIGIN_MESSAGE_ID] = rec.uniq_key or rec.msg_id
-                props[MessageConst.RETRY_TOPIC] = rec.topic
-                copy = Message(
-                    dlq_topic(group),
-                    rec.body,
-                    0,
-                    properties=props,
-                    flag=rec.flag,
-                    born_timestamp=rec.born_timestamp,
-                    born_host=rec.born_host,
-                    reconsume_times=p.attempt,
-                )
-                results = await self.commitlog.append([copy])
-                if not results[0].status.appended:
-                    raise ServiceNotAvailableError(
-                        f"forwarding to {dlq_topic(group)} failed: {results[0].status.name}"
-                    )
-            self.state.finish(group, topic, p.queue_id, p.queue_offset, p.handle.seq)
+    async def _forward(self, group: str, dead: list[Popped]) -> None:
+        """Copy ``dead`` to the group's DLQ (one read, one append), then finish them for the
+        group (at-least-once: a crash between the two copies them again on the next round).
+        Raises ServiceNotAvailableError when the append failed (they stay in flight)."""
+        with self._tracer.start_as_current_span("dispatch.forward_to_dlq") as span:
+            span.set_attribute("mqstore.messages", len(dead))
+            raws = await self.commitlog.read([(p.phy_offset, p.size) for p in dead])
+            copies = [_dead_letter(group, p, raw) for p, raw in zip(dead, raws, strict=True) if raw]
+            results = await self.commitlog.append(copies) if copies else []
+            failed = [r.status.name for r in results if not r.status.appended]
+            if failed:
+                raise ServiceNotAvailableError(f"forwarding to {dlq_topic(group)} failed: {failed[0]}")
+            for p in dead:  # a record the log no longer holds has nothing left to forward
+                self.state.finish(group, p.topic, p.queue_id, p.queue_offset, p.handle.seq)
 
     async def revive(self) -> int:
         """Forward every expired in-flight message that used up its group's attempts to the
         group's DLQ; returns how many were forwarded. Run every ``REVIVE_INTERVAL_S``."""
-        forwarded = 0
-        for group, p in self.state.expired(self.clock(), min_attempt=1):
-            config = self.groups.get(group)
-            if p.attempt >= config.max_delivery_attempts:
-                await self._forward(group, p.topic, p)
-                forwarded += 1
-        return forwarded
+        by_group: dict[str, list[Popped]] = {}
+        for group, p in self.state.expired(self.clock(), lambda g: self.groups.get(g).max_delivery_attempts):
+            by_group.setdefault(group, []).append(p)
+        for group, dead in by_group.items():
+            await self._forward(group, dead)
+        return sum(len(d) for d in by_group.values())
 
     async def run_revive(self, stop: asyncio.Event) -> None:
         """Call :meth:`revive` every ``REVIVE_INTERVAL_S`` until ``stop`` is set; failures are
@@ -272,6 +252,25 @@ class PopService:
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig:
         return self.groups.get(group)
+
+
+def _dead_letter(group: str, p: Popped, raw: bytes) -> Message:
+    """The ``%DLQ%<group>`` copy of a popped record, with RocketMQ 5's origin properties."""
+    rec = decode_record(raw, check_crc=False)
+    props = dict(rec.properties)
+    props[MessageConst.DLQ_ORIGIN_TOPIC] = rec.topic
+    props[MessageConst.DLQ_ORIGIN_MESSAGE_ID] = rec.uniq_key or rec.msg_id
+    props[MessageConst.RETRY_TOPIC] = rec.topic
+    return Message(
+        dlq_topic(group),
+        rec.body,
+        0,
+        properties=props,
+        flag=rec.flag,
+        born_timestamp=rec.born_timestamp,
+        born_host=rec.born_host,
+        reconsume_times=p.attempt,
+    )
 
 
 def _message(p: Popped) -> PoppedMessage:

@@ -1,6 +1,6 @@
 """GatewayServicer: mqstore.v1.Gateway, the client-facing API, over three ports.
 
-* Produce: messages without a queue get one round robin over the topic's write queues; messages
+* Produce: messages without a queue (-1) are placed round robin by the commitlog; messages
   without UNIQ_KEY get one, so a retried append is de-duplicated by the commitlog service.
 * Pull: the committed offset when the request says -1 (else the queue's min); ConsumeQueue units
   from dispatch (tags-code filter, long polling), records from the commitlog, the exact tag
@@ -14,7 +14,6 @@ Bad input raises libstore errors, mapped to gRPC codes by the server interceptor
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 
@@ -43,7 +42,6 @@ from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, g
 
 SERVICE_NAME = gateway_pb.DESCRIPTOR.services_by_name["Gateway"].full_name
 MAX_PRODUCE_BATCH = 4096
-MAX_TIMESTAMP = 2**63 - 1
 
 
 class TopicCache:
@@ -90,7 +88,6 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.max_hold_ms = max_hold_ms
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
-        self._round_robin: dict[str, itertools.count[int]] = {}
         self._tracer = tracer("mqstore.gateway")
 
     # -- produce ----------------------------------------------------------------------------------
@@ -107,7 +104,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raise InvalidArgumentError(f"a produce carries at most {MAX_PRODUCE_BATCH} messages, got {n}")
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.messages", n)
-            await self._prepare(messages, context.peer())
+            self._prepare(messages, context.peer())
             results = await self.commitlog.append(messages)
             span.set_attribute("mqstore.status", results.status.name)
             return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
@@ -117,24 +114,15 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         records that left BORNHOST empty; it validates them and places those with QUEUEID -1."""
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.bytes", len(raw))
-            ip, port = convert.peer_host(peer)
-            results = await self.commitlog.append_records(
-                raw, f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-            )
+            results = await self.commitlog.append_records(raw, convert.peer_text(peer))
             span.set_attribute("mqstore.messages", len(results))
             span.set_attribute("mqstore.status", results.status.name)
             return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
 
-    async def _round_robin_for(self, topic: str) -> tuple[itertools.count[int], int]:
-        config = await self.topics.get(topic, create=True)
-        if config is None:  # pragma: no cover - create=True returns a config or raises
-            raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        return self._round_robin.setdefault(topic, itertools.count()), config.write_queue_nums
-
-    async def _prepare(self, messages: Sequence[common_pb.Message], peer: str) -> None:
+    def _prepare(self, messages: Sequence[common_pb.Message], peer: str) -> None:
         """Complete the protobuf messages in place, for the commitlog to encode as they are:
         TAGS/KEYS fields into properties, a UNIQ_KEY where missing, the caller's address as born
-        host, a queue (round robin over the topic's write queues) where it is -1."""
+        host. A queue id of -1 stays: the commitlog places it round robin."""
         peer_host = ""
         uniq = self._uniq
         for m in messages:
@@ -146,18 +134,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             if MessageConst.UNIQ_KEY not in props:
                 props[MessageConst.UNIQ_KEY] = uniq.next()
             if not m.born_host:
-                if not peer_host:
-                    ip, port = convert.peer_host(peer)
-                    peer_host = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+                peer_host = peer_host or convert.peer_text(peer)
                 m.born_host = peer_host
-        unchosen: dict[str, list[common_pb.Message]] = {}
-        for m in messages:
-            if m.queue_id < 0:
-                unchosen.setdefault(m.topic, []).append(m)
-        for topic, group in unchosen.items():
-            counter, width = await self._round_robin_for(topic)
-            for m in group:
-                m.queue_id = next(counter) % width
 
     # -- pull -------------------------------------------------------------------------------------
     async def _readable(self, topic: str, queue_id: int) -> TopicConfig:
@@ -282,7 +260,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if await self.topics.get(request.topic) is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
         offsets = await self.index.query_by_key(
-            request.topic, request.key, request.begin_ms, request.end_ms or MAX_TIMESTAMP, max_count
+            request.topic, request.key, request.begin_ms, request.end_ms, max_count
         )
         raws = await self.commitlog.read([(o, 0) for o in offsets]) if offsets else []
         out = []

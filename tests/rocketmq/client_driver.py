@@ -67,6 +67,15 @@ def _view(m: Any) -> dict[str, Any]:
     }
 
 
+def _collect(futures: list[Any], ids: list[str], errors: list[str]) -> None:
+    """Wait for send_async futures: message ids into ``ids``, failures into ``errors``."""
+    for f in futures:
+        try:
+            ids.append(f.result(timeout=30).message_id)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+
 def send(args: dict[str, Any]) -> dict[str, Any]:
     producer = Producer(_config(args), (args["topic"],))
     producer.startup()
@@ -82,11 +91,7 @@ def send(args: dict[str, Any]) -> dict[str, Any]:
                     ids.append(producer.send(msg).message_id)
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")
-        for f in futures:
-            try:
-                ids.append(f.result(timeout=30).message_id)
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
+        _collect(futures, ids, errors)
     finally:
         producer.shutdown()
     return {"ids": ids, "errors": errors}
@@ -259,17 +264,9 @@ def send_many(args: dict[str, Any]) -> dict[str, Any]:
             m.body = (f"{i:08d}".encode() * (args.get("size", 8) // 8 + 1))[: args.get("size", 8)]
             pending.append(producer.send_async(m))
             if len(pending) >= args.get("window", 64):
-                for f in pending:
-                    try:
-                        ids.append(f.result(timeout=30).message_id)
-                    except Exception as exc:
-                        errors.append(f"{type(exc).__name__}: {exc}")
+                _collect(pending, ids, errors)
                 pending = []
-        for f in pending:
-            try:
-                ids.append(f.result(timeout=30).message_id)
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
+        _collect(pending, ids, errors)
     finally:
         producer.shutdown()
     return {"ids": ids, "errors": errors[:20], "seconds": time.time() - started}

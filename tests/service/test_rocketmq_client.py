@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from libstore import TopicNotFoundError
 from services.client import Admin, PullConsumer
 from services.serve import Suite
 from tests.rocketmq.harness import finish_driver, run_driver, start_driver
@@ -137,7 +138,7 @@ def test_push_consumer_failures_are_redelivered_then_dead_lettered(embedded: Sui
         try:
             with PullConsumer(addr, "dlq-reader", "%DLQ%handlers") as pull:
                 dlq = pull.poll(2000)
-        except Exception:  # the DLQ topic is created by the first forward
+        except TopicNotFoundError:  # the DLQ topic is created by the first forward
             time.sleep(0.5)
     assert [m.body for m in dlq] == [b"e2"]
     assert dlq[0].properties["DLQ_ORIGIN_TOPIC"] == "Events"
@@ -214,8 +215,7 @@ def test_ten_thousand_messages_exactly_once_across_gateway_and_dispatch_kills(
     with Admin(addr) as admin:
         progress = admin.consumer_progress("bulk-readers", "Bulk")
     assert progress.total_lag == 0
-    redelivered = [d for d in result["deliveries"] if d[1] > 1]
-    assert result["errors"] > 0 or redelivered  # the outages were felt
+    assert result["errors"] > 0  # the consumer felt the gateway outage (its calls failed meanwhile)
 
 
 def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(embedded: Suite, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ IDENTITY encoding (GZIP when the record has RocketMQ's COMPRESSED flag).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 from collections.abc import Mapping
 
 from google.protobuf.duration_pb2 import Duration
@@ -55,8 +56,8 @@ SYSTEM_PROPERTY_NAMES = frozenset(
         "MIN_OFFSET",
         "MAX_OFFSET",
         "ORIGIN_MESSAGE_ID",
-        "DLQ_ORIGIN_TOPIC",
-        "DLQ_ORIGIN_MESSAGE_ID",
+        MessageConst.DLQ_ORIGIN_TOPIC,
+        MessageConst.DLQ_ORIGIN_MESSAGE_ID,
         "CONSUME_START_TIME",
         "CHECK_IMMUNITY_TIME_IN_SECONDS",
         "TIMER_OUT_MS",
@@ -214,21 +215,23 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
     if mtype == definition.TRANSACTION:
         props[MessageConst.TRAN_MSG] = "true"
     born_ms = to_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now_ms
-    born_ip = sp.born_host if _is_ipv4(sp.born_host) else peer_ip
     msg = Message(
         m.topic.name,
         bytes(m.body),
-        0,
+        -1,
         properties=props,
         born_timestamp=born_ms or now_ms,
-        born_host=(born_ip if _is_ipv4(born_ip) else "127.0.0.1", 0),
+        born_host=(_numeric_ip(sp.born_host) or _numeric_ip(peer_ip) or "127.0.0.1", 0),
     )
     return msg, int(mtype), group
 
 
-def _is_ipv4(host: str) -> bool:
-    parts = host.split(".")
-    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+def _numeric_ip(host: str) -> str:
+    """``host`` when it is a numeric IPv4 or IPv6 address (what BORNHOST holds), else ""."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return ""
 
 
 # -- store -> consumer ---------------------------------------------------------------------------------
@@ -243,7 +246,6 @@ def consumer_message(
     receipt_handle: str,
     attempt: int,
     invisible_ms: int,
-    topic: str | None = None,
 ) -> definition.Message:
     """The v2 Message a consumer receives for a stored record (spec sheet §5 table)."""
     props = rec.properties
@@ -271,15 +273,16 @@ def consumer_message(
         sp.message_group = props[SHARDING_KEY]
     if TIMER_DELIVER_MS in props and props[TIMER_DELIVER_MS].isdigit():
         sp.delivery_timestamp.CopyFrom(timestamp_ms(int(props[TIMER_DELIVER_MS])))
-    if "DLQ_ORIGIN_TOPIC" in props:
+    if MessageConst.DLQ_ORIGIN_TOPIC in props:
         sp.dead_letter_queue.CopyFrom(
             definition.DeadLetterQueue(
-                topic=props["DLQ_ORIGIN_TOPIC"], message_id=props.get("DLQ_ORIGIN_MESSAGE_ID", "")
+                topic=props[MessageConst.DLQ_ORIGIN_TOPIC],
+                message_id=props.get(MessageConst.DLQ_ORIGIN_MESSAGE_ID, ""),
             )
         )
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
     return definition.Message(
-        topic=definition.Resource(resource_namespace=namespace, name=topic or rec.topic),
+        topic=definition.Resource(resource_namespace=namespace, name=rec.topic),
         user_properties=user,
         system_properties=sp,
         body=rec.body,

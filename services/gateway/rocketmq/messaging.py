@@ -6,14 +6,15 @@ A thin translation over the gateway's ports, like the mqstore.v1 Gateway:
 * QueryRoute / QueryAssignment: the topic's queues on this broker group (broker id 0), at the
   endpoints the client used to reach us (numeric IPv4, else DOMAIN_NAME), or the advertised ones;
   permissions from the topic's perm bits, accepted message types from its message type.
-* SendMessage: v2 messages become store messages (services.gateway.rocketmq.convert); the queue
-  is chosen by a hash of the message group (FIFO) or round robin; one entry per message.
+* SendMessage: v2 messages become store messages (services.gateway.rocketmq.convert); a message
+  group picks its queue by hash (FIFO), other messages are placed round robin by the commitlog;
+  one entry per message. DELAY and TRANSACTION messages are refused (UNSUPPORTED) for now.
 * ReceiveMessage / AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue: the
   pop model kept by the dispatch service (services.dispatch.pop): nothing about deliveries is
   held here, so gateways are stateless and interchangeable.
 * Telemetry: the client's settings are answered with the server's (status OK, limits, back-off,
-  FIFO flag from the group's config); the stream is kept as the server-to-client channel
-  (services.gateway.rocketmq.sessions).
+  FIFO flag from the group's config); the stream stays open until the client ends it or
+  announces its termination (services.gateway.rocketmq.sessions).
 * Heartbeat / NotifyClientTermination: OK.
 
 Business errors go in the response's Status and the call returns OK (the proxy's contract);
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import itertools
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +37,7 @@ import grpc
 from libstore import StoreError
 from libstore.message_filter import TagFilter
 from libstore.record_codec import decode_record
+from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.topic_config import TopicConfig
 from services._common import convert as common_convert
 from services._common.telemetry import tracer
@@ -68,23 +70,52 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _error_status(exc: Exception, rpc: str) -> definition.Status:
+    """The Status a failed RPC answers with: the proxy's code for store errors and V2Error,
+    INTERNAL_SERVER_ERROR (logged) for anything else."""
+    if isinstance(exc, StoreError | V2Error):
+        return convert.status(convert.code_of_error(exc), str(exc))
+    log.exception("%s failed", rpc)
+    return convert.status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _overall(statuses: list[definition.Status], what: str) -> definition.Status:
+    """One status for several entries: OK when all are, the entry's own when there is one,
+    else MULTIPLE_RESULTS."""
+    failed = [s for s in statuses if s.code != Code.OK]
+    if not failed:
+        return convert.status()
+    if len(statuses) == 1:
+        return failed[0]
+    return convert.status(Code.MULTIPLE_RESULTS, f"{len(failed)} of {len(statuses)} {what} failed")
+
+
 def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable[..., Awaitable[R]]]:
-    """Answer store errors and V2Error with ``response(status)`` instead of failing the call."""
+    """Answer failures with ``response(status)`` (:func:`_error_status`) instead of failing the call."""
 
     def wrap(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(fn)
         async def handler(self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
             try:
                 return await fn(self, request, context)
-            except (StoreError, V2Error) as exc:
-                return response(convert.status(convert.code_of_error(exc), str(exc)))
             except Exception as exc:
-                log.exception("%s failed", fn.__name__)
-                return response(convert.status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}"))
+                return response(_error_status(exc, fn.__name__))
 
         return handler
 
     return wrap
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def _address(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
@@ -109,11 +140,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     ) -> None:
         self.commitlog = commitlog
         self.dispatch = dispatch
-        self.endpoints = endpoints
+        self.endpoints = [_address(e) for e in endpoints]
         self.topics = topics or TopicCache(commitlog)
         self.broker_name = broker_name
         self.sessions = ClientSessions()
-        self._round_robin: dict[str, itertools.count[int]] = {}
         self._tracer = tracer("mqstore.gateway")
 
     # -- routes ---------------------------------------------------------------------------------------
@@ -129,11 +159,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if requested is not None and requested.addresses:
             addresses = [(a.host, a.port) for a in requested.addresses]
         else:
-            addresses = []
-            for e in self.endpoints:
-                host, _, port = e.rpartition(":")
-                addresses.append((host.strip("[]"), int(port)))
-        numeric = all(convert._is_ipv4(h) for h, _ in addresses)
+            addresses = self.endpoints
+        numeric = all(_is_ipv4(h) for h, _ in addresses)
         if not numeric:
             addresses = addresses[:1]  # DOMAIN_NAME takes one address (spec §2)
         return definition.Endpoints(
@@ -203,7 +230,6 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def Heartbeat(
         self, request: service.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> service.HeartbeatResponse:
-        self.sessions.touch(_metadata(context, "x-mq-client-id"))
         return service.HeartbeatResponse(status=convert.status())
 
     @_unary(lambda s: service.NotifyClientTerminationResponse(status=s))
@@ -237,7 +263,6 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     reply = await self._settings_reply(command.settings)
-                    session.settings = command.settings
                     session.outbox.put_nowait(
                         service.TelemetryCommand(status=convert.status(), settings=reply)
                     )
@@ -263,7 +288,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             sub.receive_batch_size = MAX_RECEIVE_BATCH
             if not sub.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.CopyFrom(convert.duration_ms(MAX_LONG_POLLING_MS))
-            attempts = config.max_delivery_attempts if config else 17
+            attempts = (config or SubscriptionGroupConfig(group)).max_delivery_attempts
             reply.backoff_policy.CopyFrom(
                 definition.RetryPolicy(
                     max_attempts=attempts,
@@ -286,11 +311,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             span.set_attribute("mqstore.messages", len(request.messages))
             peer_ip, _ = common_convert.peer_host(context.peer())
             now = _now_ms()
-            messages, ids = [], []
-            for m in request.messages:
-                config = await self._topic(m.topic.name)
+            configs: dict[str, TopicConfig] = {}
+            for name in {m.topic.name for m in request.messages}:
+                config = configs[name] = await self._topic(name)
                 if not config.writeable:
                     raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not writeable")
+            messages, ids = [], []
+            for m in request.messages:
+                config = configs[m.topic.name]
                 msg, mtype, group = convert.store_message(m, peer_ip=peer_ip, now_ms=now)
                 if mtype in (definition.DELAY, definition.TRANSACTION):
                     # Refused rather than delivered early or uncommitted: not built yet.
@@ -319,39 +347,31 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                         offset=max(r.queue_offset, 0),
                     )
                 )
-            codes = {e.status.code for e in entries}
-            if codes == {Code.OK}:
-                top = convert.status()
-            elif len(entries) == 1:
-                top = entries[0].status
-            else:
-                top = convert.status(Code.MULTIPLE_RESULTS, "some messages failed, see the entries")
+            top = _overall([e.status for e in entries], "messages")
             span.set_attribute("mqstore.status", definition.Code.Name(top.code))
             return service.SendMessageResponse(status=top, entries=entries)
 
-    def _queue_for(self, config: TopicConfig, group: str) -> int:
-        n = max(config.write_queue_nums, 1)
-        if group:  # one message group always goes to the same queue: its order is the queue's order
-            return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") % n
-        return next(self._round_robin.setdefault(config.topic_name, itertools.count())) % n
+    @staticmethod
+    def _queue_for(config: TopicConfig, group: str) -> int:
+        """A message group's queue (its order is the queue's order); -1 (the commitlog places
+        it round robin) without one."""
+        if not group:
+            return -1
+        return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big") % max(
+            config.write_queue_nums, 1
+        )
 
     # -- consume ----------------------------------------------------------------------------------------
     async def ReceiveMessage(
         self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[service.ReceiveMessageResponse]:
-        def done(code: int, message: str) -> list[service.ReceiveMessageResponse]:
-            return [
-                service.ReceiveMessageResponse(status=convert.status(code, message)),
-                service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
-            ]
-
         try:
             responses = await self._receive(request, context)
-        except (StoreError, V2Error) as exc:
-            responses = done(convert.code_of_error(exc), str(exc))
         except Exception as exc:
-            log.exception("ReceiveMessage failed")
-            responses = done(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+            responses = [
+                service.ReceiveMessageResponse(status=_error_status(exc, "ReceiveMessage")),
+                service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
+            ]
         for r in responses:
             yield r
 
@@ -458,13 +478,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             )
             for e, err in zip(request.entries, errors, strict=True)
         ]
-        failed = [e for e in entries if e.status.code != Code.OK]
-        if not failed:
-            top = convert.status()
-        elif len(entries) == 1:
-            top = failed[0].status
-        else:
-            top = convert.status(Code.MULTIPLE_RESULTS, f"{len(failed)} of {len(entries)} acks failed")
+        top = _overall([e.status for e in entries], "acks")
         return service.AckMessageResponse(status=top, entries=entries)
 
     @_unary(lambda s: service.ChangeInvisibleDurationResponse(status=s))
