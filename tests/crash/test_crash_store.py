@@ -15,6 +15,7 @@ import itertools
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from libstore import FlushDiskType, Message
 from libstore.message_store import MessageStore
+from libstore.record_codec import BLANK_MAGIC_CODE
 from tests.crash._child import TOPIC, body_of, store_config
 
 SEGMENT = 256 * 1024
@@ -95,9 +97,12 @@ class ChildRun:
         return self.acks
 
 
-def _verify(root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack], rnd: int) -> list[int]:
+def _verify(
+    root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack], rnd: int
+) -> tuple[list[int], int]:
     """Reopen the store, check it, put one probe message, and return the next sequence number of
-    every stream. Probe messages (key ``probe-<round>``) belong to no stream."""
+    every stream and where the recovered log's records ended. Probe messages (key
+    ``probe-<round>``) belong to no stream."""
     store = MessageStore.open(store_config(str(root), flush, SEGMENT))
     log = store.commit_log
     try:
@@ -106,8 +111,15 @@ def _verify(root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack],
         # 1. The log is clean to its end: every record valid (CRC checked), contiguous.
         records = list(log.iter_records(log.min_offset, log.max_offset, check_crc=True))
         assert records, "nothing recovered"
+        # The next record starts where the previous one ends or, when the rest of that segment
+        # is the blank END filler, exactly at the start of the following segment.
         for a, b in itertools.pairwise(records):
-            assert b.commit_log_offset == a.next_offset or b.commit_log_offset % SEGMENT == 0
+            if b.commit_log_offset == a.next_offset:
+                continue
+            boundary = a.next_offset - a.next_offset % SEGMENT + SEGMENT
+            assert b.commit_log_offset == boundary, f"gap between {a.next_offset} and {b.commit_log_offset}"
+            filler = struct.unpack(">ii", log.get_message(a.next_offset, 8))
+            assert filler == (boundary - a.next_offset, BLANK_MAGIC_CODE), f"no blank END at {a.next_offset}"
         end = records[-1].next_offset
         assert log.max_offset in (end, end - end % SEGMENT + SEGMENT)
         # 2. Queue offsets per queue are 0..n-1 in log order; the rebuilt table agrees.
@@ -155,7 +167,7 @@ def _verify(root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack],
         probe = store.put_messages([Message(TOPIC, b"after-crash", 0, keys=f"probe-{rnd}")])[0]
         assert probe.ok and probe.phy_offset in (end, log.queue.roll_next_file(end))
         assert probe.queue_offset == expect_next.get((TOPIC, 0), 0)
-        return [len(seq_seen[s]) for s in range(STREAMS)]
+        return [len(seq_seen[s]) for s in range(STREAMS)], end
     finally:
         store.shutdown()
 
@@ -165,7 +177,7 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
     root = tmp_path / "store"
     starts = [0] * STREAMS
     acked: dict[tuple[int, int], Ack] = {}
-    roll_rounds = 0
+    roll_window: tuple[int, int] | None = None  # [start, end) of the segment tail round 1 killed in
     total_acks = 0
     for rnd in range(rounds):
         child = ChildRun(root, flush, starts)
@@ -174,10 +186,16 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
         if rnd == 1:
             # Kill inside a segment roll window: the latest ack ends within the last 12 KiB of a
             # segment, so batches in flight cross into the next (pre-allocated) segment.
-            child.wait_for(
-                lambda acks: len(acks) > 50 and (acks[-1].phy + acks[-1].size) % SEGMENT > SEGMENT - 12 * 1024
-            )
-            roll_rounds += 1
+            def in_roll_window(acks: list[Ack]) -> bool:
+                nonlocal roll_window
+                last_end = acks[-1].phy + acks[-1].size if acks else 0
+                if len(acks) > 50 and last_end % SEGMENT > SEGMENT - 12 * 1024:
+                    boundary = last_end - last_end % SEGMENT + SEGMENT
+                    roll_window = (boundary - 12 * 1024, boundary)
+                    return True
+                return False
+
+            child.wait_for(in_roll_window)
         else:
             target = baseline + rng.randint(20, 400)
             child.wait_for(lambda acks, t=target: len(acks) >= t)
@@ -186,8 +204,13 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
         for a in acks:
             acked[(a.stream, a.seq)] = a
         total_acks += len(acks)
-        starts = _verify(root, flush, acked, rnd)
-    assert roll_rounds == 1
+        starts, recovered_end = _verify(root, flush, acked, rnd)
+        if rnd == 1:
+            # The kill really came inside the roll window: the recovered log reaches it, and ends
+            # in it or (the blank END filler checked above) somewhere past that segment.
+            assert roll_window is not None and recovered_end >= roll_window[0], (
+                f"recovered log ends at {recovered_end}, before the roll window {roll_window}"
+            )
     return total_acks
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from services.client import Admin
+from services.client import Admin, PullConsumer
 from services.serve import ServeOptions, Suite
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +37,56 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def poll_until(
+    consumer: PullConsumer,
+    want: int | None,
+    timeout_s: float,
+    *,
+    idle_s: float | None = None,
+    poll_ms: int = 500,
+    on_batch: Any = None,
+) -> list:
+    """Poll ``consumer`` until it gave ``want`` records (None: no count), ``timeout_s`` passed,
+    or (with ``idle_s``) nothing came for that long. ``on_batch(batch)`` runs after each
+    non-empty batch. Returns the records; callers assert on how many they need."""
+    got: list = []
+    deadline = time.monotonic() + timeout_s
+    last = time.monotonic()
+    while (want is None or len(got) < want) and time.monotonic() < deadline:
+        if idle_s is not None and time.monotonic() - last >= idle_s:
+            break
+        batch = consumer.poll(poll_ms)
+        if batch:
+            got += batch
+            last = time.monotonic()
+            if on_batch is not None:
+                on_batch(batch)
+    return got
+
+
+def derived_files(root: Path) -> dict[str, Any]:
+    """The bytes of every ConsumeQueue file (by path under ``root``) and of every IndexFile."""
+    cq = {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("consumequeue/*/*/*"))
+        if p.name.isdigit()
+    }
+    index = [p.read_bytes() for p in sorted((root / "index" / "index").iterdir()) if p.name.isdigit()]
+    return {"cq": cq, "index": index}
+
+
+def wait_derived_caught_up(suite: Suite, timeout_s: float = 30.0) -> None:
+    """Wait until the suite's dispatch and index followers reached the log's confirm offset."""
+    assert suite.commit_log is not None and suite.dispatch_app and suite.index_app
+    deadline = time.monotonic() + timeout_s
+    end = suite.commit_log.confirm_offset
+    while time.monotonic() < deadline:
+        if min(suite.dispatch_app.follower.reput_offset, suite.index_app.follower.reput_offset) >= end:
+            return
+        time.sleep(0.02)
+    raise AssertionError("dispatch/index did not catch up")
 
 
 class LoopThread:
@@ -79,6 +130,21 @@ class InProcessSuites:
         for suite in reversed(list(self.suites)):
             self.stop(suite)
         self.loop.close()
+
+
+def rebuild_derived(
+    suites: InProcessSuites, options: ServeOptions, root: Path
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """With the suite over ``root`` stopped: its derived files, then the derived files a fresh
+    start rebuilds from the log after dispatch's and index's data are deleted."""
+    built = derived_files(root)
+    shutil.rmtree(root / "dispatch")
+    shutil.rmtree(root / "index")
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    wait_derived_caught_up(suite)
+    suites.stop(suite)
+    return built, derived_files(root)
 
 
 class ServeProcess:
@@ -277,6 +343,16 @@ class BrokerGroupCluster:
             args += [f"--{svc}", ",".join(self.address(n, svc) for n in self.names)]
         self.procs["gateway"] = ServeProcess([*args, *self._store_args()], log=self.root / "gateway.log")
 
+    def start_all(self, *, derived: bool = False, timeout_s: float = 60.0) -> None:
+        """Every member's commitlog (and, with ``derived``, its dispatch and index), then the
+        gateway; waits until all serve."""
+        for name in self.names:
+            self.start_commitlog(name)
+            if derived:
+                self.start_derived(name)
+        self.start_gateway()
+        self.wait_serving(timeout_s=timeout_s)
+
     def wait_serving(self, keys: list[str] | None = None, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         for key in keys or list(self.procs):
@@ -370,10 +446,11 @@ class CommitLogAdmin:
         while time.monotonic() < deadline:
             try:
                 last = self.state()
-                if predicate(last):
-                    return last
             except Exception as exc:  # not up yet
                 last = exc
+            else:
+                if predicate(last):
+                    return last
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}; last: {last}")
 

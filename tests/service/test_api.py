@@ -25,7 +25,7 @@ from services._common.errors import error_reason
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.proto import common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, SplitCluster
+from tests.service.harness import InProcessSuites, SplitCluster, poll_until
 
 _topics = itertools.count()
 
@@ -63,10 +63,7 @@ def test_produce_then_pull_each_queue_in_order(gateway: str, encode_records: boo
     assert [r.queue_offset for r in results] == [i // 4 for i in range(40)]  # round robin over 4 queues
     assert len({r.msg_id for r in results}) == 40
     with PullConsumer(gateway, "g", topic) as consumer:
-        got = []
-        deadline = time.monotonic() + 20
-        while len(got) < 40 and time.monotonic() < deadline:
-            got += consumer.poll(500)
+        got = poll_until(consumer, 40, timeout_s=20)
     by_queue: dict[int, list[int]] = {}
     for rec in got:
         by_queue.setdefault(rec.queue_id, []).append(rec.queue_offset)
@@ -85,10 +82,7 @@ def test_tag_filter_and_query_by_key_id_and_time(gateway: str):
         )
     assert res.all_ok
     with PullConsumer(gateway, "g", topic, tag_expression="B", queues=[0]) as consumer:
-        got: list = []
-        deadline = time.monotonic() + 20
-        while len(got) < 4 and time.monotonic() < deadline:
-            got += consumer.poll(500)
+        got = poll_until(consumer, 4, timeout_s=20)
     assert [r.queue_offset for r in got] == [0, 3, 6, 9] and {r.tags for r in got} == {"B"}
     with Admin(gateway) as admin:
         deadline = time.monotonic() + 20
@@ -109,20 +103,14 @@ def test_committed_offsets_and_progress(gateway: str):
     with Producer(gateway) as producer:
         assert producer.send_batch([OutgoingMessage(topic, b"p", queue_id=i % 2) for i in range(10)]).all_ok
     with PullConsumer(gateway, "grp", topic, batch_size=3, queues=[1]) as consumer:
-        first: list = []
-        deadline = time.monotonic() + 20
-        while not first and time.monotonic() < deadline:
-            first = consumer.poll(500)
+        first = poll_until(consumer, 1, timeout_s=20)  # the first non-empty batch (3 at most)
         consumer.commit()
     with Admin(gateway) as admin:
         progress = {q.queue_id: q for q in admin.consumer_progress("grp", topic).queues}
     assert progress[1].committed_offset == len(first) == 3 and progress[1].lag == 2
     assert progress[0].committed_offset == -1 and progress[0].lag == 5
     with PullConsumer(gateway, "grp", topic, queues=[1]) as again:  # resumes at the commit
-        rest: list = []
-        deadline = time.monotonic() + 20
-        while len(rest) < 2 and time.monotonic() < deadline:
-            rest += again.poll(500)
+        rest = poll_until(again, 2, timeout_s=20)
     assert [r.queue_offset for r in rest] == [3, 4]
 
 

@@ -4,35 +4,11 @@ from the log produces."""
 
 from __future__ import annotations
 
-import shutil
-import time
 from pathlib import Path
 
 from services.client import Admin, OutgoingMessage, Producer
-from services.serve import Suite
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites
-
-
-def _derived(root: Path) -> dict[str, object]:
-    cq = {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("consumequeue/*/*/*"))
-        if p.name.isdigit()
-    }
-    index = [p.read_bytes() for p in sorted((root / "index" / "index").iterdir()) if p.name.isdigit()]
-    return {"cq": cq, "index": index}
-
-
-def _caught_up(suite: Suite) -> None:
-    assert suite.commit_log is not None and suite.dispatch_app and suite.index_app
-    deadline = time.monotonic() + 30
-    end = suite.commit_log.confirm_offset
-    while time.monotonic() < deadline:
-        if min(suite.dispatch_app.follower.reput_offset, suite.index_app.follower.reput_offset) >= end:
-            return
-        time.sleep(0.02)
-    raise AssertionError("dispatch/index did not catch up")
+from tests.service.harness import InProcessSuites, rebuild_derived, wait_derived_caught_up
 
 
 def test_decoded_dispatch_equals_a_rebuild_from_the_log(suites: InProcessSuites, tmp_path: Path):
@@ -55,16 +31,9 @@ def test_decoded_dispatch_equals_a_rebuild_from_the_log(suites: InProcessSuites,
         assert producer.send_batch(
             [OutgoingMessage("Same", b"m%d" % i, keys=[f"m{i}"]) for i in range(300)]
         ).all_ok
-    _caught_up(suite)
+    wait_derived_caught_up(suite)
     suites.stop(suite)
-    built = _derived(root)
+    built, rebuilt = rebuild_derived(suites, options, root)
     assert len(built["index"]) > 1 and any(name.endswith("00000000000000010000") for name in built["cq"])
-    shutil.rmtree(root / "dispatch")
-    shutil.rmtree(root / "index")
-    suite = suites.start(options)
-    suites.wait_ready(suite)
-    _caught_up(suite)
-    suites.stop(suite)
-    rebuilt = _derived(root)
     assert rebuilt["cq"] == built["cq"], "ConsumeQueues differ from a rebuild"
     assert rebuilt["index"] == built["index"], "IndexFiles differ from a rebuild"

@@ -5,15 +5,13 @@ cut happens while they follow the log or while they are stopped."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from libstore import BrokerRole, CommitLog, Message
 from services.client import Admin, OutgoingMessage, Producer
-from services.serve import store_config
+from services.serve import ServeOptions, Suite, store_config
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites
-from tests.service.test_derived_equivalence import _caught_up, _derived
+from tests.service.harness import InProcessSuites, rebuild_derived, wait_derived_caught_up
 
 
 def _produce(address: str, prefix: str, n: int) -> list[int]:
@@ -37,34 +35,34 @@ def _cut(log: CommitLog, offset: int) -> None:
     log.set_broker_role(BrokerRole.ASYNC_MASTER)
 
 
-def _assert_equals_rebuild(suites: InProcessSuites, options, root: Path) -> None:  # type: ignore[no-untyped-def]
-    built = _derived(root)
-    shutil.rmtree(root / "dispatch")
-    shutil.rmtree(root / "index")
-    suite = suites.start(options)
-    suites.wait_ready(suite)
-    _caught_up(suite)
-    suites.stop(suite)
-    rebuilt = _derived(root)
+def _assert_equals_rebuild(suites: InProcessSuites, options: ServeOptions, root: Path) -> None:
+    built, rebuilt = rebuild_derived(suites, options, root)
     assert rebuilt["cq"] == built["cq"], "ConsumeQueues still hold units for the lost tail"
     assert rebuilt["index"] == built["index"], "IndexFiles still hold entries for the lost tail"
 
 
-def test_followers_drop_a_cut_tail_while_following(suites: InProcessSuites, tmp_path: Path):
-    root = tmp_path / "data"
+def _start_with_old_messages(suites: InProcessSuites, root: Path) -> tuple[ServeOptions, Suite, list[int]]:
+    """An embedded suite over ``root`` holding 3000 messages "old0".."old2999" in topic Cut,
+    all dispatched and indexed; returns its options, the suite and the messages' offsets."""
     options = embedded_options(root, maxIndexNum=3000, maxHashSlotNum=101)
     suite = suites.start(options)
     suites.wait_ready(suite)
     with Admin(suite.address) as admin:
         admin.create_topic("Cut", 3)
     offsets = _produce(suite.address, "old", 3000)
-    _caught_up(suite)
+    wait_derived_caught_up(suite)
+    return options, suite, offsets
+
+
+def test_followers_drop_a_cut_tail_while_following(suites: InProcessSuites, tmp_path: Path):
+    root = tmp_path / "data"
+    options, suite, offsets = _start_with_old_messages(suites, root)
     assert suite.commit_log is not None and suite.commitlog_port is not None
     generation = suite.commit_log.generation.generation
     _cut(suite.commit_log, offsets[1000])
     suite.commitlog_port.forget_recent()
     _produce(suite.address, "new", 4000)  # the log grows well past where it ended before
-    _caught_up(suite)
+    wait_derived_caught_up(suite)
     assert suite.dispatch_app is not None and suite.dispatch_app.follower is not None
     assert suite.dispatch_app.follower.generation == generation + 1
     with Admin(suite.address) as admin:
@@ -77,13 +75,7 @@ def test_followers_drop_a_cut_tail_while_following(suites: InProcessSuites, tmp_
 
 def test_followers_drop_a_tail_cut_while_they_were_stopped(suites: InProcessSuites, tmp_path: Path):
     root = tmp_path / "data"
-    options = embedded_options(root, maxIndexNum=3000, maxHashSlotNum=101)
-    suite = suites.start(options)
-    suites.wait_ready(suite)
-    with Admin(suite.address) as admin:
-        admin.create_topic("Cut", 3)
-    offsets = _produce(suite.address, "old", 3000)
-    _caught_up(suite)
+    options, suite, offsets = _start_with_old_messages(suites, root)
     suites.stop(suite)  # dispatch and index checkpoint generation 1 at the old end
 
     log = CommitLog.open(store_config(options, root / "commitlog"))
@@ -101,7 +93,7 @@ def test_followers_drop_a_tail_cut_while_they_were_stopped(suites: InProcessSuit
 
     suite = suites.start(options)
     suites.wait_ready(suite)
-    _caught_up(suite)
+    wait_derived_caught_up(suite)
     with Admin(suite.address) as admin:
         assert admin.query_by_key("Cut", "old2000") == []
         progress = admin.consumer_progress("nobody", "Cut")

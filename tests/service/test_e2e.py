@@ -5,12 +5,11 @@ found by query; after a graceful restart (normal recovery) the group resumes fro
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 from libstore.store_paths import abort_path
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
-from tests.service.harness import SMALL_STORE, ServeProcess, free_port
+from tests.service.harness import SMALL_STORE, ServeProcess, free_port, poll_until
 
 TOTAL = 100_000
 QUEUES = 16
@@ -31,15 +30,8 @@ def _serve(data: Path, address: str) -> ServeProcess:
 
 
 def _consume(address: str, group: str, want: int, idle_s: float) -> list:
-    got: list = []
     with PullConsumer(address, group, "E2E", batch_size=512) as consumer:
-        last = time.monotonic()
-        while len(got) < want and time.monotonic() - last < idle_s:
-            batch = consumer.poll(500)
-            if batch:
-                got += batch
-                last = time.monotonic()
-                consumer.commit()
+        got = poll_until(consumer, want, timeout_s=600, idle_s=idle_s, on_batch=lambda _: consumer.commit())
         consumer.commit()
     return got
 
@@ -66,8 +58,9 @@ def test_produce_consume_query_restart_resume(tmp_path: Path):
                     assert results.all_ok
                     acked += len(results)
             for fut in pending:
-                assert fut.result(60).all_ok
-                acked += 500
+                results = fut.result(60)
+                assert results.all_ok
+                acked += len(results)
         assert acked == TOTAL
 
         got = _consume(address, "orders-service", TOTAL, idle_s=15)

@@ -10,19 +10,12 @@ import time
 from pathlib import Path
 
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
-from tests.service.harness import SplitCluster
+from tests.service.harness import SplitCluster, poll_until
 
 
 def _drain(address: str, group: str, topic: str, idle_s: float = 6.0, want: int | None = None) -> list:
-    got: list = []
     with PullConsumer(address, group, topic, batch_size=512) as consumer:
-        last = time.monotonic()
-        while time.monotonic() - last < idle_s and (want is None or len(got) < want):
-            batch = consumer.poll(300)
-            if batch:
-                got += batch
-                last = time.monotonic()
-    return got
+        return poll_until(consumer, want, timeout_s=180, idle_s=idle_s, poll_ms=300)
 
 
 def _assert_queues_contiguous(records: list) -> None:

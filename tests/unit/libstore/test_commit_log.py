@@ -215,23 +215,33 @@ def test_transient_store_pool_commits_before_readers_see_data(open_log):
     assert cl.read_message(res[-1].phy_offset).body == msgs[-1].body
 
 
+class FileSizeLimit:
+    """Lowers RLIMIT_FSIZE (a real OS limit: writes and fallocate past it fail with EFBIG) and
+    puts back the (soft, hard) limits found at the start."""
+
+    def __init__(self) -> None:
+        self.soft, self.hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+
+    def lower(self, max_bytes: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, self.hard))
+
+    def restore(self) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.soft, self.hard))
+
+
 @pytest.fixture
 def file_size_limit():
-    """Lower RLIMIT_FSIZE (a real OS limit: writes and fallocate past it fail with EFBIG) and
-    restore it afterwards. SIGXFSZ is ignored so the failure surfaces as an OSError."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    """A FileSizeLimit, restored afterwards. SIGXFSZ is ignored so the failure surfaces as an
+    OSError."""
+    limit = FileSizeLimit()
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-    def _limit(max_bytes: int) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, hard))
-
-    yield _limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    yield limit
+    limit.restore()
     signal.signal(signal.SIGXFSZ, previous)
 
 
 def test_disk_full_on_roll_fails_the_rest_of_the_batch_and_keeps_the_log_consistent(
-    store_config: StoreConfig, file_size_limit
+    store_config: StoreConfig, file_size_limit: FileSizeLimit
 ):
     config = store_config.replace(default_topic_queue_nums=4)
     cl = CommitLog.open(config)
@@ -240,7 +250,7 @@ def test_disk_full_on_roll_fails_the_rest_of_the_batch_and_keeps_the_log_consist
     # From now on no new segment can be allocated (each needs SEGMENT bytes); the current one
     # (and the one pre-allocated after it) still take appends: records end at least 8 bytes
     # (the END blank) before a segment's last byte, so their writes stay under the limit.
-    file_size_limit(SEGMENT - 1)
+    file_size_limit.lower(SEGMENT - 1)
     results = []
     for start in range(10, 10 + 3 * SEGMENT // 1000, 50):
         results.extend(cl.put_messages(_msgs(50, start=start)))
@@ -255,7 +265,7 @@ def test_disk_full_on_roll_fails_the_rest_of_the_batch_and_keeps_the_log_consist
     rolled = cl.queue.roll_next_file(end)
     assert cl.max_offset == rolled and cl.writeable
     # Space comes back: the store goes on in a new segment, queue offsets without a gap.
-    file_size_limit(resource.RLIM_INFINITY)
+    file_size_limit.restore()
     (nxt,) = cl.put_messages(_msgs(1, start=10 + failed_at))
     assert nxt.ok and nxt.phy_offset == rolled
     assert nxt.queue_offset == (10 + failed_at) // 4

@@ -56,18 +56,35 @@ def test_a_held_pull_returns_after_the_hold_time_when_nothing_arrives(store: Mes
 
 
 def test_asyncio_waiters_are_woken_without_blocking_the_loop(store: MessageStore):
-    async def scenario() -> tuple[bool, bool, int]:
-        held = asyncio.create_task(store.wait_for_messages_async("T", 0, 1, timeout_ms=30_000))
+    async def scenario() -> tuple[bool, bool, int, bool]:
         ticks = 0
-        while store.long_polling.waiting == 0:
-            await asyncio.sleep(0.005)
-            ticks += 1
-        timed_out = await store.wait_for_messages_async("T", 1, 0, timeout_ms=100)
-        await asyncio.to_thread(store.put_messages, [Message("T", b"x", 0)])
-        return await asyncio.wait_for(held, 15), timed_out, ticks
 
-    arrived, timed_out, _ = asyncio.run(scenario())
+        async def ticker() -> None:  # runs only while nothing blocks the loop
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.005)
+                ticks += 1
+
+        ticking = asyncio.create_task(ticker())
+        held = asyncio.create_task(store.wait_for_messages_async("T", 0, 1, timeout_ms=30_000))
+        deadline = time.monotonic() + 10
+        while store.long_polling.waiting == 0:
+            assert time.monotonic() < deadline, "the async pull was never held"
+            await asyncio.sleep(0.005)
+        before = ticks
+        timed_out = await store.wait_for_messages_async("T", 1, 0, timeout_ms=100)
+        ticks_while_held = ticks - before
+        still_held = not held.done()
+        await asyncio.to_thread(store.put_messages, [Message("T", b"x", 0)])
+        arrived = await asyncio.wait_for(held, 15)
+        ticking.cancel()
+        return arrived, timed_out, ticks_while_held, still_held
+
+    arrived, timed_out, ticks_while_held, still_held = asyncio.run(scenario())
     assert arrived is True and timed_out is False
+    assert still_held, "the held pull returned before any message arrived"
+    # 100 ms of waiting at 5 ms a tick: a blocked loop would tick at most once or twice.
+    assert ticks_while_held >= 5, f"the loop ticked {ticks_while_held} times while two waits were pending"
 
 
 def test_notify_wakes_only_waiters_below_the_new_max():
@@ -83,7 +100,9 @@ def test_notify_wakes_only_waiters_below_the_new_max():
 
     t = threading.Thread(target=wait, args=(3,))
     t.start()
+    deadline = time.monotonic() + 10
     while service.waiting == 0:
+        assert time.monotonic() < deadline, "the waiter was never held"
         time.sleep(0.002)
     maxes[("T", 0)] = 2
     service.notify_message_arriving("T", 0, 2)  # offset 3 needs max > 3: stays held
