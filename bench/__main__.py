@@ -35,10 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services", "ha"),
+        choices=("all", "commit_log", "store", "services", "ha", "rocketmq"),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
-        "ha: replication",
+        "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _ha_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("ha", lines)
+    if args.suite in ("all", "rocketmq"):
+        lines = _rocketmq_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("rocketmq", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -349,6 +353,33 @@ def _ha_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[s
     ]
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "ha-latest.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def _rocketmq_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    """The official RocketMQ 5 client's produce and consume rates over the gateway."""
+    from bench import rocketmq_bench
+
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
+        "server and client processes share the cores; ASYNC_FLUSH.",
+        "",
+        "| topology | run | messages | msgs/s | body MB/s | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for topology in ("embedded", "split"):
+        console.print(f"  rocketmq client, {topology} ...", end="")
+        with scratch_dir(data_dir, f"rocketmq-{topology}") as d:
+            produce, consume = rocketmq_bench.run(d, topology)
+        console.print(f" produce {produce.msgs_per_s:,.0f} msgs/s, consume {consume.msgs_per_s:,.0f} msgs/s")
+        for name, r in (
+            ("produce: 2 Producers, send_async, 64 in flight", produce),
+            ("consume: 2 SimpleConsumers, receive(32) + ack each", consume),
+        ):
+            lines.append(
+                f"| {topology} | {name} | {r.messages:,} | {r.msgs_per_s:,.0f} "
+                f"| {r.msgs_per_s * 1024 / 1e6:.1f} | {r.errors} |"
+            )
     return lines
 
 

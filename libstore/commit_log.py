@@ -85,6 +85,7 @@ from libstore.record_codec import (
 )
 from libstore.recovery import RecoveryReport, rebuild_queue_offsets, recover_commit_log
 from libstore.results import PutMessageResults, PutMessageStatus
+from libstore.scheduled_message import hold_if_scheduled
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
 from libstore.store_paths import (
@@ -428,13 +429,13 @@ class CommitLog:
         if not messages:
             return AppendResult(PutMessageResults(0), False)
         assert self._topic_config is not None
+        now = time.time_ns() // 1_000_000
+        messages = [hold_if_scheduled(m, now) for m in messages]  # delay/timer: held in the timer topic
         if place_unassigned:
             for m in messages:
                 if m.queue_id == -1:
                     m.queue_id = self._next_queue(m.topic)
-        batch = self._encoder.encode_batch(
-            messages, time.time_ns() // 1_000_000, self._topic_config.write_queue_nums
-        )
+        batch = self._encoder.encode_batch(messages, now, self._topic_config.write_queue_nums)
         return self.append_batch(batch)
 
     def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:

@@ -139,6 +139,15 @@ class StoreConfig:
     flush_consumer_offset_interval: int = _f(
         5000, "flushConsumerOffsetInterval", "ms", "how often consumer offsets are persisted"
     )
+    transaction_timeout: int = _f(
+        6000, "transactionTimeOut", "ms", "a half message this old is checked back with its producer"
+    )
+    transaction_check_interval: int = _f(
+        30_000, "transactionCheckInterval", "ms", "time between two check-backs of one half message"
+    )
+    transaction_check_max: int = _f(
+        15, "transactionCheckMax", "checks", "check-backs before an unresolved half message is dropped"
+    )
     broker_name: str = _f("broker-a", "brokerName", doc="the broker group this store belongs to")
     broker_id: int = _f(0, "brokerId", doc="0 for the master of the group, 1.. for slaves")
     ha_master_address: str = _f(
@@ -215,6 +224,9 @@ class StoreConfig:
             "max_pull_batch_size",
             "long_polling_hold_time",
             "flush_consumer_offset_interval",
+            "transaction_timeout",
+            "transaction_check_interval",
+            "transaction_check_max",
             "ha_send_heartbeat_interval",
             "ha_housekeeping_interval",
             "ha_transfer_batch_size",

@@ -54,6 +54,7 @@ from libstore.errors import (
 )
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
 from libstore.message_id import create_message_id, decode_host, encode_host
+from libstore.system_topics import SYSTEM_TOPICS, system_tags_code
 from libstore.tags import tags_code as compute_tags_code
 
 try:  # ISA-L's CRC-32 is the same function as zlib's (java.util.zip.CRC32), about 3x faster per KiB.
@@ -746,6 +747,8 @@ def _check_record(
             raw_uniq = found.get(b"UNIQ_KEY")
             if raw_uniq:
                 uniq_key = raw_uniq.decode("utf-8", "replace")
+    if decode_properties and topic in SYSTEM_TOPICS:  # units carrying a time or an offset
+        code = system_tags_code(topic, bytes(buf[p:end]), store_ts) or 0
     req = DispatchRequest(
         True,
         total,

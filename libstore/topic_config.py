@@ -19,6 +19,7 @@ from pathlib import Path
 from libstore._files import atomic_write
 from libstore.errors import InvalidArgumentError, StoreIOError, TopicNotFoundError
 from libstore.record_codec import validate_topic
+from libstore.system_topics import is_system_topic
 
 PERM_READ = 0x4
 PERM_WRITE = 0x2
@@ -147,13 +148,15 @@ class TopicConfigManager:
         """
         config = self._topics.get(topic)
         if config is None:
-            if not self.auto_create:
+            system = is_system_topic(topic)  # the store's own topics exist whatever the setting
+            if not self.auto_create and not system:
                 raise TopicNotFoundError(f"topic {topic!r} does not exist and auto-create is off")
             validate_topic(topic, self.max_topic_length)
             with self._lock:
                 config = self._topics.get(topic)
                 if config is None:
-                    config = TopicConfig(topic, self.default_queue_nums, self.default_queue_nums)
+                    nums = 1 if system else self.default_queue_nums
+                    config = TopicConfig(topic, nums, nums)
                     self._topics[topic] = config
                     self._persist_locked()
         return config.write_queue_nums

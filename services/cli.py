@@ -139,6 +139,13 @@ def serve(
     ha_advertise: Annotated[
         str, typer.Option(envvar="MQSTORE_HA_ADVERTISE", help="the HA endpoint as slaves reach it")
     ] = "",
+    acl_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MQSTORE_ACL_FILE",
+            help="gateway: plain_acl.yml accounts; the RocketMQ 5 protocol then requires signed calls",
+        ),
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="store key=value (repeatable)")] = None,
 ) -> None:
     """Run the embedded suite (default) or one service of the split topology until SIGTERM.
@@ -186,6 +193,7 @@ def serve(
         ha_peers=peers,
         advertise=advertise,
         ha_advertise=ha_advertise,
+        acl_file=acl_file,
     )
     if role != "commitlog" and not listen and role in ("embedded", "gateway"):
         err_console.print(f"mqstore {role}: gateway on {options.address}, data in {data.resolve()}")

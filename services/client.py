@@ -37,6 +37,7 @@ from libstore import (
 )
 from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.subscription_group import SubscriptionGroupConfig
+from libstore.system_topics import TIMER_DELIVER_MS
 from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.remote import reraise_mapped
@@ -153,8 +154,18 @@ class Producer:
         tags: str | None = None,
         keys: Sequence[str] = (),
         queue_id: int = -1,
+        delay_level: int = 0,
+        deliver_at_ms: int = 0,
     ) -> PutMessageResults:
-        return self.send_batch([OutgoingMessage(topic, body, tags, keys, queue_id=queue_id)])
+        """Send one message. ``delay_level`` 1..18 (RocketMQ's levels, 1 s .. 2 h) or
+        ``deliver_at_ms`` (ms since the epoch) holds it until then (libstore.scheduled_message);
+        the result's queue offset is then the timer queue's."""
+        props: dict[str, str] = {}
+        if delay_level:
+            props[MessageConst.DELAY] = str(delay_level)
+        if deliver_at_ms:
+            props[TIMER_DELIVER_MS] = str(deliver_at_ms)
+        return self.send_batch([OutgoingMessage(topic, body, tags, keys, props, queue_id=queue_id)])
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> PutMessageResults:
         """One Produce call (retried as the module docstring says); one result per message."""

@@ -98,6 +98,16 @@ class PopResult:
 
 
 @dataclass(frozen=True)
+class TransactionCheck:
+    """A half message due for a check-back: its transaction id, its CommitLog record (bytes)
+    and which check this is (1 on the first)."""
+
+    transaction_id: str
+    record: bytes
+    check_times: int
+
+
+@dataclass(frozen=True)
 class QueueInfo:
     queue_id: int
     min_offset: int
@@ -221,6 +231,17 @@ class DispatchPort(Protocol):
     async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig: ...
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig: ...
+
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool) -> None:
+        """COMMIT (the half message becomes visible in its topic) or ROLLBACK; OK when
+        already resolved. Raises InvalidArgumentError for an unknown transaction."""
+        ...
+
+    async def claim_transaction_checks(
+        self, topics: Sequence[str], max_count: int = 64
+    ) -> list[TransactionCheck]:
+        """Half messages of ``topics`` due for a check-back (each claim counts one check)."""
+        ...
 
 
 class IndexPort(Protocol):

@@ -48,6 +48,7 @@ from services.commitlog.servicer import add_to_server as add_commitlog
 from services.dispatch.app import DispatchApp
 from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
+from services.gateway.rocketmq.acl import AccessControl
 from services.gateway.rocketmq.messaging import MessagingServicer
 from services.gateway.rocketmq.messaging import add_to_server as add_messaging
 from services.gateway.servicer import GatewayServicer
@@ -88,6 +89,7 @@ class ServeOptions:
     ha_peers: tuple[str, ...] = ()
     advertise: str = ""
     ha_advertise: str = ""
+    acl_file: Path | None = None  # gateway: plain_acl.yml-style accounts for the RocketMQ 5 protocol
 
     @property
     def address(self) -> str:
@@ -189,8 +191,14 @@ class Suite:
             max_pull_batch=cfg.max_pull_batch_size,
             max_hold_ms=cfg.long_polling_hold_time,
         )
+        acl = AccessControl.load(self.options.acl_file) if self.options.acl_file else None
         messaging = MessagingServicer(
-            commitlog, dispatch, endpoints=endpoints, topics=gateway.topics, broker_name=cfg.broker_name
+            commitlog,
+            dispatch,
+            endpoints=endpoints,
+            topics=gateway.topics,
+            broker_name=cfg.broker_name,
+            acl=acl,
         )
         self.server = await start_grpc_server(
             self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)

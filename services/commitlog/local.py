@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import shutil
 import time
 from collections import OrderedDict
@@ -35,12 +36,15 @@ from libstore import (
     TopicConfig,
 )
 from libstore.message_id import encode_host
-from libstore.record_codec import DispatchRequest, EncodedBatch
+from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
+from libstore.scheduled_message import hold_if_scheduled
 from services._common.telemetry import meter, tracer
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+# Property names that schedule a message (libstore.scheduled_message), as they appear encoded.
+_MAYBE_SCHEDULED = re.compile(rb"(?:DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS)\x01")
 DECODED_BATCHES_KEPT = 1024
 DEFAULT_HEARTBEAT_MS = 1000
 
@@ -69,6 +73,11 @@ class LocalCommitLog:
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
+            # Scheduled messages go to the timer topic here (libstore would do it too), so the
+            # de-duplication window keys them by the topic written: the copy the timer delivers
+            # later under the real topic and the same UNIQ_KEY is not taken for a replay.
+            now = time.time_ns() // 1_000_000
+            messages = [hold_if_scheduled(m, now) for m in messages]
             fresh, placed = self._split_replays(messages)
             appended = self.log.append_messages(fresh, place_unassigned=True) if fresh else None
             if appended is not None:
@@ -88,6 +97,10 @@ class LocalCommitLog:
         log = self.log
         with self._tracer.start_as_current_span("commitlog.append") as span:
             batch = log.adopt_records(raw, _born_host_bytes(born_host))
+            if _MAYBE_SCHEDULED.search(batch.buf):
+                # A delay or timer property (or bytes that look like one): take the message
+                # path, which holds scheduled messages in the timer topic. Rare, so decoding is fine.
+                return await self.append(_messages_of(batch))
             n = len(batch.sizes)
             span.set_attribute("mqstore.messages", n)
             placed: dict[int, Placed] = {}
@@ -351,6 +364,27 @@ class LocalCommitLog:
 
     async def delete_topic(self, topic: str) -> bool:
         return self.log.topic_config.delete(topic)
+
+
+def _messages_of(batch: EncodedBatch) -> list[Message]:
+    """The adopted records of ``batch`` as Messages (queue ids as placed, hosts as filled)."""
+    out = []
+    for i, size in enumerate(batch.sizes):
+        rec = decode_record(batch.buf, batch.positions[i], batch.positions[i] + size, check_crc=False)
+        out.append(
+            Message(
+                rec.topic,
+                rec.body,
+                rec.queue_id,
+                properties=rec.properties,
+                flag=rec.flag,
+                sys_flag=rec.sys_flag,
+                born_timestamp=rec.born_timestamp,
+                born_host=rec.born_host,
+                reconsume_times=rec.reconsume_times,
+            )
+        )
+    return out
 
 
 @functools.cache

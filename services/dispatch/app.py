@@ -17,12 +17,16 @@ from services._common.derived_app import DerivedStoreApp
 from services._common.tail_follower import QueueKey
 from services.dispatch.local import LocalDispatch
 from services.dispatch.pop import PopService
+from services.dispatch.timer import TimerService
+from services.dispatch.transaction import TransactionService
 from services.ports import CommitLogPort
 
 
 class DispatchApp(DerivedStoreApp):
     """Folder ``config.store_path_root_dir``: ``consumequeue/``, ``config/consumerOffset.json``,
-    ``config/subscriptionGroup.json`` and ``pop/`` (pop state, services.dispatch.pop)."""
+    ``config/subscriptionGroup.json``, ``pop/`` (pop state, services.dispatch.pop), ``timer/``
+    (scheduled delivery, services.dispatch.timer) and ``transaction/`` (check-backs,
+    services.dispatch.transaction)."""
 
     name = "dispatch"
 
@@ -32,18 +36,28 @@ class DispatchApp(DerivedStoreApp):
         self.offsets = ConsumerOffsetManager(consumer_offset_path(self.root))
         self.long_polling = LongPollingService(self.queues.max_offset_of)
         self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
+        self.timer = TimerService(self.root, self.queues, commitlog)
+        self.transactions = TransactionService(
+            self.root,
+            self.queues,
+            commitlog,
+            timeout_ms=config.transaction_timeout,
+            interval_ms=config.transaction_check_interval,
+            check_max=config.transaction_check_max,
+        )
         self.port = LocalDispatch(
             self.queues,
             self.offsets,
             self.long_polling,
             self.pop,
+            self.transactions,
             self._store_time_of,
             lambda: self.derived_status(),
             max_batch=config.max_pull_batch_size,
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
-        self._revive: asyncio.Task[None] | None = None
-        self._revive_stop = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._background_stop = asyncio.Event()
         self._offset_persist = ConsumerOffsetPersistService(
             self.offsets, config.flush_consumer_offset_interval, self._on_io_error
         )
@@ -60,6 +74,8 @@ class DispatchApp(DerivedStoreApp):
         self.queues.load()
         self.offsets.load()
         self.pop.load()
+        self.timer.load()
+        self.transactions.load()
 
     def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
         resume, _ = recover_consume_queues(self.queues, self._checkpoint_file(), log_min, log_max)
@@ -92,14 +108,17 @@ class DispatchApp(DerivedStoreApp):
     async def start(self) -> None:
         await super().start()
         self._offset_persist.start()
-        self._revive_stop = asyncio.Event()
-        self._revive = asyncio.create_task(self.pop.run_revive(self._revive_stop))
+        self._background_stop = asyncio.Event()
+        self._background = [
+            asyncio.create_task(self.pop.run_revive(self._background_stop)),
+            asyncio.create_task(self.timer.run(self._background_stop)),
+        ]
 
     async def stop(self) -> None:
-        if self._revive is not None:
-            self._revive_stop.set()
-            await self._revive
-            self._revive = None
+        self._background_stop.set()
+        for task in self._background:
+            await task
+        self._background = []
         self.long_polling.wake_all()
         await super().stop()
         await asyncio.to_thread(self._offset_persist.shutdown)

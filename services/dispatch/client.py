@@ -13,7 +13,7 @@ from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.errors import store_error_of
 from services._common.remote import DEFAULT_TIMEOUT_S, call
 from services.dispatch.servicer import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
-from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo
+from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo, TransactionCheck
 from services.proto import dispatch_grpc, dispatch_pb
 
 
@@ -172,3 +172,18 @@ class RemoteDispatch:
         return group_from_pb(
             await call(self.stub.GetSubscriptionGroup, request, idempotent=True, timeout_s=self.timeout_s)
         )
+
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool) -> None:
+        request = dispatch_pb.EndTransactionRequest(
+            transaction_id=transaction_id, message_id=message_id, commit=commit
+        )
+        # Idempotent: ending a resolved transaction again is OK and does nothing.
+        await call(self.stub.EndTransaction, request, idempotent=True, timeout_s=self.timeout_s)
+
+    async def claim_transaction_checks(
+        self, topics: Sequence[str], max_count: int = 64
+    ) -> list[TransactionCheck]:
+        request = dispatch_pb.ClaimTransactionChecksRequest(topics=list(topics), max_count=max_count)
+        # Not retried: a claim counts checks, and the next round claims again anyway.
+        r = await call(self.stub.ClaimTransactionChecks, request, idempotent=False, timeout_s=self.timeout_s)
+        return [TransactionCheck(c.transaction_id, c.record, c.check_times) for c in r.checks]

@@ -21,7 +21,8 @@ from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.telemetry import tracer
 from services.dispatch.pop import PopService
-from services.ports import DerivedStatus, Entries, PopResult, QueueInfo
+from services.dispatch.transaction import TransactionService
+from services.ports import DerivedStatus, Entries, PopResult, QueueInfo, TransactionCheck
 
 _WAITING = (GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE)
 
@@ -48,6 +49,7 @@ class LocalDispatch:
         offsets: ConsumerOffsetManager,
         long_polling: LongPollingService,
         pop_service: PopService,
+        transactions: TransactionService,
         store_time_of: Callable[[int, int], Awaitable[int]],
         status_of: Callable[[], DerivedStatus],
         *,
@@ -62,6 +64,7 @@ class LocalDispatch:
         self.max_batch = max_batch
         self.max_bytes = max_bytes
         self.pop_service = pop_service
+        self.transactions = transactions
         self._tracer = tracer("mqstore.dispatch")
 
     def _select(
@@ -201,3 +204,11 @@ class LocalDispatch:
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig:
         return await self.pop_service.get_group(group)
+
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool) -> None:
+        await self.transactions.end(transaction_id, message_id, commit)
+
+    async def claim_transaction_checks(
+        self, topics: Sequence[str], max_count: int = 64
+    ) -> list[TransactionCheck]:
+        return await self.transactions.claim_checks(topics, max_count)

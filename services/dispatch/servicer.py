@@ -161,6 +161,25 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
     ) -> dispatch_pb.SubscriptionGroup:
         return group_to_pb(await self.port.get_group(request.group))
 
+    async def EndTransaction(
+        self, request: dispatch_pb.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.EndTransactionResponse:
+        await self.port.end_transaction(request.transaction_id, request.message_id, request.commit)
+        return dispatch_pb.EndTransactionResponse()
+
+    async def ClaimTransactionChecks(
+        self, request: dispatch_pb.ClaimTransactionChecksRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.ClaimTransactionChecksResponse:
+        checks = await self.port.claim_transaction_checks(list(request.topics), request.max_count or 64)
+        return dispatch_pb.ClaimTransactionChecksResponse(
+            checks=[
+                dispatch_pb.TransactionCheck(
+                    transaction_id=c.transaction_id, record=c.record, check_times=c.check_times
+                )
+                for c in checks
+            ]
+        )
+
 
 def group_to_pb(c: SubscriptionGroupConfig) -> dispatch_pb.SubscriptionGroup:
     return dispatch_pb.SubscriptionGroup(

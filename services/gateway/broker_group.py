@@ -53,6 +53,7 @@ from services.ports import (
     PopResult,
     QueueInfo,
     TailChunk,
+    TransactionCheck,
 )
 
 log = logging.getLogger(__name__)
@@ -366,6 +367,15 @@ class GroupDispatch:
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig:
         return await self.group.on_reader(lambda m: m.dispatch.get_group(group))
+
+    # Half messages are ended and checked on the master (the slaves' copies are never served).
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool) -> None:
+        await self.group.on_master(lambda m: m.dispatch.end_transaction(transaction_id, message_id, commit))
+
+    async def claim_transaction_checks(
+        self, topics: Sequence[str], max_count: int = 64
+    ) -> list[TransactionCheck]:
+        return await self.group.on_master(lambda m: m.dispatch.claim_transaction_checks(topics, max_count))
 
 
 class GroupIndex:

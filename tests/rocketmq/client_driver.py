@@ -272,7 +272,34 @@ def send_many(args: dict[str, Any]) -> dict[str, Any]:
     return {"ids": ids, "errors": errors[:20], "seconds": time.time() - started}
 
 
+def receive_many(args: dict[str, Any]) -> dict[str, Any]:
+    """A SimpleConsumer that receives (batches of 32) and acks until ``count`` messages were
+    acked or ``timeout_s`` passed; times from the first message received."""
+    consumer = SimpleConsumer(
+        _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 3)
+    )
+    consumer.startup()
+    acked, errors = 0, 0
+    first = None
+    deadline = time.time() + args.get("timeout_s", 300)
+    try:
+        while acked < args["count"] and time.time() < deadline:
+            batch = consumer.receive(32, args.get("invisible_s", 30))
+            if batch and first is None:
+                first = time.time()
+            for m in batch:
+                try:
+                    consumer.ack(m)
+                    acked += 1
+                except Exception:
+                    errors += 1
+    finally:
+        consumer.shutdown()
+    return {"acked": acked, "errors": errors, "seconds": time.time() - (first or time.time())}
+
+
 SCENARIOS = {
+    "receive_many": receive_many,
     "consume_many": consume_many,
     "send_many": send_many,
     "send": send,

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +190,14 @@ class SplitCluster:
     """commitlog, dispatch, index and gateway as four processes under ``root``."""
 
     def __init__(
-        self, root: Path, store: Mapping[str, Any] | None = None, flush: str = "ASYNC_FLUSH"
+        self,
+        root: Path,
+        store: Mapping[str, Any] | None = None,
+        flush: str = "ASYNC_FLUSH",
+        gateway_args: Sequence[str] = (),
     ) -> None:
         self.root = root
+        self.gateway_args = list(gateway_args)
         self.ports = {role: free_port() for role in ("commitlog", "dispatch", "index", "gateway")}
         self.store = {**SMALL_STORE, **(store or {})}
         self.flush = flush
@@ -224,6 +229,8 @@ class SplitCluster:
         ]
         for key, value in self.store.items():
             args += ["--set", f"{key}={value}"]
+        if role == "gateway":
+            args += self.gateway_args
         proc = ServeProcess(args, log=self.root / f"{role}.log")
         self.procs[role] = proc
         return proc

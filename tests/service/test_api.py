@@ -194,6 +194,34 @@ def test_bad_input_gets_clear_codes_and_writes_nothing(gateway: str):
             admin.commit_offset("g", topic, 0, 10**6)
 
 
+@pytest.mark.parametrize("encode_records", [True, False], ids=["records", "messages"])
+def test_delay_levels_and_delivery_times_hold_messages_until_due(gateway: str, encode_records: bool):
+    topic = _topic("Delayed")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 2)
+    with Producer(gateway, encode_records=encode_records) as producer:
+        sent_ms = time.time_ns() // 1_000_000
+        now = producer.send(topic, b"now", queue_id=0)
+        level1 = producer.send(topic, b"level-1", queue_id=0, delay_level=1)  # RocketMQ level 1: 1 s
+        at = producer.send(topic, b"at", queue_id=1, deliver_at_ms=sent_ms + 2000)
+        assert now.all_ok and level1.all_ok and at.all_ok
+        with pytest.raises(MessageIllegalError):  # levels are 1..18; nothing is written
+            producer.send(topic, b"bad", delay_level=-1)
+    with PullConsumer(gateway, "g", topic) as consumer:
+        first = consumer.poll(500)
+        assert [r.body for r in first] == [b"now"]  # the others are held
+        got = poll_until(consumer, 2, timeout_s=20)
+    by_body = {r.body: r for r in got}
+    assert sorted(by_body) == [b"at", b"level-1"]
+    assert by_body[b"level-1"].store_timestamp >= sent_ms + 1000
+    assert by_body[b"at"].store_timestamp >= sent_ms + 2000
+    assert by_body[b"at"].queue_id == 1 and by_body[b"level-1"].queue_id == 0  # the queues asked for
+    # The copy delivered keeps the producer's properties and says when the timer let it out.
+    props = by_body[b"level-1"].properties
+    assert props["DELAY"] == "1" and props["UNIQ_KEY"] and int(props["TIMER_OUT_MS"]) >= sent_ms + 1000
+    assert "REAL_TOPIC" not in props
+
+
 def test_health_and_reflection(gateway: str):
     channel = grpc.insecure_channel(gateway)
     health = health_pb2_grpc.HealthStub(channel)

@@ -5,13 +5,41 @@ apache.rocketmq.v2 MessagingService, unchanged: each scenario runs the client in
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from libstore import TopicNotFoundError
 from services.client import Admin, PullConsumer
-from services.serve import Suite
 from tests.rocketmq.harness import finish_driver, run_driver, start_driver
-from tests.service.harness import SplitCluster
+from tests.service.conftest import embedded_options
+from tests.service.harness import InProcessSuites, SplitCluster
+
+# Check-backs within seconds instead of RocketMQ's 6 s timeout and 30 s interval.
+FAST_CHECKS = {"transaction_timeout": 1000, "transaction_check_interval": 2000}
+
+
+@pytest.fixture(scope="module", params=["embedded", "split"])
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The gateway address of an embedded suite (in this process) or of a split cluster (four
+    processes), shared by the module's tests (each uses its own topics and groups)."""
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "embedded":
+        suites = InProcessSuites()
+        try:
+            suite = suites.start(embedded_options(root / "data", **FAST_CHECKS))
+            suites.wait_ready(suite)
+            yield suite.address
+        finally:
+            suites.close()
+    else:
+        cluster = SplitCluster(root / "split", store=FAST_CHECKS)
+        try:
+            cluster.start_all()
+            yield cluster.gateway
+        finally:
+            cluster.stop_all()
 
 
 def _setup(address: str, topic: str, *, queues: int = 4, message_type: str = "NORMAL") -> None:
@@ -19,8 +47,8 @@ def _setup(address: str, topic: str, *, queues: int = 4, message_type: str = "NO
         admin.create_topic(topic, queues, message_type=message_type)
 
 
-def test_producer_send_and_simple_consumer_ack(embedded: Suite, tmp_path: Path) -> None:
-    addr = embedded.address
+def test_producer_send_and_simple_consumer_ack(broker: str, tmp_path: Path) -> None:
+    addr = broker
     _setup(addr, "Orders")
     specs = [{"body": f"order-{i}", "tag": "paid" if i % 2 else "new", "keys": [f"k{i}"]} for i in range(10)]
     sync = run_driver("send", {"endpoint": addr, "topic": "Orders", "messages": specs[:5]}, tmp_path / "p1")
@@ -64,8 +92,8 @@ def test_producer_send_and_simple_consumer_ack(embedded: Suite, tmp_path: Path) 
     assert progress.total_lag == 0 and all(q.committed_offset == q.max_offset for q in progress.queues)
 
 
-def test_change_invisible_duration_redelivers_with_next_attempt(embedded: Suite, tmp_path: Path) -> None:
-    addr = embedded.address
+def test_change_invisible_duration_redelivers_with_next_attempt(broker: str, tmp_path: Path) -> None:
+    addr = broker
     _setup(addr, "Jobs", queues=2)
     sent = run_driver(
         "send", {"endpoint": addr, "topic": "Jobs", "messages": [{"body": "j1"}]}, tmp_path / "p"
@@ -90,17 +118,17 @@ def test_change_invisible_duration_redelivers_with_next_attempt(embedded: Suite,
     assert second["acked"]
 
 
-def test_unknown_topic_is_refused(embedded: Suite, tmp_path: Path) -> None:
+def test_unknown_topic_is_refused(broker: str, tmp_path: Path) -> None:
     sent = run_driver(
         "send",
-        {"endpoint": embedded.address, "topic": "NoSuchTopic", "messages": [{"body": "x"}]},
+        {"endpoint": broker, "topic": "NoSuchTopic", "messages": [{"body": "x"}]},
         tmp_path / "p",
     )
     assert sent["ids"] == [] and "route" in sent["errors"][0]
 
 
-def test_push_consumer_failures_are_redelivered_then_dead_lettered(embedded: Suite, tmp_path: Path) -> None:
-    addr = embedded.address
+def test_push_consumer_failures_are_redelivered_then_dead_lettered(broker: str, tmp_path: Path) -> None:
+    addr = broker
     _setup(addr, "Events", queues=2)
     with Admin(addr) as admin:
         admin.upsert_group("handlers", retry_max_times=2)  # 3 deliveries, then %DLQ%handlers
@@ -218,8 +246,8 @@ def test_ten_thousand_messages_exactly_once_across_gateway_and_dispatch_kills(
     assert result["errors"] > 0  # the consumer felt the gateway outage (its calls failed meanwhile)
 
 
-def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(embedded: Suite, tmp_path: Path) -> None:
-    addr = embedded.address
+def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(broker: str, tmp_path: Path) -> None:
+    addr = broker
     _setup(addr, "Ledger", queues=4, message_type="FIFO")
     with Admin(addr) as admin:
         admin.upsert_group("ledger-fifo", orderly=True)
@@ -243,17 +271,66 @@ def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(embedded: Suite,
     assert per_group["acct2"] == expected
 
 
-def test_delay_messages_are_refused_until_supported(embedded: Suite, tmp_path: Path) -> None:
-    """A DELAY send gets UNSUPPORTED instead of being delivered before its time."""
-    addr = embedded.address
+def test_delay_message_is_delivered_no_earlier_than_its_timestamp(broker: str, tmp_path: Path) -> None:
+    addr = broker
     _setup(addr, "Later", queues=2, message_type="DELAY")
+    deliver_at_s = int(time.time()) + 3
     sent = run_driver(
         "send",
         {
             "endpoint": addr,
             "topic": "Later",
-            "messages": [{"body": "x", "deliver_at_s": int(time.time()) + 60}],
+            "messages": [{"body": "wake-up", "deliver_at_s": deliver_at_s, "tag": "alarm"}],
         },
         tmp_path / "p",
     )
-    assert sent["ids"] == [] and "not supported" in sent["errors"][0]
+    assert not sent["errors"]
+    got = run_driver(
+        "simple",
+        {"endpoint": addr, "group": "sleepers", "topic": "Later", "expect": 1, "await_s": 5, "timeout_s": 30},
+        tmp_path / "c",
+    )
+    (msg,) = got["messages"]
+    assert msg["id"] == sent["ids"][0] and msg["body"] == "wake-up" and msg["tag"] == "alarm"
+    assert msg["received_ms"] >= deliver_at_s * 1000
+    assert msg["received_ms"] < deliver_at_s * 1000 + 5000  # the timer delivered it within seconds
+
+
+def test_transactions_commit_rollback_and_check_back(broker: str, tmp_path: Path) -> None:
+    """Commit makes the half message visible, rollback drops it; an open one is checked back
+    over the producer's Telemetry stream and the checker's COMMIT delivers it."""
+    addr = broker
+    _setup(addr, "Payments", queues=2, message_type="TRANSACTION")
+    result = run_driver(
+        "transaction",
+        {
+            "endpoint": addr,
+            "topic": "Payments",
+            "messages": [
+                {"body": "committed", "action": "commit"},
+                {"body": "rolled-back", "action": "rollback"},
+                {"body": "checked", "action": "check"},
+            ],
+            "check_answer": "commit",
+            "expect_checks": 1,
+            "wait_checks_s": 20,
+        },
+        tmp_path / "p",
+    )
+    committed, rolled_back, checked = result["ids"]
+    assert result["checks"] == [checked]  # only the open one was checked, once
+    got = run_driver(
+        "simple",
+        {
+            "endpoint": addr,
+            "group": "accounting",
+            "topic": "Payments",
+            "expect": 2,
+            "await_s": 3,
+            "timeout_s": 20,
+            "final_empty": True,
+        },
+        tmp_path / "c",
+    )
+    assert sorted(m["id"] for m in got["messages"]) == sorted([committed, checked])
+    assert got["final"] == [] and rolled_back not in {m["id"] for m in got["messages"]}

@@ -23,13 +23,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from libstore import errors as E
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
 from libstore.results import PutMessageStatus
+from libstore.scheduled_message import MAX_DELAY_MS
+from libstore.system_topics import TIMER_DELIVER_MS
 from libstore.topic_config import TopicMessageType
+from libstore.transaction_message import TRANSACTION_CHECK_TIMES
 from services.gateway.rocketmq.pb import Code, definition
 
 SHARDING_KEY = "__SHARDINGKEY"
-TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PRODUCER_GROUP = "PGROUP"
-TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 MAX_BODY_SIZE = 4 * 1024 * 1024
 MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTIES_BYTES = 16 * 1024
@@ -211,6 +212,11 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
         deliver_ms = to_ms(sp.delivery_timestamp)
         if sp.delivery_timestamp.seconds > 100_000_000_000:  # the client's ms-in-seconds quirk (§5)
             deliver_ms = sp.delivery_timestamp.seconds
+        if deliver_ms - now_ms > MAX_DELAY_MS:
+            raise V2Error(
+                Code.ILLEGAL_DELIVERY_TIME,
+                f"delivery time is more than {MAX_DELAY_MS // 86_400_000} days ahead",
+            )
         props[TIMER_DELIVER_MS] = str(max(deliver_ms, now_ms))
     if mtype == definition.TRANSACTION:
         props[MessageConst.TRAN_MSG] = "true"

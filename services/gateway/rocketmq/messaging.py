@@ -34,19 +34,23 @@ from typing import Any, TypeVar
 
 import grpc
 
-from libstore import StoreError
+from libstore import InvalidArgumentError, StoreError
+from libstore.message import MessageConst
 from libstore.message_filter import TagFilter
 from libstore.record_codec import decode_record
 from libstore.subscription_group import SubscriptionGroupConfig
+from libstore.system_topics import HALF_TOPIC
 from libstore.topic_config import TopicConfig
+from libstore.transaction_message import TransactionId, half_message
 from services._common import convert as common_convert
 from services._common.telemetry import tracer
 from services.gateway.rocketmq import convert
+from services.gateway.rocketmq.acl import PUB, SUB, AccessControl, AclError
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
-from services.gateway.rocketmq.sessions import ClientSessions
+from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
 from services.gateway.servicer import TopicCache
-from services.ports import CommitLogPort, DispatchPort
+from services.ports import CommitLogPort, DispatchPort, TransactionCheck
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -54,6 +58,7 @@ R = TypeVar("R")
 DEFAULT_INVISIBLE_MS = 60_000  # a push consumer's receive names no invisible time (the proxy's default)
 MAX_RECEIVE_BATCH = 32
 MAX_LONG_POLLING_MS = 20_000
+CHECK_POLL_S = 1.0  # how often a gateway with producers claims transaction check-backs
 DEADLINE_MARGIN_MS = 800  # end a long poll this long before the client's deadline
 
 PRODUCER_BACKOFF = definition.RetryPolicy(
@@ -137,14 +142,32 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         endpoints: list[str],
         topics: TopicCache | None = None,
         broker_name: str = "broker-a",
+        acl: AccessControl | None = None,
     ) -> None:
         self.commitlog = commitlog
         self.dispatch = dispatch
         self.endpoints = [_address(e) for e in endpoints]
         self.topics = topics or TopicCache(commitlog)
         self.broker_name = broker_name
+        self.acl = acl
         self.sessions = ClientSessions()
+        self._check_task: asyncio.Task[None] | None = None
         self._tracer = tracer("mqstore.gateway")
+
+    def _authorize(
+        self, context: grpc.aio.ServicerContext, perm: int = 0, topic: str = "", group: str = ""
+    ) -> None:
+        """With ACL on: the caller's key must be valid and hold ``perm`` (acl.PUB/SUB, both:
+        either) on ``topic`` (and consume as ``group``). Raises V2Error UNAUTHORIZED/FORBIDDEN."""
+        if self.acl is None:
+            return
+        metadata = {
+            k: v if isinstance(v, str) else v.decode() for k, v in context.invocation_metadata() or ()
+        }
+        try:
+            self.acl.check(metadata, perm, topic, group)
+        except AclError as exc:
+            raise V2Error(Code.FORBIDDEN if exc.forbidden else Code.UNAUTHORIZED, str(exc)) from None
 
     # -- routes ---------------------------------------------------------------------------------------
     async def _topic(self, name: str) -> TopicConfig:
@@ -200,6 +223,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def QueryRoute(
         self, request: service.QueryRouteRequest, context: grpc.aio.ServicerContext
     ) -> service.QueryRouteResponse:
+        self._authorize(context, PUB | SUB, request.topic.name)
         config = await self._topic(request.topic.name)
         endpoints = self._endpoints(request.endpoints if request.HasField("endpoints") else None)
         return service.QueryRouteResponse(
@@ -210,6 +234,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def QueryAssignment(
         self, request: service.QueryAssignmentRequest, context: grpc.aio.ServicerContext
     ) -> service.QueryAssignmentResponse:
+        self._authorize(context, SUB, request.topic.name, request.group.name)
         config = await self._topic(request.topic.name)
         if not config.readable or config.read_queue_nums <= 0:
             raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} has no readable queue")
@@ -230,12 +255,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def Heartbeat(
         self, request: service.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> service.HeartbeatResponse:
+        self._authorize(context)
         return service.HeartbeatResponse(status=convert.status())
 
     @_unary(lambda s: service.NotifyClientTerminationResponse(status=s))
     async def NotifyClientTermination(
         self, request: service.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
     ) -> service.NotifyClientTerminationResponse:
+        self._authorize(context)
         self.sessions.drop(_metadata(context, "x-mq-client-id"))
         return service.NotifyClientTerminationResponse(status=convert.status())
 
@@ -245,7 +272,13 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         client_id = _metadata(context, "x-mq-client-id")
         if not client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
+        try:
+            self._authorize(context)
+        except V2Error as exc:
+            yield service.TelemetryCommand(status=convert.status(exc.code, str(exc)))
+            return
         session = self.sessions.open(client_id)
+        self._ensure_check_loop()
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
         try:
             while True:
@@ -262,7 +295,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             async for command in commands:
                 kind = command.WhichOneof("command")
                 if kind == "settings":
-                    reply = await self._settings_reply(command.settings)
+                    reply = await self._settings_reply(command.settings, session)
                     session.outbox.put_nowait(
                         service.TelemetryCommand(status=convert.status(), settings=reply)
                     )
@@ -272,11 +305,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         finally:
             session.outbox.put_nowait(None)
 
-    async def _settings_reply(self, settings: definition.Settings) -> definition.Settings:
+    async def _settings_reply(
+        self, settings: definition.Settings, session: ClientSession
+    ) -> definition.Settings:
         reply = definition.Settings()
         reply.CopyFrom(settings)
         kind = settings.WhichOneof("pub_sub")
         if kind == "publishing":
+            session.topics |= {t.name for t in settings.publishing.topics}
             reply.backoff_policy.CopyFrom(PRODUCER_BACKOFF)
             reply.publishing.max_body_size = convert.MAX_BODY_SIZE
             reply.publishing.validate_message_type = True
@@ -313,19 +349,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             now = _now_ms()
             configs: dict[str, TopicConfig] = {}
             for name in {m.topic.name for m in request.messages}:
+                self._authorize(context, PUB, name)
                 config = configs[name] = await self._topic(name)
                 if not config.writeable:
                     raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not writeable")
             messages, ids = [], []
+            half_topics: set[str] = set()
             for m in request.messages:
                 config = configs[m.topic.name]
                 msg, mtype, group = convert.store_message(m, peer_ip=peer_ip, now_ms=now)
-                if mtype in (definition.DELAY, definition.TRANSACTION):
-                    # Refused rather than delivered early or uncommitted: not built yet.
-                    raise V2Error(
-                        Code.UNSUPPORTED,
-                        f"{definition.MessageType.Name(mtype)} messages are not supported yet",  # type: ignore[arg-type]
-                    )
                 allowed = convert.ACCEPT_TYPES[config.message_type]
                 if mtype not in allowed:
                     raise V2Error(
@@ -334,16 +366,27 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                         f"not {definition.MessageType.Name(mtype)}",  # type: ignore[arg-type]
                     )
                 msg.queue_id = self._queue_for(config, group)
+                if mtype == definition.TRANSACTION:
+                    # Held as a half message until EndTransaction (or a check-back) resolves it;
+                    # a delay (DELAY/TIMER_* properties) is held by the commitlog's timer topic.
+                    msg = half_message(msg)
+                    half_topics.add(m.topic.name)
                 messages.append(msg)
                 ids.append(m.system_properties.message_id)
+            if half_topics:
+                self.sessions.add_topics(_metadata(context, "x-mq-client-id"), half_topics)
             results = await self.commitlog.append(messages)
             entries = []
-            for r, mid in zip(results, ids, strict=True):
+            for r, msg, mid in zip(results, messages, ids, strict=True):
                 code = convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR)
+                tid = ""
+                if msg.topic == HALF_TOPIC and r.status.appended:
+                    tid = TransactionId(r.queue_offset, r.phy_offset, r.size).encode()
                 entries.append(
                     service.SendResultEntry(
                         status=convert.status(code, r.status.name),
                         message_id=mid,
+                        transaction_id=tid,
                         offset=max(r.queue_offset, 0),
                     )
                 )
@@ -382,6 +425,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not group:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         resource = request.message_queue.topic
+        self._authorize(context, SUB, resource.name, group)
         config = await self._topic(resource.name)
         if not config.readable:
             raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not readable")
@@ -465,6 +509,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         if not request.entries:
             raise V2Error(Code.BAD_REQUEST, "no entry to ack")
+        self._authorize(context, SUB, request.topic.name, request.group.name)
         errors = await self.dispatch.ack(
             request.group.name, request.topic.name, [e.receipt_handle for e in request.entries]
         )
@@ -487,6 +532,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     ) -> service.ChangeInvisibleDurationResponse:
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        self._authorize(context, SUB, request.topic.name, request.group.name)
         invisible_ms = convert.to_ms(request.invisible_duration)
         if invisible_ms < 0:
             raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
@@ -495,12 +541,72 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         )
         return service.ChangeInvisibleDurationResponse(status=convert.status(), receipt_handle=handle)
 
+    # -- transactions -----------------------------------------------------------------------------
+    @_unary(lambda s: service.EndTransactionResponse(status=s))
+    async def EndTransaction(
+        self, request: service.EndTransactionRequest, context: grpc.aio.ServicerContext
+    ) -> service.EndTransactionResponse:
+        if not request.transaction_id:
+            raise V2Error(Code.INVALID_TRANSACTION_ID, "transaction id is empty")
+        self._authorize(context, PUB, request.topic.name)
+        if request.resolution not in (definition.COMMIT, definition.ROLLBACK):
+            raise V2Error(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
+        try:
+            await self.dispatch.end_transaction(
+                request.transaction_id, request.message_id, request.resolution == definition.COMMIT
+            )
+        except InvalidArgumentError as exc:
+            raise V2Error(Code.INVALID_TRANSACTION_ID, str(exc)) from None
+        return service.EndTransactionResponse(status=convert.status())
+
+    def _ensure_check_loop(self) -> None:
+        if self._check_task is None or self._check_task.done():
+            self._check_task = asyncio.create_task(self._run_checks())
+
+    async def _run_checks(self) -> None:
+        """Every CHECK_POLL_S, while producers are connected: claim the half messages due for a
+        check-back of the topics they publish and push each to one of them (spec sheet §3,
+        "Transaction check"). Failures are logged and retried on the next round."""
+        while True:
+            await asyncio.sleep(CHECK_POLL_S)
+            topics = self.sessions.producer_topics()
+            if not topics:
+                continue
+            try:
+                checks = await self.dispatch.claim_transaction_checks(sorted(topics))
+            except Exception as exc:
+                log.warning("claiming transaction checks failed: %s", exc)
+                continue
+            for check in checks:
+                self._push_check(check)
+
+    def _push_check(self, check: TransactionCheck) -> None:
+        rec = decode_record(check.record, check_crc=False)
+        real = rec.properties.get(MessageConst.REAL_TOPIC, rec.topic)
+        session = self.sessions.producer_of(real)
+        if session is None:
+            return  # the producer left meanwhile: the next check goes to another
+        message = convert.consumer_message(
+            rec, namespace="", receipt_handle="", attempt=check.check_times, invisible_ms=0
+        )
+        message.topic.name = real
+        message.system_properties.message_type = definition.TRANSACTION
+        session.outbox.put_nowait(
+            service.TelemetryCommand(
+                status=convert.status(),
+                recover_orphaned_transaction_command=service.RecoverOrphanedTransactionCommand(
+                    message=message, transaction_id=check.transaction_id
+                ),
+            )
+        )
+
     @_unary(lambda s: service.ForwardMessageToDeadLetterQueueResponse(status=s))
     async def ForwardMessageToDeadLetterQueue(
         self, request: service.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> service.ForwardMessageToDeadLetterQueueResponse:
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        self._authorize(context, SUB, request.topic.name, request.group.name)
         await self.dispatch.forward_to_dead_letter(
             request.group.name, request.topic.name, request.receipt_handle
         )

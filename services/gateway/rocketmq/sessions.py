@@ -2,9 +2,11 @@
 
 A client (``x-mq-client-id``, spec sheet rocketmq-grpc-v2 §2) opens one Telemetry stream per
 endpoint and sends its settings there; the stream is the only way the server can send the
-client anything unasked. A session is that stream's outbox of server-to-client commands; it ends
-with the stream, or when the client announces its termination. Sessions are connection state, so
-each gateway keeps its own; nothing about messages or deliveries is kept here.
+client anything unasked. A session is that stream's outbox of server-to-client commands and, for
+a producer, the topics it publishes (from its settings and its transactional sends), so a
+transaction check-back for a topic can go to a producer of it; it ends with the stream, or when
+the client announces its termination. Sessions are connection state, so each gateway keeps its
+own; nothing about messages or deliveries is kept here.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any
 
 @dataclass(eq=False)
 class ClientSession:
-    """One open Telemetry stream. ``outbox`` holds server-to-client commands (None ends it)."""
+    """One open Telemetry stream. ``outbox`` holds server-to-client commands (None ends it);
+    ``topics``: what a producer publishes (empty for consumers)."""
 
     client_id: str
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    topics: set[str] = field(default_factory=set)
 
 
 class ClientSessions:
@@ -44,3 +48,24 @@ class ClientSessions:
         """The client said it terminates: end its streams."""
         for session in self._by_client.pop(client_id, []):
             session.outbox.put_nowait(None)
+
+    def add_topics(self, client_id: str, topics: set[str]) -> None:
+        """The client publishes ``topics`` (its sessions learn them)."""
+        for session in self._by_client.get(client_id, []):
+            session.topics |= topics
+
+    def producer_topics(self) -> set[str]:
+        """Topics some open session publishes."""
+        out: set[str] = set()
+        for streams in self._by_client.values():
+            for session in streams:
+                out |= session.topics
+        return out
+
+    def producer_of(self, topic: str) -> ClientSession | None:
+        """An open session that publishes ``topic`` (the most recently opened), or None."""
+        for streams in reversed(list(self._by_client.values())):
+            for session in reversed(streams):
+                if topic in session.topics:
+                    return session
+        return None

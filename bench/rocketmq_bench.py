@@ -1,0 +1,64 @@
+"""The official Apache RocketMQ 5 Python client (rocketmq-python-client 5.1.2) against the
+gateway's apache.rocketmq.v2 MessagingService (issue "Gateway speaks Apache RocketMQ 5's gRPC
+protocol").
+
+The suite runs as ``mqstore serve`` processes (bench.service_bench.running_suite); load comes from
+client processes running tests/rocketmq/client_driver.py (the client's protobuf stubs cannot share
+a process with ours):
+
+* produce: ``processes`` Producers, each sending ``count`` 1 KiB messages with send_async and 64
+  in flight (the client sends one message per SendMessage call);
+* consume: ``processes`` SimpleConsumers of one group, receive(32) then one ack per message, until
+  everything produced was acked; timed from each consumer's first message.
+
+Rates are the sum of the processes' rates (each measured over its own run).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.service_bench import TOPIC, running_suite
+from tests.rocketmq.harness import finish_driver, start_driver
+
+
+@dataclass
+class ClientRun:
+    messages: int
+    msgs_per_s: float
+    errors: int
+
+
+def _run(scenario: str, args_of: list[dict], home: Path, timeout_s: float = 900.0) -> list[dict]:  # type: ignore[type-arg]
+    procs = [start_driver(scenario, a, home / f"{scenario}{i}") for i, a in enumerate(args_of)]
+    return [finish_driver(p, timeout_s) for p in procs]
+
+
+def run(root: Path, topology: str, processes: int = 2, count: int = 10_000) -> tuple[ClientRun, ClientRun]:
+    """Produce then consume ``processes`` x ``count`` messages; (produce, consume) results."""
+    with running_suite(root, topology, "ASYNC_FLUSH") as address, tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        sent = _run(
+            "send_many",
+            [{"endpoint": address, "topic": TOPIC, "count": count, "size": 1024, "window": 64}] * processes,
+            home,
+        )
+        produce = ClientRun(
+            sum(len(r["ids"]) for r in sent),
+            sum(len(r["ids"]) / r["seconds"] for r in sent),
+            sum(len(r["errors"]) for r in sent),
+        )
+        share = produce.messages // processes
+        got = _run(
+            "receive_many",
+            [{"endpoint": address, "topic": TOPIC, "group": "bench-v2", "count": share}] * processes,
+            home,
+        )
+        consume = ClientRun(
+            sum(r["acked"] for r in got),
+            sum(r["acked"] / r["seconds"] for r in got if r["seconds"]),
+            sum(r["errors"] for r in got),
+        )
+    return produce, consume

@@ -1,0 +1,59 @@
+"""System topics the store writes for scheduled and transactional messages, and what their
+ConsumeQueue units' tags codes hold.
+
+As RocketMQ does for ``SCHEDULE_TOPIC_XXXX`` (whose units carry the delivery time instead of a
+tag hash), the units of these topics carry the one number their service needs, so the service
+rebuilds its work list from 20-byte units without reading the CommitLog:
+
+* ``rmq_sys_wheel_timer`` (TIMER_TOPIC): messages held until a delivery time (RocketMQ 5's
+  timer topic name). Tags code: the delivery time, ms since the epoch (TIMER_DELIVER_MS).
+* ``RMQ_SYS_TRANS_HALF_TOPIC`` (HALF_TOPIC): half messages of open transactions. Tags code: the
+  store time (ms), from which the check-back schedule runs.
+* ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (OP_TOPIC): one record per resolved half message (commit,
+  rollback or given up). Tags code: the half message's queue offset (TRAN_HALF_OFFSET).
+
+Names are RocketMQ's (TopicValidator, TimerMessageStore); the tags-code contents of the timer
+and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op bodies).
+"""
+
+from __future__ import annotations
+
+import re
+
+TIMER_TOPIC = "rmq_sys_wheel_timer"
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # RocketMQ 5: absolute delivery time, ms
+TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # RocketMQ 5: delay from the store time, s
+TIMER_DELAY_MS = "TIMER_DELAY_MS"  # RocketMQ 5: delay from the store time, ms
+TIMER_OUT_MS = "TIMER_OUT_MS"  # set on the copy a timer delivers: it is due, not to be held again
+TRAN_HALF_OFFSET = "TRAN_HALF_OFFSET"  # on an op record: the half message's queue offset
+
+SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC})
+
+_TIMER_DELIVER = re.compile(rb"(?:^|\x02)TIMER_DELIVER_MS\x01(\d{1,19})(?:\x02|$)")
+_HALF_OFFSET = re.compile(rb"(?:^|\x02)TRAN_HALF_OFFSET\x01(\d{1,19})(?:\x02|$)")
+_MAX_CODE = (1 << 63) - 1
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic in SYSTEM_TOPICS
+
+
+def system_tags_code(topic: str, properties: bytes, store_timestamp: int) -> int | None:
+    """The tags code of a unit of ``topic`` when it is a system topic (see the module text),
+    from the record's serialized ``properties`` and store time (ms); None for other topics.
+    A missing or malformed number gives 0 (a timer due at once, an op for offset 0)."""
+    if topic == TIMER_TOPIC:
+        return _number(_TIMER_DELIVER, properties)
+    if topic == HALF_TOPIC:
+        return store_timestamp
+    if topic == OP_TOPIC:
+        return _number(_HALF_OFFSET, properties)
+    return None
+
+
+def _number(pattern: re.Pattern[bytes], properties: bytes) -> int:
+    found = pattern.findall(properties)
+    return min(int(found[-1]), _MAX_CODE) if found else 0

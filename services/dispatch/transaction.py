@@ -1,0 +1,230 @@
+"""TransactionService: ends transactions and schedules check-backs of unresolved half messages
+(libstore.transaction_message), on the dispatch service that holds the half and op queues.
+
+* :meth:`end` (EndTransaction): COMMIT appends the committed copy to the real topic, then the op
+  record; ROLLBACK appends the op record only. Ending an already resolved transaction is OK and
+  does nothing (a producer's retry, or a checker answering late).
+* :meth:`claim_checks`: half messages older than ``transactionTimeOut`` (or their
+  CHECK_IMMUNITY_TIME_IN_SECONDS), unresolved, whose check is due, for the topics a gateway has
+  producers for. Each claim counts one check and schedules the next ``transactionCheckInterval``
+  later; past ``transactionCheckMax`` checks the half message is dropped (an op record with
+  resolution DISCARD, as RocketMQ gives up after transactionCheckMax). Check counts persist in
+  ``transaction/checkState.json``; the pending list is rebuilt from the half and op queues'
+  units after a restart.
+
+Gateways call claim_checks periodically and push each claimed message to a producer of its topic
+over the Telemetry stream (services.gateway.rocketmq); the producer's checker answers with an
+EndTransaction. Since producers are connection state, the gateway that has one claims for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from libstore._files import atomic_write, read_json
+from libstore.consume_queue import BLANK_UNIT_SIZE
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.errors import CorruptRecordError, InvalidArgumentError, ServiceNotAvailableError, StoreIOError
+from libstore.message import MessageConst
+from libstore.record_codec import decode_record
+from libstore.system_topics import HALF_TOPIC, OP_TOPIC
+from libstore.transaction_message import TransactionId, committed_copy, op_message
+from services._common.telemetry import tracer
+from services.ports import CommitLogPort, TransactionCheck
+
+log = logging.getLogger(__name__)
+
+SCAN_BATCH = 4096
+CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Half:
+    store_ms: int
+    phy_offset: int
+    size: int
+    checks: int = 0
+    next_check_ms: int = 0  # 0: from the timeout (first check)
+
+
+class TransactionService:
+    """Half/op queues from ``queues``, appends through ``commitlog``, state under
+    ``root/transaction``. Times in ms; ``timeout_ms``/``interval_ms``/``check_max`` are
+    transactionTimeOut, transactionCheckInterval and transactionCheckMax."""
+
+    def __init__(
+        self,
+        root: Path,
+        queues: ConsumeQueueStore,
+        commitlog: CommitLogPort,
+        *,
+        timeout_ms: int = 6000,
+        interval_ms: int = 30_000,
+        check_max: int = 15,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.queues = queues
+        self.commitlog = commitlog
+        self.timeout_ms = timeout_ms
+        self.interval_ms = interval_ms
+        self.check_max = check_max
+        self.clock = clock
+        self.state_path = Path(root) / "transaction" / "checkState.json"
+        self.pending: dict[int, _Half] = {}  # half queue offset -> unresolved half message
+        self._half_scanned = 0
+        self._op_scanned = 0
+        self._ended: set[int] = set()  # resolved here before dispatch listed the half
+        self._saved_checks: dict[int, tuple[int, int]] = {}
+        self._tracer = tracer("mqstore.dispatch")
+
+    def load(self) -> None:
+        """Raises StoreIOError for a malformed state file."""
+        data = read_json(self.state_path, "transaction check state") or {}
+        try:
+            self._saved_checks = {int(k): (int(v[0]), int(v[1])) for k, v in data.items()}
+        except (TypeError, ValueError, IndexError) as exc:
+            raise StoreIOError(f"transaction check state {self.state_path} is malformed: {exc}") from exc
+        self.pending.clear()
+        self._half_scanned = self._op_scanned = 0
+
+    def _scan(self) -> None:
+        """List new half units, then drop those the new op units resolve (an op is always
+        dispatched after its half, so halves go first)."""
+        half = self.queues.find(HALF_TOPIC, 0)
+        if half is not None:
+            if half.max_offset_in_queue < self._half_scanned:
+                self.pending.clear()  # the log was cut: start over
+                self._half_scanned = self._op_scanned = 0
+            self._half_scanned = max(self._half_scanned, half.min_offset_in_queue)
+            while self._half_scanned < half.max_offset_in_queue:
+                units = half.read_units(self._half_scanned, SCAN_BATCH)
+                if not units:
+                    break
+                for i, u in enumerate(units):
+                    offset = self._half_scanned + i
+                    if u.size == BLANK_UNIT_SIZE or offset in self._ended:
+                        self._ended.discard(offset)
+                        continue
+                    checks, nxt = self._saved_checks.get(offset, (0, 0))
+                    self.pending[offset] = _Half(u.tags_code, u.phy_offset, u.size, checks, nxt)
+                self._half_scanned += len(units)
+        op = self.queues.find(OP_TOPIC, 0)
+        if op is not None:
+            self._op_scanned = max(self._op_scanned, op.min_offset_in_queue)
+            while self._op_scanned < op.max_offset_in_queue:
+                units = op.read_units(self._op_scanned, SCAN_BATCH)
+                if not units:
+                    break
+                for u in units:
+                    if u.size != BLANK_UNIT_SIZE:
+                        self.pending.pop(u.tags_code, None)
+                self._op_scanned += len(units)
+
+    # -- end ------------------------------------------------------------------------------------
+    async def end(self, transaction_id: str, message_id: str, commit: bool) -> None:
+        """Commit or roll back the transaction ``transaction_id`` of message ``message_id``.
+        Raises InvalidArgumentError for an id that names no half message of that message;
+        ServiceNotAvailableError when an append failed (the transaction stays open)."""
+        tid = TransactionId.decode(transaction_id)
+        self._scan()
+        if tid.half_offset < self._half_scanned and tid.half_offset not in self.pending:
+            return  # resolved already
+        (raw,) = await self.commitlog.read([(tid.phy_offset, tid.size)])
+        try:
+            if not raw:
+                raise CorruptRecordError("not in the CommitLog")
+            half = decode_record(raw, check_crc=False)
+        except CorruptRecordError:
+            raise InvalidArgumentError(f"transaction {transaction_id} names no half message") from None
+        uniq = half.properties.get(MessageConst.UNIQ_KEY, "")
+        if (
+            half.topic != HALF_TOPIC
+            or half.queue_offset != tid.half_offset
+            or (message_id and uniq != message_id)
+        ):
+            raise InvalidArgumentError(f"transaction {transaction_id} is not message {message_id}'s")
+        with self._tracer.start_as_current_span("dispatch.end_transaction") as span:
+            span.set_attribute("mqstore.resolution", "COMMIT" if commit else "ROLLBACK")
+            if commit:
+                await self._append_all([committed_copy(half)], "committing")
+            await self._resolve(tid.half_offset, "COMMIT" if commit else "ROLLBACK", uniq)
+
+    async def _resolve(self, half_offset: int, resolution: str, uniq: str) -> None:
+        await self._append_all([op_message(half_offset, resolution, uniq)], "resolving")
+        if self.pending.pop(half_offset, None) is None and half_offset >= self._half_scanned:
+            self._ended.add(half_offset)
+        if self._saved_checks.pop(half_offset, None) is not None:
+            self._save()
+
+    async def _append_all(self, messages: list, what: str) -> None:  # type: ignore[type-arg]
+        results = await self.commitlog.append(messages)
+        bad = [r.status.name for r in results if not r.status.appended]
+        if bad:
+            raise ServiceNotAvailableError(f"{what} the transaction failed: {bad[0]}")
+
+    # -- check-back -----------------------------------------------------------------------------
+    async def claim_checks(self, topics: Collection[str], max_count: int = 64) -> list[TransactionCheck]:
+        """Up to ``max_count`` unresolved half messages of ``topics`` (empty: any topic) whose
+        check is due now; each claim counts as one check. Half messages past the check limit
+        are dropped here."""
+        self._scan()
+        now = self.clock()
+        due = [
+            (off, h)
+            for off, h in self.pending.items()
+            if (h.next_check_ms or h.store_ms + self.timeout_ms) <= now
+        ]
+        if not due:
+            return []
+        out: list[TransactionCheck] = []
+        changed = False
+        for start in range(0, len(due), 256):
+            chunk = due[start : start + 256]
+            raws = await self.commitlog.read([(h.phy_offset, h.size) for _, h in chunk])
+            for (off, h), raw in zip(chunk, raws, strict=True):
+                if not raw:
+                    self.pending.pop(off, None)  # cleaned from the log: nothing to check
+                    continue
+                rec = decode_record(raw, check_crc=False)
+                immunity = rec.properties.get(CHECK_IMMUNITY, "")
+                if not h.next_check_ms and immunity.isdigit():
+                    first = h.store_ms + int(immunity) * 1000
+                    if first > now:
+                        h.next_check_ms = first
+                        continue
+                if h.checks >= self.check_max:
+                    log.warning(
+                        "transaction %s of %s unresolved after %d checks: dropped",
+                        TransactionId(off, h.phy_offset, h.size).encode(),
+                        rec.properties.get(MessageConst.REAL_TOPIC, "?"),
+                        h.checks,
+                    )
+                    await self._resolve(off, "DISCARD", rec.properties.get(MessageConst.UNIQ_KEY, ""))
+                    continue
+                real = rec.properties.get(MessageConst.REAL_TOPIC, "")
+                if topics and real not in topics:
+                    continue
+                if len(out) >= max_count:
+                    break
+                h.checks += 1
+                h.next_check_ms = now + self.interval_ms
+                self._saved_checks[off] = (h.checks, h.next_check_ms)
+                changed = True
+                out.append(TransactionCheck(TransactionId(off, h.phy_offset, h.size).encode(), raw, h.checks))
+        if changed:
+            self._save()
+        return out
+
+    def _save(self) -> None:
+        live = {k: v for k, v in self._saved_checks.items() if k in self.pending}
+        self._saved_checks = live
+        body = "{" + ", ".join(f'"{k}": [{c}, {n}]' for k, (c, n) in sorted(live.items())) + "}"
+        atomic_write(self.state_path, body.encode())
