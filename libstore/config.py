@@ -148,6 +148,18 @@ class StoreConfig:
     transaction_check_max: int = _f(
         15, "transactionCheckMax", "checks", "check-backs before an unresolved half message is dropped"
     )
+    default_invisible_time: int = _f(
+        60_000,
+        "defaultInvisibleTimeMills",
+        "ms",
+        "gateway (RocketMQ 5 protocol): a push consumer's messages stay invisible this long per renewal",
+    )
+    renew_ahead_time: int = _f(
+        10_000, "renewAheadTimeMillis", "ms", "gateway: renew a push delivery this long before it shows again"
+    )
+    renew_max_time: int = _f(
+        3 * 3600 * 1000, "renewMaxTimeMillis", "ms", "gateway: stop renewing a push delivery after this long"
+    )
     broker_name: str = _f("broker-a", "brokerName", doc="the broker group this store belongs to")
     broker_id: int = _f(0, "brokerId", doc="0 for the master of the group, 1.. for slaves")
     ha_master_address: str = _f(
@@ -227,6 +239,9 @@ class StoreConfig:
             "transaction_timeout",
             "transaction_check_interval",
             "transaction_check_max",
+            "default_invisible_time",
+            "renew_ahead_time",
+            "renew_max_time",
             "ha_send_heartbeat_interval",
             "ha_housekeeping_interval",
             "ha_transfer_batch_size",

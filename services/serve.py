@@ -128,6 +128,7 @@ class Suite:
         self.dispatch_app: DispatchApp | None = None
         self.index_app: IndexApp | None = None
         self.server: GrpcServer | None = None
+        self.messaging: MessagingServicer | None = None
         self._channels: list[grpc.aio.Channel] = []
         self._ready_task: asyncio.Task[None] | None = None
 
@@ -199,7 +200,11 @@ class Suite:
             topics=gateway.topics,
             broker_name=cfg.broker_name,
             acl=acl,
+            default_invisible_ms=cfg.default_invisible_time,
+            renew_ahead_ms=cfg.renew_ahead_time,
+            renew_max_ms=cfg.renew_max_time,
         )
+        self.messaging = messaging
         self.server = await start_grpc_server(
             self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
         )
@@ -326,6 +331,8 @@ class Suite:
             self._ready_task.cancel()
         if self.server is not None:
             await self.server.stop(grace_s)
+        if self.messaging is not None:
+            await self.messaging.close()
         for app in (self.index_app, self.dispatch_app):
             if app is not None:
                 await app.stop()

@@ -23,7 +23,13 @@ from pathlib import Path
 
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.errors import CorruptRecordError, MessageIllegalError, ServiceNotAvailableError
+from libstore.errors import (
+    CorruptRecordError,
+    MessageIllegalError,
+    NotMasterError,
+    ServiceNotAvailableError,
+    TopicNotFoundError,
+)
 from libstore.record_codec import decode_record
 from libstore.scheduled_message import due_copy
 from libstore.system_topics import TIMER_TOPIC
@@ -128,17 +134,31 @@ class TimerService:
                 except (CorruptRecordError, MessageIllegalError) as exc:
                     log.warning("timer unit %d cannot be delivered: %s", entry[1], exc)
                     gone.append(entry[1])
-            delivered = 0
+            ok: list[tuple[int, int, int, int]] = []
             try:
-                results = await self.commitlog.append(messages) if messages else []
-                delivered = sum(1 for r in results if r.status.appended)
+                try:
+                    results = await self.commitlog.append(messages) if messages else []
+                    ok = [e for e, r in zip(sent, results, strict=False) if r.status.appended]
+                except (TopicNotFoundError, MessageIllegalError):
+                    # One bad message (its topic deleted, say) must not hold up the others:
+                    # deliver one by one and drop what the store refuses for good.
+                    for entry, message in zip(sent, messages, strict=True):
+                        try:
+                            if (await self.commitlog.append([message]))[0].status.appended:
+                                ok.append(entry)
+                        except (TopicNotFoundError, MessageIllegalError) as exc:
+                            log.warning("timer unit %d dropped: %s", entry[1], exc)
+                            gone.append(entry[1])
             finally:
-                for entry in sent[delivered:]:  # not appended: held again, retried next tick
+                done = {e[1] for e in ok} | set(gone)
+                retry = [e for e in sent if e[1] not in done]
+                for entry in retry:  # not appended: held again, retried next tick
                     heapq.heappush(self._heap, entry)
-                self.checkpoint.mark([e[1] for e in sent[:delivered]] + gone)
+                self.checkpoint.mark(done)
                 self.checkpoint.save()
-            if delivered < len(sent):
-                raise ServiceNotAvailableError(f"{len(sent) - delivered} due messages could not be appended")
+            if retry:
+                raise ServiceNotAvailableError(f"{len(retry)} due messages could not be appended")
+            delivered = len(ok)
             return delivered
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -148,6 +168,8 @@ class TimerService:
             try:
                 if await self.tick() >= DELIVER_BATCH:
                     wait = 0  # more may be due already
+            except NotMasterError:
+                wait = 1.0  # a slave's dispatch: the master's delivers (this one takes over if promoted)
             except Exception:
                 log.exception("timer delivery failed; retrying")
                 wait = 1.0

@@ -137,10 +137,11 @@ def simple(args: dict[str, Any]) -> dict[str, Any]:
 
 def push(args: dict[str, Any]) -> dict[str, Any]:
     """A PushConsumer whose listener fails the messages whose body is in ``fail`` (always) or
-    ``fail_once`` (the first time); runs until
+    ``fail_once`` (the first time) and sleeps over those in ``slow``; runs until
     ``expect`` deliveries or ``timeout_s``."""
     fail = set(args.get("fail", []))
     fail_once = set(args.get("fail_once", []))
+    slow = set(args.get("slow", []))  # the listener takes ``slow_s`` over these
     deliveries: list[dict[str, Any]] = []
     lock = threading.Lock()
     done = threading.Event()
@@ -152,6 +153,8 @@ def push(args: dict[str, Any]) -> dict[str, Any]:
                 if len(deliveries) >= args["expect"]:
                     done.set()
             body = message.body.decode()
+            if body in slow:
+                time.sleep(args.get("slow_s", 5))
             if body in fail_once:
                 fail_once.discard(body)
                 return ConsumeResult.FAILURE
@@ -273,29 +276,34 @@ def send_many(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def receive_many(args: dict[str, Any]) -> dict[str, Any]:
-    """A SimpleConsumer that receives (batches of 32) and acks until ``count`` messages were
-    acked or ``timeout_s`` passed; times from the first message received."""
+    """A SimpleConsumer that receives (batches of 32) and acks each message until ``count``
+    were acked, nothing came for ``idle_s`` after the first message (other consumers of the
+    group took the rest), or ``timeout_s`` passed; timed from the first message to the last."""
     consumer = SimpleConsumer(
-        _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 3)
+        _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 1)
     )
     consumer.startup()
     acked, errors = 0, 0
-    first = None
+    first = last = 0.0
     deadline = time.time() + args.get("timeout_s", 300)
     try:
         while acked < args["count"] and time.time() < deadline:
             batch = consumer.receive(32, args.get("invisible_s", 30))
-            if batch and first is None:
-                first = time.time()
+            if not batch:
+                if first and time.time() - last > args.get("idle_s", 3):
+                    break
+                continue
+            first = first or time.time()
             for m in batch:
                 try:
                     consumer.ack(m)
                     acked += 1
                 except Exception:
                     errors += 1
+            last = time.time()
     finally:
         consumer.shutdown()
-    return {"acked": acked, "errors": errors, "seconds": time.time() - (first or time.time())}
+    return {"acked": acked, "errors": errors, "seconds": last - first}
 
 
 SCENARIOS = {

@@ -16,8 +16,14 @@ from tests.rocketmq.harness import finish_driver, run_driver, start_driver
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites, SplitCluster
 
-# Check-backs within seconds instead of RocketMQ's 6 s timeout and 30 s interval.
-FAST_CHECKS = {"transaction_timeout": 1000, "transaction_check_interval": 2000}
+# Check-backs within seconds instead of RocketMQ's 6 s timeout and 30 s interval, and push
+# deliveries hidden for 3 s per renewal instead of 60 s.
+FAST_CHECKS = {
+    "transaction_timeout": 1000,
+    "transaction_check_interval": 2000,
+    "default_invisible_time": 3000,
+    "renew_ahead_time": 1500,
+}
 
 
 @pytest.fixture(scope="module", params=["embedded", "split"])
@@ -171,6 +177,39 @@ def test_push_consumer_failures_are_redelivered_then_dead_lettered(broker: str, 
     assert [m.body for m in dlq] == [b"e2"]
     assert dlq[0].properties["DLQ_ORIGIN_TOPIC"] == "Events"
     assert dlq[0].properties["DLQ_ORIGIN_MESSAGE_ID"] == e2_id
+
+
+def test_push_delivery_is_renewed_while_the_listener_works(broker: str, tmp_path: Path) -> None:
+    """A push delivery is hidden for defaultInvisibleTimeMills (3 s here) and renewed while the
+    client is connected: a listener that takes 8 s gets the message once, and its ack (with the
+    handle it received) is taken."""
+    addr = broker
+    _setup(addr, "Reports", queues=2)
+    sent = run_driver(
+        "send",
+        {"endpoint": addr, "topic": "Reports", "messages": [{"body": "slow"}, {"body": "quick"}]},
+        tmp_path / "p",
+    )
+    result = run_driver(
+        "push",
+        {
+            "endpoint": addr,
+            "group": "renderers",
+            "topic": "Reports",
+            "slow": ["slow"],
+            "slow_s": 8,
+            "expect": 2,
+            "linger_s": 6,  # a lost renewal or ack would show as a redelivery meanwhile
+        },
+        tmp_path / "c",
+        timeout_s=90,
+    )
+    deliveries = result["deliveries"]
+    assert sorted(d["body"] for d in deliveries) == ["quick", "slow"]
+    assert all(d["attempt"] == 1 for d in deliveries)
+    with Admin(addr) as admin:  # both acked: nothing left for the group
+        assert admin.consumer_progress("renderers", "Reports").total_lag == 0
+    assert sorted(sent["ids"]) == sorted(d["id"] for d in deliveries)
 
 
 def _wait_progress(path: Path, at_least: int, proc: object, timeout_s: float = 120.0) -> None:

@@ -24,6 +24,7 @@ only a malformed Telemetry stream ends with a gRPC error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import ipaddress
@@ -48,6 +49,7 @@ from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.acl import PUB, SUB, AccessControl, AclError
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
 from services.gateway.servicer import TopicCache
 from services.ports import CommitLogPort, DispatchPort, TransactionCheck
@@ -143,6 +145,9 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         topics: TopicCache | None = None,
         broker_name: str = "broker-a",
         acl: AccessControl | None = None,
+        default_invisible_ms: int = DEFAULT_INVISIBLE_MS,
+        renew_ahead_ms: int = 10_000,
+        renew_max_ms: int = 3 * 3600 * 1000,
     ) -> None:
         self.commitlog = commitlog
         self.dispatch = dispatch
@@ -152,6 +157,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self.acl = acl
         self.sessions = ClientSessions()
         self._check_task: asyncio.Task[None] | None = None
+        self.default_invisible_ms = default_invisible_ms
+        self.renewer = HandleRenewer(
+            dispatch,
+            self.sessions.has_client,
+            slice_ms=default_invisible_ms,
+            ahead_ms=renew_ahead_ms,
+            max_ms=renew_max_ms,
+        )
         self._tracer = tracer("mqstore.gateway")
 
     def _authorize(
@@ -439,8 +452,11 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         invisible_ms = (
             convert.to_ms(request.invisible_duration)
             if request.HasField("invisible_duration")
-            else DEFAULT_INVISIBLE_MS
+            else self.default_invisible_ms
         )
+        # A push consumer's receive: hidden for the default time, renewed while it is connected.
+        renew = request.auto_renew and not request.HasField("invisible_duration")
+        client_id = _metadata(context, "x-mq-client-id")
         if invisible_ms <= 0:
             raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must be positive")
         wait_ms = (
@@ -477,6 +493,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 if not filt.matches_tags(rec.tags):
                     skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
                     continue
+                if renew:
+                    self.renewer.track(
+                        client_id, group, resource.name, popped.receipt_handle, popped.visible_at_ms
+                    )
                 out.append(
                     service.ReceiveMessageResponse(
                         message=convert.consumer_message(
@@ -510,9 +530,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.entries:
             raise V2Error(Code.BAD_REQUEST, "no entry to ack")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        errors = await self.dispatch.ack(
-            request.group.name, request.topic.name, [e.receipt_handle for e in request.entries]
-        )
+        handles = [await self.renewer.current(e.receipt_handle) for e in request.entries]
+        errors = await self.dispatch.ack(request.group.name, request.topic.name, handles)
+        for e in request.entries:
+            self.renewer.finish(e.receipt_handle)
         entries = [
             service.AckMessageResultEntry(
                 message_id=e.message_id,
@@ -536,9 +557,11 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         invisible_ms = convert.to_ms(request.invisible_duration)
         if invisible_ms < 0:
             raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
+        current = await self.renewer.current(request.receipt_handle)
         handle = await self.dispatch.change_invisible(
-            request.group.name, request.topic.name, request.receipt_handle, invisible_ms
+            request.group.name, request.topic.name, current, invisible_ms
         )
+        self.renewer.finish(request.receipt_handle)  # a nack: the client's back-off decides now
         return service.ChangeInvisibleDurationResponse(status=convert.status(), receipt_handle=handle)
 
     # -- transactions -----------------------------------------------------------------------------
@@ -558,6 +581,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         except InvalidArgumentError as exc:
             raise V2Error(Code.INVALID_TRANSACTION_ID, str(exc)) from None
         return service.EndTransactionResponse(status=convert.status())
+
+    async def close(self) -> None:
+        """Stop the check-back loop (the server has stopped)."""
+        task, self._check_task = self._check_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.renewer.close()
 
     def _ensure_check_loop(self) -> None:
         if self._check_task is None or self._check_task.done():
@@ -607,9 +639,9 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        await self.dispatch.forward_to_dead_letter(
-            request.group.name, request.topic.name, request.receipt_handle
-        )
+        current = await self.renewer.current(request.receipt_handle)
+        await self.dispatch.forward_to_dead_letter(request.group.name, request.topic.name, current)
+        self.renewer.finish(request.receipt_handle)
         return service.ForwardMessageToDeadLetterQueueResponse(status=convert.status())
 
 

@@ -49,6 +49,10 @@ class ClientSessions:
         for session in self._by_client.pop(client_id, []):
             session.outbox.put_nowait(None)
 
+    def has_client(self, client_id: str) -> bool:
+        """Whether the client has a Telemetry stream open here."""
+        return bool(self._by_client.get(client_id))
+
     def add_topics(self, client_id: str, topics: set[str]) -> None:
         """The client publishes ``topics`` (its sessions learn them)."""
         for session in self._by_client.get(client_id, []):

@@ -1,0 +1,133 @@
+"""HandleRenewer: keeps a PushConsumer's messages invisible while its listener works on them.
+
+A PushConsumer receives with ``auto_renew`` and no invisible duration (spec sheet
+rocketmq-grpc-v2 §4): RocketMQ's proxy then hides each message for ``defaultInvisibleTimeMills``
+(60 s) and, while the client is connected, renews the invisible time shortly before it runs out
+(``renewAheadTimeMillis`` ahead, by the same slice each time, for at most ``renewMaxTimeMillis``,
+3 h), until the client acks or nacks. The client keeps acking with the handle it received, so the
+renewer maps that original handle to the latest one (each ChangeInvisibleTime returns a new
+handle).
+
+This is connection state, like the Telemetry sessions: it lives in the gateway that served the
+receive. When that gateway restarts, renewal stops and the client's later ack with an old handle
+is refused (INVALID_RECEIPT_HANDLE); the message then comes back after its invisible time, as
+at-least-once delivery allows. Renewal also stops for a client without an open Telemetry stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.ports import DispatchPort
+
+log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Held:
+    client_id: str
+    group: str
+    topic: str
+    handle: str  # the latest receipt handle
+    visible_at: int  # ms since the epoch
+    since: int  # first delivery, ms
+    renewing: asyncio.Future[None] | None = None  # set while a renewal is in flight
+
+
+class HandleRenewer:
+    """Renews tracked deliveries through ``dispatch``; ``connected(client_id)`` says whether the
+    client still has a stream open. Times in ms."""
+
+    def __init__(
+        self,
+        dispatch: DispatchPort,
+        connected: Callable[[str], bool],
+        *,
+        slice_ms: int = 60_000,
+        ahead_ms: int = 10_000,
+        max_ms: int = 3 * 3600 * 1000,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.dispatch = dispatch
+        self.connected = connected
+        self.slice_ms = slice_ms
+        self.ahead_ms = ahead_ms
+        self.max_ms = max_ms
+        self.clock = clock
+        self._held: dict[str, _Held] = {}  # original handle -> state
+        self._task: asyncio.Task[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def period_s(self) -> float:
+        """How often renewals are looked for: often enough to act ``ahead_ms`` before expiry."""
+        return max(0.05, min(5.0, self.ahead_ms / 2000.0))
+
+    def track(self, client_id: str, group: str, topic: str, handle: str, visible_at: int) -> None:
+        self._held[handle] = _Held(client_id, group, topic, handle, visible_at, self.clock())
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+
+    async def current(self, handle: str) -> str:
+        """The latest handle of the delivery first handed out as ``handle`` (itself if unknown),
+        after any renewal in flight (its new handle supersedes the one it started from)."""
+        held = self._held.get(handle)
+        if held is None:
+            return handle
+        if held.renewing is not None:
+            await asyncio.shield(held.renewing)
+        return held.handle
+
+    def finish(self, handle: str) -> None:
+        """The client acked, nacked or dead-lettered it: stop renewing."""
+        self._held.pop(handle, None)
+
+    async def renew_due(self) -> int:
+        """Renew every delivery that becomes visible within ``ahead_ms``; returns how many."""
+        now = self.clock()
+        renewed = 0
+        for original, held in list(self._held.items()):
+            if held.visible_at - now > self.ahead_ms:
+                continue
+            if not self.connected(held.client_id) or now - held.since >= self.max_ms:
+                self._held.pop(original, None)  # left to come back when its time runs out
+                continue
+            held.renewing = asyncio.get_running_loop().create_future()
+            try:
+                new = await self.dispatch.change_invisible(held.group, held.topic, held.handle, self.slice_ms)
+                held.handle, held.visible_at = new, self.clock() + self.slice_ms
+                renewed += 1
+            except Exception as exc:  # expired, or dispatch unreachable: retried next round
+                log.debug("renewing %s failed: %s", original, exc)
+                if held.visible_at <= self.clock():
+                    self._held.pop(original, None)
+            finally:
+                held.renewing.set_result(None)
+                held.renewing = None
+        return renewed
+
+    async def _run(self) -> None:
+        while self._held:
+            await asyncio.sleep(self.period_s)
+            try:
+                await self.renew_due()
+            except Exception:
+                log.exception("receipt handle renewal failed")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
