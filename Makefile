@@ -13,7 +13,7 @@ install: $(STAMP) $(PB)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
 # Generated gRPC code (services/pb, not committed): rebuilt whenever a .proto changes.

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from libstore import BrokerRole, FlushDiskType, ServiceNotAvailableError, StoreError
+from libstore import BrokerRole, ConfigError, FlushDiskType, ServiceNotAvailableError, StoreConfig, StoreError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
 topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
@@ -43,6 +43,10 @@ group_app = typer.Typer(no_args_is_help=True, help="create consumer groups")
 app.add_typer(group_app, name="group")
 ha_app = typer.Typer(no_args_is_help=True, help="replication: state of a commitlog service, role switch")
 app.add_typer(ha_app, name="ha")
+spark_app = typer.Typer(
+    no_args_is_help=True, help="Spark jobs over a store's CommitLog files (local[*] or a cluster)"
+)
+app.add_typer(spark_app, name="spark")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -634,6 +638,140 @@ def demo(
     table.add_row("read back + verify", f"{report.read_rate:,.0f} msgs/s ({report.verified:,} identical)")
     console.print(table)
     console.print(f"store folder: {folder}")
+
+
+# -- spark ----------------------------------------------------------------------------------------
+MasterOpt = Annotated[str, typer.Option(help="Spark master: local[*] (default) or a cluster URL")]
+ProgressOpt = Annotated[bool, typer.Option(help="show the running stages' progress")]
+
+
+def _store_settings(items: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise _fail(f"--set takes key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _commitlog_folder(path: Path) -> Path:
+    if not path.is_dir():
+        raise _fail(f"{path} is not a folder")
+    if not any(p.name.isdigit() for p in path.iterdir()):
+        raise _fail(f"{path} holds no CommitLog file (files named by their 20-digit offset)")
+    return path.resolve()
+
+
+def _spark(master: str) -> object:
+    try:
+        from services.spark.session import spark_session
+
+        return spark_session(master)
+    except ImportError as exc:
+        raise _fail(f"Spark jobs need pyspark and pyarrow ({exc}); run `make install`", 1) from None
+    except Exception as exc:  # the JVM did not start: no Java, unresolvable host, bad master
+        raise _fail(f"cannot start Spark on {master}: {str(exc).splitlines()[0]}", 1) from None
+
+
+@spark_app.command("verify")
+def spark_verify(
+    commitlog: Annotated[Path, typer.Argument(help="the CommitLog folder (<store>/commitlog)")],
+    master: MasterOpt = "local[*]",
+    show_progress: ProgressOpt = True,
+) -> None:
+    """Check every record of every CommitLog file: CRC, structure, offsets. Exit 1 on damage."""
+    from services.spark import jobs
+    from services.spark.session import stage_progress
+
+    folder = _commitlog_folder(commitlog)
+    spark = _spark(master)
+    with stage_progress(spark, "verify", show_progress):
+        report = jobs.verify(spark, folder)
+    table = Table("file", "records", "bytes", "CRC failures", "unreadable", "first offset", "end offset")
+    for f in report.files:
+        table.add_row(
+            f.file + ("" if f.starts_at_base else " (first record not at the file's offset)"),
+            f"{f.records:,}",
+            f"{f.bytes:,}",
+            str(f.crc_failures),
+            str(f.unreadable),
+            "" if f.first_offset is None else str(f.first_offset),
+            "" if f.end_offset is None else str(f.end_offset),
+        )
+    console.print(table)
+    verdict = "OK" if report.ok else "DAMAGED"
+    console.print(
+        f"{verdict}: {report.records:,} records in {len(report.files)} files, "
+        f"{report.crc_failures} CRC failures, {report.unreadable} unreadable"
+    )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@spark_app.command("rebuild")
+def spark_rebuild(
+    commitlog: Annotated[Path, typer.Argument(help="the CommitLog folder (<store>/commitlog)")],
+    out: Annotated[Path, typer.Option(help="folder to write consumequeue/ and index/ into")],
+    master: MasterOpt = "local[*]",
+    show_progress: ProgressOpt = True,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="store key=value (the store's mappedFileSizeConsumeQueue, maxHashSlotNum, ...)"
+        ),
+    ] = None,
+) -> None:
+    """Build ConsumeQueues and IndexFiles from a CommitLog, as dispatch builds them."""
+    from services.spark import jobs
+    from services.spark.session import stage_progress
+
+    folder = _commitlog_folder(commitlog)
+    try:
+        config = StoreConfig.from_mapping(_store_settings(set_))
+    except (ConfigError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    spark = _spark(master)
+    with stage_progress(spark, "rebuild", show_progress):
+        try:
+            report = jobs.rebuild(spark, folder, out, config)
+        except FileExistsError as exc:
+            raise _fail(str(exc)) from None
+    console.print(
+        f"rebuilt {report.queues} ConsumeQueues and {report.index_files} IndexFiles from "
+        f"{report.records:,} records (log end {report.log_end}) into {out}"
+    )
+
+
+@spark_app.command("stats")
+def spark_stats(
+    commitlog: Annotated[Path, typer.Argument(help="the CommitLog folder (<store>/commitlog)")],
+    master: MasterOpt = "local[*]",
+    show_progress: ProgressOpt = True,
+    csv: Annotated[Path | None, typer.Option(help="also write the table as CSV here")] = None,
+) -> None:
+    """Messages and bytes per topic per hour of store time (UTC)."""
+    from services.spark import jobs
+    from services.spark.session import stage_progress
+
+    folder = _commitlog_folder(commitlog)
+    spark = _spark(master)
+    with stage_progress(spark, "stats", show_progress):
+        rows = jobs.stats(spark, folder)
+    table = Table("hour (UTC)", "topic", "messages", "bytes")
+    for r in rows:
+        table.add_row(
+            r["hour"].strftime("%Y-%m-%d %H:00"), r["topic"], f"{r['messages']:,}", f"{r['bytes']:,}"
+        )
+    console.print(table)
+    if csv is not None:
+        import csv as csv_mod
+
+        with csv.open("w", newline="") as fh:
+            w = csv_mod.writer(fh)
+            w.writerow(["hour", "topic", "messages", "bytes"])
+            for r in rows:
+                w.writerow([r["hour"].isoformat(), r["topic"], r["messages"], r["bytes"]])
 
 
 def main() -> None:

@@ -305,6 +305,23 @@ class PullConsumer:
                 self._consumed[queue_id] = reply.next_offset
         return records
 
+    def fetch_raw(self, queue_id: int, offset: int, max_count: int) -> tuple[list[bytes], int]:
+        """One pull from ``offset`` without waiting: up to ``max_count`` CommitLog records (raw
+        bytes, in queue order) and the offset to pull next (past filtered-out units; the queue's
+        min offset when ``offset`` was already cleaned away). Does not move :meth:`poll`'s
+        position. Raises TopicNotFoundError and the other mapped store errors."""
+        request = gateway_pb.PullRequest(
+            group=self.group,
+            topic=self.topic,
+            queue_id=queue_id,
+            offset=offset,
+            max_count=max_count,
+            tag_expression=self.tag_expression,
+            raw=True,
+        )
+        reply = self._conn.call(self._conn.stub.Pull, request, self.timeout_s, 3)
+        return list(reply.records), int(reply.next_offset)  # type: ignore[attr-defined]
+
     def commit(self) -> None:
         """Commit, per queue, the offset after the last message returned by :meth:`poll`."""
         for qid, offset in list(self._consumed.items()):
@@ -394,6 +411,13 @@ class Admin:
     def consumer_progress(self, group: str, topic: str) -> dispatch_pb.ConsumerProgress:
         request = dispatch_pb.GetConsumerProgressRequest(group=group, topic=topic)
         return self._call(self._conn.stub.GetConsumerProgress, request)  # type: ignore[return-value]
+
+    def queue_offsets(self, topic: str, timestamp_ms: int = 0) -> list[gateway_pb.QueueOffsets]:
+        """Each queue's [min, max) offsets; with ``timestamp_ms`` (ms since the epoch) also the
+        first offset stored at or after it (``offset_at_time``, the max when none is).
+        Raises TopicNotFoundError."""
+        request = gateway_pb.GetQueueOffsetsRequest(topic=topic, timestamp_ms=timestamp_ms)
+        return list(self._call(self._conn.stub.GetQueueOffsets, request).queues)  # type: ignore[attr-defined]
 
     def store_stats(self) -> gateway_pb.StoreStats:
         return self._call(self._conn.stub.GetStoreStats, gateway_pb.GetStoreStatsRequest())  # type: ignore[return-value]

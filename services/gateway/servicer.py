@@ -30,7 +30,7 @@ from libstore import (
     decode_message_id,
     decode_record,
 )
-from libstore.consume_queue import CqUnit
+from libstore.consume_queue import BoundaryType, CqUnit
 from libstore.get_message import UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
 from libstore.results import GetMessageStatus
@@ -318,6 +318,27 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
         progress = await self.dispatch.consumer_progress(request.group, request.topic, config.read_queue_nums)
         return progress_to_pb(request.group, request.topic, progress)
+
+    async def GetQueueOffsets(
+        self, request: gateway_pb.GetQueueOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.GetQueueOffsetsResponse:
+        config = await self.topics.get(request.topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        if request.timestamp_ms < 0:
+            raise InvalidArgumentError("timestamp_ms must be >= 0")
+        known = {q.queue_id: q for q in await self.dispatch.queue_info(request.topic)}
+        out = []
+        for qid in range(config.read_queue_nums):
+            info = known.get(qid)
+            lo, hi = (info.min_offset, info.max_offset) if info is not None else (0, 0)
+            at = hi
+            if request.timestamp_ms and hi > lo:
+                at = await self.dispatch.offset_by_time(
+                    request.topic, qid, request.timestamp_ms, BoundaryType.LOWER
+                )
+            out.append(gateway_pb.QueueOffsets(queue_id=qid, min_offset=lo, max_offset=hi, offset_at_time=at))
+        return gateway_pb.GetQueueOffsetsResponse(queues=out)
 
     async def GetStoreStats(
         self, request: gateway_pb.GetStoreStatsRequest, context: grpc.aio.ServicerContext
