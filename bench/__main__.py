@@ -35,10 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services", "ha", "rocketmq"),
+        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark"),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
-        "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway",
+        "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway; "
+        "spark: data source and jobs",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _rocketmq_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("rocketmq", lines)
+    if args.suite in ("all", "spark"):
+        lines = _spark_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("spark", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -380,6 +385,27 @@ def _rocketmq_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                 f"| {topology} | {name} | {r.messages:,} | {r.msgs_per_s:,.0f} "
                 f"| {r.msgs_per_s * 1024 / 1e6:.1f} | {r.errors} |"
             )
+    return lines
+
+
+def _spark_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    """Batch reads of 1,000,000 1 KiB messages through both data sources, and the rebuild job."""
+    from bench import spark_bench
+
+    console.print("  spark: produce 1,000,000 messages, then read and rebuild ...")
+    with scratch_dir(data_dir, "spark") as d:
+        rows, notes = spark_bench.run(d)
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
+        f"Spark local[2] and the embedded suite share the cores; {notes['messages']} messages of 1 KiB, "
+        f"{notes['commitlog_files']} CommitLog files of 1 GiB.",
+        "",
+        "| run | rows | seconds | rows/s | body MB/s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        console.print(f"    {r.name}: {r.rows_per_s:,.0f} rows/s in {r.seconds:.1f} s")
+        lines.append(f"| {r.name} | {r.rows:,} | {r.seconds:.1f} | {r.rows_per_s:,.0f} | {r.mb_per_s:.1f} |")
     return lines
 
 

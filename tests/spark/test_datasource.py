@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.errors import AnalysisException
+from pyspark.errors import AnalysisException, PythonException
 
 from services.client import Admin, OutgoingMessage, Producer
 from services.serve import Suite
@@ -162,3 +162,11 @@ def test_write_then_read_round_trips(spark: Any, gateway: str) -> None:
     writer = df.write.format("mqstore").option("endpoint", gateway).option("topic", "Exports")
     with pytest.raises(AnalysisException, match="append-only"):  # topics are append-only
         writer.mode("overwrite").save()
+
+
+def test_a_failed_write_task_is_reported(spark: Any, gateway: str) -> None:
+    """Rows without a body fail their task; the error reaches the job with the reason."""
+    df = spark.createDataFrame([("k1", "t"), ("k2", "t")], "keys string, tags string")
+    writer = df.write.format("mqstore").option("endpoint", gateway).option("topic", "Exports2").mode("append")
+    with pytest.raises(PythonException, match="needs a body column"):  # the task's error, via Spark
+        writer.save()
