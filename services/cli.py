@@ -143,6 +143,14 @@ def serve(
     ha_advertise: Annotated[
         str, typer.Option(envvar="MQSTORE_HA_ADVERTISE", help="the HA endpoint as slaves reach it")
     ] = "",
+    master_role: Annotated[
+        BrokerRole | None,
+        typer.Option(
+            envvar="MQSTORE_MASTER_ROLE",
+            help="commitlog in a StatefulSet: broker id 0 starts as this role, ids 1.. as SLAVE "
+            "(--broker-role wins; a role saved by a switch wins over both)",
+        ),
+    ] = None,
     acl_file: Annotated[
         Path | None,
         typer.Option(
@@ -168,6 +176,9 @@ def serve(
         store[key.strip()] = value.strip()
     if flush_disk_type is not None:
         store["flushDiskType"] = flush_disk_type.value
+    if master_role is BrokerRole.SLAVE:
+        raise _fail("--master-role takes ASYNC_MASTER or SYNC_MASTER")
+    broker_role = initial_broker_role(broker_role, master_role, broker_id)
     for key, value in (
         ("brokerRole", broker_role.value if broker_role else None),
         ("brokerName", broker_name),
@@ -206,6 +217,17 @@ def serve(
             asyncio.run(serve_forever(options))
         except OSError as exc:
             raise _fail(f"cannot serve on {options.address}: {exc}", 1) from None
+
+
+def initial_broker_role(
+    broker_role: BrokerRole | None, master_role: BrokerRole | None, broker_id: int | None
+) -> BrokerRole | None:
+    """The role a commitlog starts with: --broker-role when given; else, with --master-role (one
+    pod template for every member of a StatefulSet), that role for broker id 0 and SLAVE for the
+    others; else None (the store's brokerRole setting). A role saved by a switch wins at start."""
+    if broker_role is not None or master_role is None:
+        return broker_role
+    return master_role if not broker_id else BrokerRole.SLAVE
 
 
 # -- produce --------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A gRPC asyncio server as every mqstore service runs it: tracing and error-mapping
-interceptors, the standard health service (SERVING once the caller says so) and reflection.
+interceptors, the standard health service (SERVING once the caller says so; ``mqstore.Liveness``
+SERVING from the start, for liveness probes) and reflection.
 
 Bind to port 0 to let the OS choose; :attr:`GrpcServer.port` tells which it chose.
 """
@@ -17,6 +18,9 @@ from grpc_reflection.v1alpha import reflection
 from services._common.telemetry import server_interceptors
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Health service name that is SERVING while the process answers (liveness/startup probes); the
+# overall status "" turns SERVING only when the service is ready (readiness probes).
+LIVENESS_SERVICE = "mqstore.Liveness"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -72,4 +76,7 @@ async def start_grpc_server(
     await server.start()
     running = GrpcServer(server, port, health, names, host or "127.0.0.1")
     await running.set_serving(False)
+    # Liveness (Kubernetes liveness and startup probes): SERVING as long as the process answers,
+    # while the overall status ("") stays NOT_SERVING until recovery and catch-up are done.
+    await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     return running

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from libstore import BrokerRole
+from services.cli import initial_broker_role
 from services.serve import Suite
 from tests.service.harness import REPO, free_port
 
@@ -91,3 +93,15 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(embedded: Suite):
     ha_down = mqstore("ha", "state", "-c", nobody)
     assert ha_down.returncode == 1 and "not available" in _one_line_error(ha_down)
     assert "--ha-peers" in _one_line_error(mqstore("serve", "--role", "commitlog", "--ha-peers", "a,b"))
+    assert "--master-role takes" in _one_line_error(mqstore("serve", "--master-role", "SLAVE"))
+    assert "holds no CommitLog file" in _one_line_error(mqstore("spark", "verify", str(REPO / "k8s")))
+
+
+def test_master_role_picks_the_start_role_by_broker_id() -> None:
+    """One StatefulSet pod template for a broker group: id 0 starts as the master role given,
+    the others as SLAVE; an explicit --broker-role wins; without either, the store setting."""
+    assert initial_broker_role(None, BrokerRole.SYNC_MASTER, 0) is BrokerRole.SYNC_MASTER
+    assert initial_broker_role(None, BrokerRole.SYNC_MASTER, None) is BrokerRole.SYNC_MASTER
+    assert initial_broker_role(None, BrokerRole.ASYNC_MASTER, 1) is BrokerRole.SLAVE
+    assert initial_broker_role(BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER, 1) is BrokerRole.ASYNC_MASTER
+    assert initial_broker_role(None, None, 1) is None

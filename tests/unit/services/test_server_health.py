@@ -1,0 +1,36 @@
+"""The health service as Kubernetes probes see it (services._common.server): before the owner
+says it is ready, the overall status is NOT_SERVING (readiness fails) while the liveness service
+is SERVING (liveness and startup probes pass); after, both are SERVING; while stopping, the
+overall status goes NOT_SERVING first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services._common.server import LIVENESS_SERVICE, start_grpc_server
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_liveness_serves_before_readiness() -> None:
+    async def scenario() -> None:
+        server = await start_grpc_server("127.0.0.1:0", lambda s: [])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            async def status(service: str) -> int:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                return reply.status
+
+            assert (await status(""), await status(LIVENESS_SERVICE)) == (NOT_SERVING, SERVING)
+            await server.set_serving(True)
+            assert (await status(""), await status(LIVENESS_SERVICE)) == (SERVING, SERVING)
+            await server.set_serving(False)  # what stop() does first
+            assert (await status(""), await status(LIVENESS_SERVICE)) == (NOT_SERVING, SERVING)
+        await server.stop(0)
+
+    asyncio.run(scenario())
