@@ -34,6 +34,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from libstore.errors import CorruptRecordError
+from libstore.message import MessageRecord
 from libstore.record_codec import DispatchRequest, check_record, decode_record
 from services.spark.rows import FILE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
@@ -61,9 +62,12 @@ def commitlog_files(folder: str | Path) -> list[CommitLogFile]:
     return [CommitLogFile(str(p), int(p.name)) for p in names]
 
 
-def walk(path: str, base_offset: int, *, check_crc: bool = True) -> Iterator[tuple[Any, int, int, bool]]:
-    """(buffer, position, size, crc_ok) per record of one file; size -1 for bytes that are not
-    a record (the walk ends there). Without ``check_crc``, crc_ok is always True."""
+def walk(
+    path: str, base_offset: int, *, decode_properties: bool = False
+) -> Iterator[tuple[Any, int, DispatchRequest | None, bool]]:
+    """(buffer, position, request, crc_ok) per record of one file, ``request`` as
+    check_record reads it (None for bytes that are not a record: the walk ends there). One
+    CRC-checked pass per record; only a failing record is looked at again."""
     with open(path, "rb") as fh:
         length = os.fstat(fh.fileno()).st_size
         if length == 0:
@@ -75,14 +79,16 @@ def walk(path: str, base_offset: int, *, check_crc: bool = True) -> Iterator[tup
                 total, magic = _ZERO.unpack_from(buf, pos)
                 if total == 0 and magic == 0:
                     return  # the unwritten tail of the last file
-                req = check_record(buf, pos, length, check_crc=False, decode_properties=False)
+                req = check_record(buf, pos, length, decode_properties=decode_properties)
+                crc_ok = req.success
+                if not crc_ok:  # a CRC mismatch, or not a record at all?
+                    req = check_record(buf, pos, length, check_crc=False, decode_properties=decode_properties)
                 if req.success and req.msg_size == 0:
                     return  # blank END record: the rest of the file is padding
                 if not req.success:
-                    yield buf, pos, -1, False
+                    yield buf, pos, None, False
                     return
-                crc_ok = not check_crc or check_record(buf, pos, length, decode_properties=False).success
-                yield buf, pos, req.msg_size, crc_ok
+                yield buf, pos, req, crc_ok
                 pos += req.msg_size
         finally:
             buf.close()
@@ -125,20 +131,45 @@ class CommitLogReader(DataSourceReader):
             return
         name = Path(partition.path).name
         builder = BatchBuilder(with_file=True)
-        for buf, pos, size, crc_ok in walk(partition.path, partition.base_offset):
-            if size < 0:
+        for pos, rec, crc_ok in _records(partition.path):
+            if rec is None:
                 builder.add_unreadable(partition.base_offset + pos, name)
             else:
-                try:
-                    rec = decode_record(buf, pos, pos + size, check_crc=False)
-                except CorruptRecordError:
-                    builder.add_unreadable(partition.base_offset + pos, name)
-                    break
                 builder.add(rec, crc_ok=crc_ok, file=name)
             if len(builder) >= ROWS_PER_BATCH:
                 yield builder.take()
         if len(builder):
             yield builder.take()
+
+
+def _records(path: str) -> Iterator[tuple[int, MessageRecord | None, bool]]:
+    """(position, record, crc_ok) per record of one file, decoded in one CRC-checked pass (the
+    messages view); None for bytes that are not a record (the walk ends there)."""
+    with open(path, "rb") as fh:
+        length = os.fstat(fh.fileno()).st_size
+        if length == 0:
+            return
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            pos = 0
+            while pos + 8 <= length:
+                total, magic = _ZERO.unpack_from(buf, pos)
+                if total == 0 and magic == 0:
+                    return
+                try:
+                    rec, crc_ok = decode_record(buf, pos, length), True
+                except CorruptRecordError:  # a CRC mismatch, a blank END record, or no record
+                    req = check_record(buf, pos, length, check_crc=False, decode_properties=False)
+                    if req.success and req.msg_size == 0:
+                        return
+                    if not req.success:
+                        yield pos, None, False
+                        return
+                    rec, crc_ok = decode_record(buf, pos, length, check_crc=False), False
+                yield pos, rec, crc_ok
+                pos += rec.total_size
+        finally:
+            buf.close()
 
 
 def dispatch_arrow_schema() -> Any:
@@ -178,12 +209,11 @@ def _dispatch_batches(partition: CommitLogFile) -> Iterator[Any]:
             col.clear()
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    for buf, pos, size, crc_ok in walk(partition.path, partition.base_offset):
-        if size < 0:
+    for _, pos, req, crc_ok in walk(partition.path, partition.base_offset, decode_properties=True):
+        if req is None:
             row: dict[str, Any] = dict.fromkeys(cols)
             row.update(commitlog_offset=partition.base_offset + pos, size=-1, crc_ok=False, file=name)
         else:
-            req = check_record(buf, pos, pos + size, check_crc=False)
             row = _dispatch_row(req, crc_ok, name)
         for k, v in row.items():
             cols[k].append(v)

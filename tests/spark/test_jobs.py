@@ -83,7 +83,7 @@ def test_verify_finds_a_bit_flip_and_stats_count(spark: Any, store: Path, tmp_pa
     shutil.copytree(_commitlog(store), damaged)
     second = commitlog_files(damaged)[1]
     # One bit in the body of an Orders record (2,000 bytes after a 92-byte header) of file 2.
-    pos = next(p for _, p, size, _ in walk(second.path, second.base_offset) if size > 2000)
+    pos = next(p for _, p, req, _ in walk(second.path, second.base_offset) if req and req.msg_size > 2000)
     with open(second.path, "r+b") as fh:
         fh.seek(pos + 500)
         byte = fh.read(1)[0]
