@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from libstore.errors import MessageIllegalError
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
 from libstore.system_topics import (
+    SYSTEM_TOPICS,
     TIMER_DELAY_MS,
     TIMER_DELAY_SEC,
     TIMER_DELIVER_MS,
@@ -81,7 +82,7 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
     never held (their delay, if any, starts at commit). Raises MessageIllegalError as
     :func:`delivery_time` does."""
     props = message.properties
-    if not props or message.topic == TIMER_TOPIC:
+    if not props or message.topic in SYSTEM_TOPICS:  # timer, half and op records stay where they are
         return message
     if MessageSysFlag.transaction_value(message.sys_flag) == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
         return message

@@ -57,6 +57,13 @@ class TimerCheckpoint:
             self._dirty = True
             self.mark(())
 
+    def forget_from(self, offset: int) -> None:
+        """The queue was cut at ``offset``: units from there on are new (not delivered)."""
+        if self.watermark > offset:
+            self.watermark = offset
+        self.done = {o for o in self.done if o < offset}
+        self._dirty = True
+
     def save(self) -> None:
         """Write the file when something changed. Raises StoreIOError."""
         if not self._dirty:

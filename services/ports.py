@@ -232,9 +232,12 @@ class DispatchPort(Protocol):
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig: ...
 
-    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool) -> None:
+    async def end_transaction(
+        self, transaction_id: str, message_id: str, commit: bool, topic: str = ""
+    ) -> None:
         """COMMIT (the half message becomes visible in its topic) or ROLLBACK; OK when
-        already resolved. Raises InvalidArgumentError for an unknown transaction."""
+        already resolved. Raises InvalidArgumentError for an unknown transaction, or one of
+        another message or (when ``topic`` is given) another topic."""
         ...
 
     async def claim_transaction_checks(

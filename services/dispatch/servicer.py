@@ -164,7 +164,9 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
     async def EndTransaction(
         self, request: dispatch_pb.EndTransactionRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb.EndTransactionResponse:
-        await self.port.end_transaction(request.transaction_id, request.message_id, request.commit)
+        await self.port.end_transaction(
+            request.transaction_id, request.message_id, request.commit, request.topic
+        )
         return dispatch_pb.EndTransactionResponse()
 
     async def ClaimTransactionChecks(

@@ -90,6 +90,7 @@ class TimerService:
         if end < self._scanned:  # the queue was cut (log truncated): start over from the units left
             log.warning("timer queue shrank to %d (scanned %d); rescanning", end, self._scanned)
             self._heap.clear()
+            self.checkpoint.forget_from(end)  # offsets past the end will name new units
             self._scanned = self.checkpoint.watermark
         low = cq.min_offset_in_queue
         if self._scanned < low:
@@ -123,7 +124,12 @@ class TimerService:
             return 0
         with self._tracer.start_as_current_span("dispatch.timer_deliver") as span:
             span.set_attribute("mqstore.messages", len(due))
-            raws = await self.commitlog.read([(phy, size) for _, _, phy, size in due])
+            try:
+                raws = await self.commitlog.read([(phy, size) for _, _, phy, size in due])
+            except BaseException:
+                for entry in due:  # the log is unreachable: held again, retried next tick
+                    heapq.heappush(self._heap, entry)
+                raise
             messages, sent, gone = [], [], []
             for entry, raw in zip(due, raws, strict=True):
                 try:

@@ -19,9 +19,11 @@ EndTransaction. Since producers are connection state, the gateway that has one c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +85,7 @@ class TransactionService:
         self._op_scanned = 0
         self._ended: set[int] = set()  # resolved here before dispatch listed the half
         self._saved_checks: dict[int, tuple[int, int]] = {}
+        self._locks: dict[int, asyncio.Lock] = {}  # one resolution at a time per half message
         self._tracer = tracer("mqstore.dispatch")
 
     def load(self) -> None:
@@ -124,19 +127,48 @@ class TransactionService:
                 if not units:
                     break
                 for u in units:
-                    if u.size != BLANK_UNIT_SIZE:
-                        self.pending.pop(u.tags_code, None)
+                    if u.size == BLANK_UNIT_SIZE:
+                        continue
+                    if self.pending.pop(u.tags_code, None) is None and u.tags_code >= self._half_scanned:
+                        # dispatched between the two loops above: its half comes in the next scan
+                        self._ended.add(u.tags_code)
                 self._op_scanned += len(units)
 
     # -- end ------------------------------------------------------------------------------------
-    async def end(self, transaction_id: str, message_id: str, commit: bool) -> None:
-        """Commit or roll back the transaction ``transaction_id`` of message ``message_id``.
-        Raises InvalidArgumentError for an id that names no half message of that message;
-        ServiceNotAvailableError when an append failed (the transaction stays open)."""
-        tid = TransactionId.decode(transaction_id)
+    def _resolved(self, half_offset: int) -> bool:
         self._scan()
-        if tid.half_offset < self._half_scanned and tid.half_offset not in self.pending:
-            return  # resolved already
+        return half_offset in self._ended or (
+            half_offset < self._half_scanned and half_offset not in self.pending
+        )
+
+    @contextlib.asynccontextmanager
+    async def _resolving(self, half_offset: int) -> AsyncIterator[None]:
+        """Hold the half message's lock: concurrent ends (a retry, a late checker answer, the
+        check limit) resolve it once."""
+        lock = self._locks.setdefault(half_offset, asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(half_offset) is lock:
+                del self._locks[half_offset]
+
+    async def end(self, transaction_id: str, message_id: str, commit: bool, topic: str = "") -> None:
+        """Commit or roll back the transaction ``transaction_id`` of message ``message_id`` (sent
+        to ``topic``, when given). Raises InvalidArgumentError for an id that names no half
+        message of that message and topic; ServiceNotAvailableError when an append failed (the
+        transaction stays open). Ending a resolved transaction does nothing."""
+        tid = TransactionId.decode(transaction_id)
+        if not message_id:
+            raise InvalidArgumentError("the message id of the transaction is required")
+        async with self._resolving(tid.half_offset):
+            if self._resolved(tid.half_offset):
+                return
+            await self._end_locked(tid, transaction_id, message_id, commit, topic)
+
+    async def _end_locked(
+        self, tid: TransactionId, transaction_id: str, message_id: str, commit: bool, topic: str
+    ) -> None:
         (raw,) = await self.commitlog.read([(tid.phy_offset, tid.size)])
         try:
             if not raw:
@@ -148,7 +180,8 @@ class TransactionService:
         if (
             half.topic != HALF_TOPIC
             or half.queue_offset != tid.half_offset
-            or (message_id and uniq != message_id)
+            or uniq != message_id
+            or (topic and half.properties.get(MessageConst.REAL_TOPIC) != topic)
         ):
             raise InvalidArgumentError(f"transaction {transaction_id} is not message {message_id}'s")
         with self._tracer.start_as_current_span("dispatch.end_transaction") as span:
@@ -201,13 +234,16 @@ class TransactionService:
                         h.next_check_ms = first
                         continue
                 if h.checks >= self.check_max:
-                    log.warning(
-                        "transaction %s of %s unresolved after %d checks: dropped",
-                        TransactionId(off, h.phy_offset, h.size).encode(),
-                        rec.properties.get(MessageConst.REAL_TOPIC, "?"),
-                        h.checks,
-                    )
-                    await self._resolve(off, "DISCARD", rec.properties.get(MessageConst.UNIQ_KEY, ""))
+                    async with self._resolving(off):
+                        if not self._resolved(off):  # not ended meanwhile
+                            log.warning(
+                                "transaction %s of %s unresolved after %d checks: dropped",
+                                TransactionId(off, h.phy_offset, h.size).encode(),
+                                rec.properties.get(MessageConst.REAL_TOPIC, "?"),
+                                h.checks,
+                            )
+                            uniq = rec.properties.get(MessageConst.UNIQ_KEY, "")
+                            await self._resolve(off, "DISCARD", uniq)
                     continue
                 real = rec.properties.get(MessageConst.REAL_TOPIC, "")
                 if topics and real not in topics:

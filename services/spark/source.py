@@ -142,8 +142,13 @@ class _Store:
                     builder.add(rec)
                     if len(builder) >= ROWS_PER_BATCH:
                         yield builder.take()
-                if nxt <= offset:  # nothing more to read in this queue (cleaned or not there)
-                    break
+                if nxt <= offset:
+                    # A range Spark planned (and will record as read) must not end short: a
+                    # lagging replica's dispatch answered, say. Fail the task; Spark retries it.
+                    raise RuntimeError(
+                        f"{p.topic} queue {p.queue_id}: nothing readable at offset {offset} "
+                        f"(partition ends at {p.end})"
+                    )
                 offset = nxt
         if len(builder):
             yield builder.take()
@@ -266,8 +271,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(q): o for q, o in self._max_offsets().items()}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        target = self._target if self._target is not None else self._max_offsets()
-        begin = {int(q): o for q, o in start.items()}
+        queues = self.store.queue_offsets()
+        target = self._target if self._target is not None else {q: hi for q, (_, hi, _) in queues.items()}
+        # A queue cleaned below its start has no backlog there: count from its min offset.
+        begin = {int(q): max(o, queues.get(int(q), (0, 0, 0))[0]) for q, o in start.items()}
         lag = {q: max(0, hi - begin.get(q, 0)) for q, hi in target.items()}
         total = sum(lag.values())
         end = dict(target)

@@ -210,6 +210,8 @@ def test_dockerfile_builds_a_non_root_image_running_mqstore_serve() -> None:
     user = re.findall(r"^USER (\S+)", text, re.M)[-1]
     assert user.split(":")[0] not in ("0", "root")
     assert 'ENTRYPOINT ["mqstore", "serve"]' in text
+    # No CMD: its flags would win over the MQSTORE_* variables every manifest configures with.
+    assert not re.search(r"^CMD ", text, re.M)
     assert "services._protogen" in text  # generated protos built into the image
     exposed = re.search(r"^EXPOSE (.+)$", text, re.M)
     assert exposed is not None

@@ -46,7 +46,8 @@ def _end(addr: str, topic: str, message_id: str, transaction_id: str) -> int:
 
 def test_held_messages_and_open_transactions_survive_a_restart(tmp_path: Path) -> None:
     suites = InProcessSuites()
-    options = embedded_options(tmp_path / "data")
+    # SYNC_FLUSH: appends wait for the group commit, so racing ends really interleave.
+    options = embedded_options(tmp_path / "data", flushDiskType="SYNC_FLUSH")
     try:
         suite = suites.start(options)
         suites.wait_ready(suite)
@@ -80,5 +81,31 @@ def test_held_messages_and_open_transactions_survive_a_restart(tmp_path: Path) -
             assert [m.body for m in paid] == [b"pending-payment"]
             assert consumer.poll(1000) == []  # committed once
         assert _end(addr, "Payments", mid, "t1:99:0:40") == Code.INVALID_TRANSACTION_ID
+        assert _end(addr, "Payments", "", tid) == Code.INVALID_TRANSACTION_ID  # the message id is required
+
+        # Ends racing each other (a retry, a late checker answer) resolve a transaction once.
+        mid2 = "01AC00000000000000000000000000F2"
+        tid2 = _half(addr, "Payments", mid2)
+        assert _end(addr, "Other", mid2, tid2) == Code.INVALID_TRANSACTION_ID  # not that topic's
+        with grpc.insecure_channel(addr) as channel:
+            stub = service_grpc.MessagingServiceStub(channel)
+            calls = [
+                stub.EndTransaction.future(
+                    service.EndTransactionRequest(
+                        topic=definition.Resource(name="Payments"),
+                        message_id=mid2,
+                        transaction_id=tid2,
+                        resolution=definition.ROLLBACK if i % 2 else definition.COMMIT,
+                        source=definition.SOURCE_CLIENT,
+                    ),
+                    timeout=10,
+                )
+                for i in range(6)
+            ]
+            assert [c.result().status.code for c in calls] == [Code.OK] * 6
+        with PullConsumer(addr, "ops", "RMQ_SYS_TRANS_OP_HALF_TOPIC") as ops:
+            resolutions = poll_until(ops, None, timeout_s=5, idle_s=1.5)
+        half_offsets = [int(m.body) for m in resolutions]
+        assert len(half_offsets) == len(set(half_offsets)) == 2  # one op record per transaction
     finally:
         suites.close()

@@ -219,6 +219,8 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
             )
         props[TIMER_DELIVER_MS] = str(max(deliver_ms, now_ms))
     if mtype == definition.TRANSACTION:
+        if TIMER_DELIVER_MS in props:  # the proxy refuses it too: a half message has no delivery time
+            raise V2Error(Code.BAD_REQUEST, "a transactional message cannot have a delivery timestamp")
         props[MessageConst.TRAN_MSG] = "true"
     born_ms = to_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now_ms
     msg = Message(

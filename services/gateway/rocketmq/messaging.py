@@ -182,6 +182,13 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         except AclError as exc:
             raise V2Error(Code.FORBIDDEN if exc.forbidden else Code.UNAUTHORIZED, str(exc)) from None
 
+    def _may(self, context: grpc.aio.ServicerContext, perm: int, topic: str) -> bool:
+        try:
+            self._authorize(context, perm, topic)
+        except V2Error:
+            return False
+        return True
+
     # -- routes ---------------------------------------------------------------------------------------
     async def _topic(self, name: str) -> TopicConfig:
         if not name:
@@ -291,6 +298,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             yield service.TelemetryCommand(status=convert.status(exc.code, str(exc)))
             return
         session = self.sessions.open(client_id)
+        session.may_publish = lambda topic, ctx=context: self._may(ctx, PUB, topic)
         self._ensure_check_loop()
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
         try:
@@ -325,7 +333,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         reply.CopyFrom(settings)
         kind = settings.WhichOneof("pub_sub")
         if kind == "publishing":
-            session.topics |= {t.name for t in settings.publishing.topics}
+            # Check-backs carry whole messages: only to producers that may publish to the topic.
+            session.topics |= {t.name for t in settings.publishing.topics if session.may_publish(t.name)}
             reply.backoff_policy.CopyFrom(PRODUCER_BACKOFF)
             reply.publishing.max_body_size = convert.MAX_BODY_SIZE
             reply.publishing.validate_message_type = True
@@ -530,10 +539,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.entries:
             raise V2Error(Code.BAD_REQUEST, "no entry to ack")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        handles = [await self.renewer.current(e.receipt_handle) for e in request.entries]
-        errors = await self.dispatch.ack(request.group.name, request.topic.name, handles)
-        for e in request.entries:
-            self.renewer.finish(e.receipt_handle)
+        # Renewal stops before the ack (a renewal racing it would supersede the acked handle).
+        taken = [await self.renewer.take(e.receipt_handle) for e in request.entries]
+        try:
+            errors = await self.dispatch.ack(request.group.name, request.topic.name, [h for h, _ in taken])
+        except BaseException:
+            for e, (_, token) in zip(request.entries, taken, strict=True):
+                self.renewer.restore(e.receipt_handle, token)
+            raise
         entries = [
             service.AckMessageResultEntry(
                 message_id=e.message_id,
@@ -557,11 +570,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         invisible_ms = convert.to_ms(request.invisible_duration)
         if invisible_ms < 0:
             raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
-        current = await self.renewer.current(request.receipt_handle)
-        handle = await self.dispatch.change_invisible(
-            request.group.name, request.topic.name, current, invisible_ms
-        )
-        self.renewer.finish(request.receipt_handle)  # a nack: the client's back-off decides now
+        # A nack: the client's back-off decides from now on, so renewal stops first.
+        current, token = await self.renewer.take(request.receipt_handle)
+        try:
+            handle = await self.dispatch.change_invisible(
+                request.group.name, request.topic.name, current, invisible_ms
+            )
+        except BaseException:
+            self.renewer.restore(request.receipt_handle, token)
+            raise
         return service.ChangeInvisibleDurationResponse(status=convert.status(), receipt_handle=handle)
 
     # -- transactions -----------------------------------------------------------------------------
@@ -576,7 +593,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             raise V2Error(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")
         try:
             await self.dispatch.end_transaction(
-                request.transaction_id, request.message_id, request.resolution == definition.COMMIT
+                request.transaction_id,
+                request.message_id,
+                request.resolution == definition.COMMIT,
+                request.topic.name,  # the half message must be of this (authorized) topic
             )
         except InvalidArgumentError as exc:
             raise V2Error(Code.INVALID_TRANSACTION_ID, str(exc)) from None
@@ -639,9 +659,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        current = await self.renewer.current(request.receipt_handle)
-        await self.dispatch.forward_to_dead_letter(request.group.name, request.topic.name, current)
-        self.renewer.finish(request.receipt_handle)
+        current, token = await self.renewer.take(request.receipt_handle)
+        try:
+            await self.dispatch.forward_to_dead_letter(request.group.name, request.topic.name, current)
+        except BaseException:
+            self.renewer.restore(request.receipt_handle, token)
+            raise
         return service.ForwardMessageToDeadLetterQueueResponse(status=convert.status())
 
 

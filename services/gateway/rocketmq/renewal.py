@@ -89,17 +89,30 @@ class HandleRenewer:
             await asyncio.shield(held.renewing)
         return held.handle
 
-    def finish(self, handle: str) -> None:
-        """The client acked, nacked or dead-lettered it: stop renewing."""
+    async def take(self, handle: str) -> tuple[str, object | None]:
+        """Stop renewing the delivery first handed out as ``handle`` (the client acks, nacks
+        or dead-letters it): its latest handle, after any renewal in flight, and a token for
+        :meth:`restore` (None when it was not tracked)."""
+        held = self._held.get(handle)
+        if held is None:
+            return handle, None
+        while held.renewing is not None:
+            await asyncio.shield(held.renewing)
         self._held.pop(handle, None)
+        return held.handle, held
+
+    def restore(self, handle: str, token: object | None) -> None:
+        """The ack or nack did not go through (the store was unreachable): keep renewing."""
+        if isinstance(token, _Held) and handle not in self._held:
+            self._held[handle] = token
 
     async def renew_due(self) -> int:
         """Renew every delivery that becomes visible within ``ahead_ms``; returns how many."""
         now = self.clock()
         renewed = 0
         for original, held in list(self._held.items()):
-            if held.visible_at - now > self.ahead_ms:
-                continue
+            if self._held.get(original) is not held or held.visible_at - now > self.ahead_ms:
+                continue  # taken for an ack meanwhile, or not due
             if not self.connected(held.client_id) or now - held.since >= self.max_ms:
                 self._held.pop(original, None)  # left to come back when its time runs out
                 continue

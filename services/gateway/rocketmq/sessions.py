@@ -12,6 +12,7 @@ own; nothing about messages or deliveries is kept here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ class ClientSession:
     client_id: str
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     topics: set[str] = field(default_factory=set)
+    may_publish: Callable[[str], bool] = field(default=lambda topic: True)  # the stream's ACL check
 
 
 class ClientSessions:

@@ -42,17 +42,27 @@ def test_renewal_ahead_of_expiry_and_latest_handle() -> None:
         assert await r.renew_due() == 1
         assert dispatch.calls == [("h1", 3000)] and len(r) == 1
         assert await r.current("h1") == "h1+" and await r.current("h2") == "h2"
-        # An ack while a renewal is in flight gets the handle the renewal produces.
+        # An ack while a renewal is in flight gets the handle the renewal produces, and once
+        # taken for the ack the delivery is not renewed any more (that would supersede it).
         clock[0] = 4500
         dispatch.gate = asyncio.Event()
         renewal = asyncio.create_task(r.renew_due())
         await asyncio.sleep(0)
-        waiting = asyncio.create_task(r.current("h1"))
+        waiting = asyncio.create_task(r.take("h1"))
         await asyncio.sleep(0)
         assert not waiting.done()
         dispatch.gate.set()
-        assert await renewal == 1 and await waiting == "h1++"
-        r.finish("h1")
+        assert await renewal == 1
+        handle, token = await waiting
+        assert handle == "h1++" and len(r) == 0
+        calls = len(dispatch.calls)
+        clock[0] = 7400
+        assert await r.renew_due() == 0 and len(dispatch.calls) == calls
+        # The ack failed (store unreachable): renewal resumes from the latest handle.
+        r.restore("h1", token)
+        assert await r.current("h1") == "h1++" and await r.renew_due() == 1
+        assert dispatch.calls[-1] == ("h1++", 3000)
+        await r.take("h1")
         assert len(r) == 0
         # The maximum: a delivery held past max_ms is no longer renewed.
         dispatch.gate = None

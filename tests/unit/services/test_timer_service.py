@@ -26,8 +26,11 @@ class Port:
         self.log = log
         self.appended: list[Message] = []
         self.down = False
+        self.read_fails = False
 
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        if self.read_fails:
+            raise ServiceNotAvailableError("commitlog unreachable")
         return self.log.read_many(ranges)
 
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
@@ -75,6 +78,14 @@ def test_due_messages_in_time_order_bad_ones_dropped_failures_retried(tmp_path: 
     async def scenario() -> None:
         assert await timer.tick() == 0 and timer.pending == 5  # nothing due yet
         clock[0] = now + 150
+        port.read_fails = True  # the log unreachable while reading due messages: nothing is lost
+        try:
+            await timer.tick()
+            raise AssertionError("a failed read must be reported")
+        except ServiceNotAvailableError:
+            pass
+        assert timer.pending == 5
+        port.read_fails = False
         port.down = True
         try:
             await timer.tick()
