@@ -27,8 +27,10 @@ from libstore.system_topics import (
     TIMER_DELAY_MS,
     TIMER_DELAY_SEC,
     TIMER_DELIVER_MS,
+    TIMER_DONE_TOPIC,
     TIMER_OUT_MS,
     TIMER_TOPIC,
+    TIMER_UNIT,
 )
 
 DELAY_LEVELS_MS = tuple(
@@ -104,6 +106,12 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
         born_host=message.born_host,
         reconsume_times=message.reconsume_times,
     )
+
+
+def done_record(unit_offset: int) -> Message:
+    """The record saying the timer unit at ``unit_offset`` was delivered (appended together
+    with its due copy; libstore.system_topics.TIMER_DONE_TOPIC)."""
+    return Message(TIMER_DONE_TOPIC, str(unit_offset).encode(), 0, properties={TIMER_UNIT: str(unit_offset)})
 
 
 def due_copy(record: MessageRecord, now_ms: int) -> Message:

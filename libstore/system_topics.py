@@ -11,6 +11,9 @@ rebuilds its work list from 20-byte units without reading the CommitLog:
   store time (ms), from which the check-back schedule runs.
 * ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` (OP_TOPIC): one record per resolved half message (commit,
   rollback or given up). Tags code: the half message's queue offset (TRAN_HALF_OFFSET).
+* ``rmq_sys_timer_done`` (TIMER_DONE_TOPIC, mqstore's): one record per delivered timer unit,
+  appended with the delivered copy, so every replica's dispatch knows what was delivered (a
+  promoted slave does not deliver again). Tags code: the timer unit's queue offset (TIMER_UNIT).
 
 Names are RocketMQ's (TopicValidator, TimerMessageStore); the tags-code contents of the timer
 and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op bodies).
@@ -23,17 +26,20 @@ import re
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+TIMER_DONE_TOPIC = "rmq_sys_timer_done"
 
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # RocketMQ 5: absolute delivery time, ms
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # RocketMQ 5: delay from the store time, s
 TIMER_DELAY_MS = "TIMER_DELAY_MS"  # RocketMQ 5: delay from the store time, ms
 TIMER_OUT_MS = "TIMER_OUT_MS"  # set on the copy a timer delivers: it is due, not to be held again
 TRAN_HALF_OFFSET = "TRAN_HALF_OFFSET"  # on an op record: the half message's queue offset
+TIMER_UNIT = "TIMER_UNIT"  # on a timer-done record: the delivered unit's queue offset
 
-SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC})
+SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC})
 
 _TIMER_DELIVER = re.compile(rb"(?:^|\x02)TIMER_DELIVER_MS\x01(\d{1,19})(?:\x02|$)")
 _HALF_OFFSET = re.compile(rb"(?:^|\x02)TRAN_HALF_OFFSET\x01(\d{1,19})(?:\x02|$)")
+_TIMER_UNIT = re.compile(rb"(?:^|\x02)TIMER_UNIT\x01(\d{1,19})(?:\x02|$)")
 _MAX_CODE = (1 << 63) - 1
 
 
@@ -51,6 +57,8 @@ def system_tags_code(topic: str, properties: bytes, store_timestamp: int) -> int
         return store_timestamp
     if topic == OP_TOPIC:
         return _number(_HALF_OFFSET, properties)
+    if topic == TIMER_DONE_TOPIC:
+        return _number(_TIMER_UNIT, properties)
     return None
 
 

@@ -2,9 +2,10 @@
 
 Timer units are delivered in delivery-time order, not queue order, so progress is a *watermark*
 (every unit below it is done) plus the set of done units at or above it. Persisted as JSON
-``{"watermark": n, "done": [..]}`` by atomic replace after each delivery round; a crash between
-a delivery and the save delivers those messages again (at-least-once; the commitlog's
-de-duplication window catches a repeat within its window by topic and UNIQ_KEY).
+``{"watermark": n, "done": [..], "doneQueueOffset": m}`` by atomic replace after each delivery
+round. It is a cache: the log itself records each delivery (a timer-done record appended with the
+delivered copy, libstore.system_topics), and ``doneQueueOffset`` says how far those records were
+read, so a crash before the save, or a promoted slave's dispatch, loses no progress.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class TimerCheckpoint:
         self.path = Path(path)
         self.watermark = 0
         self.done: set[int] = set()
+        self.done_queue_offset = 0  # how far the timer-done queue has been read
         self._dirty = False
 
     def load(self) -> None:
@@ -33,6 +35,7 @@ class TimerCheckpoint:
         try:
             self.watermark = int(data["watermark"])
             self.done = {int(o) for o in data["done"] if int(o) >= self.watermark}
+            self.done_queue_offset = int(data.get("doneQueueOffset", 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreIOError(f"timer checkpoint {self.path} is malformed: {exc}") from exc
 
@@ -68,6 +71,9 @@ class TimerCheckpoint:
         """Write the file when something changed. Raises StoreIOError."""
         if not self._dirty:
             return
-        body = f'{{"watermark": {self.watermark}, "done": {sorted(self.done)}}}'
+        body = (
+            f'{{"watermark": {self.watermark}, "done": {sorted(self.done)}, '
+            f'"doneQueueOffset": {self.done_queue_offset}}}'
+        )
         atomic_write(self.path, body.encode())
         self._dirty = False

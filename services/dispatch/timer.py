@@ -4,11 +4,12 @@ Held messages sit in the timer queue (``rmq_sys_wheel_timer`` queue 0), whose un
 delivery time as tags code. The service reads new units as dispatch adds them into a min-heap by
 delivery time (memory: one small tuple per pending message), and every tick (at most
 ``TICK_S`` apart, sooner when the next message is due sooner) appends the due ones to their real
-topic through the CommitLog, then records them in ``timer/timerCheckpoint.json``
-(libstore.timer_checkpoint). After a restart the heap is rebuilt from the units past the
-watermark, so nothing held is lost and nothing delivered is delivered again except what a crash
-caught between the append and the save (at-least-once). Precision: ~``TICK_S`` (RocketMQ's
-timer wheel: 1 s).
+topic through the CommitLog, each in the same append as a timer-done record naming its unit
+(``rmq_sys_timer_done``, libstore.system_topics). Those records are the durable progress: every
+replica's dispatch reads them, so neither a restart nor a promoted slave's timer delivers a
+message twice; ``timer/timerCheckpoint.json`` (libstore.timer_checkpoint) caches how far they and
+the timer queue were read. Precision: ~``TICK_S`` (RocketMQ's timer wheel: 1 s). On a slave the
+appends get NOT_MASTER and the service only follows.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from libstore.errors import (
     MessageIllegalError,
     NotMasterError,
     ServiceNotAvailableError,
+    StoreError,
     TopicNotFoundError,
 )
 from libstore.record_codec import decode_record
-from libstore.scheduled_message import due_copy
-from libstore.system_topics import TIMER_TOPIC
+from libstore.scheduled_message import done_record, due_copy
+from libstore.system_topics import TIMER_DONE_TOPIC, TIMER_TOPIC
 from libstore.timer_checkpoint import TimerCheckpoint
 from services._common.telemetry import tracer
 from services.ports import CommitLogPort
@@ -92,6 +94,7 @@ class TimerService:
             self._heap.clear()
             self.checkpoint.forget_from(end)  # offsets past the end will name new units
             self._scanned = self.checkpoint.watermark
+        self._scan_done()
         low = cq.min_offset_in_queue
         if self._scanned < low:
             self.checkpoint.skip_below(low)
@@ -111,6 +114,22 @@ class TimerService:
                 self.checkpoint.mark(blanks)
             self._scanned += len(units)
 
+    def _scan_done(self) -> None:
+        """Mark the units the timer-done queue (deliveries recorded in the log, by any replica's
+        timer) says were delivered."""
+        cq = self.queues.find(TIMER_DONE_TOPIC, 0)
+        if cq is None:
+            return
+        cp = self.checkpoint
+        end = cq.max_offset_in_queue
+        cp.done_queue_offset = min(max(cp.done_queue_offset, cq.min_offset_in_queue), end)
+        while cp.done_queue_offset < end:
+            units = cq.read_units(cp.done_queue_offset, SCAN_BATCH)
+            if not units:
+                break
+            cp.mark(u.tags_code for u in units if u.size != BLANK_UNIT_SIZE)
+            cp.done_queue_offset += len(units)
+
     async def tick(self) -> int:
         """Scan new units and deliver what is due; returns how many were delivered. Raises
         ServiceNotAvailableError when the append failed (those stay held and are retried)."""
@@ -118,7 +137,9 @@ class TimerService:
         now = self.clock()
         due: list[tuple[int, int, int, int]] = []
         while self._heap and self._heap[0][0] <= now and len(due) < DELIVER_BATCH:
-            due.append(heapq.heappop(self._heap))
+            entry = heapq.heappop(self._heap)
+            if not self.checkpoint.is_done(entry[1]):  # another replica's timer may have delivered it
+                due.append(entry)
         if not due:
             self.checkpoint.save()
             return 0
@@ -143,18 +164,25 @@ class TimerService:
             ok: list[tuple[int, int, int, int]] = []
             try:
                 try:
-                    results = await self.commitlog.append(messages) if messages else []
+                    # Each copy goes with its timer-done record in one append: the log says what
+                    # was delivered, for this process after a crash and for the slaves' timers.
+                    batch = messages + [done_record(e[1]) for e in sent]
+                    results = await self.commitlog.append(batch) if messages else []
                     ok = [e for e, r in zip(sent, results, strict=False) if r.status.appended]
                 except (TopicNotFoundError, MessageIllegalError):
                     # One bad message (its topic deleted, say) must not hold up the others:
                     # deliver one by one and drop what the store refuses for good.
                     for entry, message in zip(sent, messages, strict=True):
                         try:
-                            if (await self.commitlog.append([message]))[0].status.appended:
+                            pair = [message, done_record(entry[1])]
+                            if (await self.commitlog.append(pair))[0].status.appended:
                                 ok.append(entry)
                         except (TopicNotFoundError, MessageIllegalError) as exc:
                             log.warning("timer unit %d dropped: %s", entry[1], exc)
                             gone.append(entry[1])
+                if gone:  # dropped for good: recorded too, so no replica tries them again
+                    with contextlib.suppress(StoreError):
+                        await self.commitlog.append([done_record(u) for u in gone])
             finally:
                 done = {e[1] for e in ok} | set(gone)
                 retry = [e for e in sent if e[1] not in done]

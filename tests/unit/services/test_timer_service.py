@@ -1,7 +1,7 @@
 """services.dispatch.timer.TimerService over real timer-queue units and a CommitLogPort stand-in
-that records appends: due messages go out in delivery-time order, a refused one is dropped
-without holding up the others, a failed append is retried, and a restart delivers only what
-was not delivered."""
+that appends to a real log: due messages go out in delivery-time order, a refused one is dropped
+without holding up the others, a failed read or append is retried, and neither a restart nor a
+replica's timer delivers anything twice."""
 
 from __future__ import annotations
 
@@ -14,16 +14,18 @@ from libstore import CommitLog, Message, PutMessageResults, StoreConfig, TopicNo
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import ServiceNotAvailableError
 from libstore.record_codec import check_record
-from libstore.system_topics import TIMER_DELIVER_MS
+from libstore.system_topics import TIMER_DELIVER_MS, TIMER_DONE_TOPIC
 from services.dispatch.timer import TimerService
 
 
 class Port:
-    """read() from a real CommitLog; append() records messages, refusing topic "Gone" and,
-    while ``down``, every append."""
+    """read() from a real CommitLog; append() puts messages into it and dispatches them into
+    ``cqs`` (as the dispatch service would), refusing topic "Gone" and, while ``down``, every
+    append. ``appended``: the delivered copies (timer-done records left out)."""
 
-    def __init__(self, log: CommitLog) -> None:
+    def __init__(self, log: CommitLog, cqs: ConsumeQueueStore) -> None:
         self.log = log
+        self.cqs = cqs
         self.appended: list[Message] = []
         self.down = False
         self.read_fails = False
@@ -38,9 +40,20 @@ class Port:
             raise ServiceNotAvailableError("down")
         if any(m.topic == "Gone" for m in messages):
             raise TopicNotFoundError("topic Gone does not exist")
-        self.appended += messages
-        n = len(messages)
-        return PutMessageResults(n, phy_offsets=[0] * n, sizes=[1] * n, queue_offsets=[0] * n)
+        start = self.log.max_offset
+        results = self.log.put_messages(messages)
+        _dispatch(self.log, self.cqs, start)
+        self.appended += [m for m in messages if m.topic != TIMER_DONE_TOPIC]
+        return results
+
+
+def _dispatch(log: CommitLog, cqs: ConsumeQueueStore, start: int) -> None:
+    raw, _ = log.read_chunk(start, log.max_offset, log.max_offset)
+    pos, reqs = 0, []
+    while pos < len(raw):
+        reqs.append(check_record(raw, pos, len(raw)))
+        pos += reqs[-1].msg_size
+    cqs.dispatch_batch(reqs)
 
 
 def _setup(root: Path, now: int) -> tuple[CommitLog, ConsumeQueueStore]:
@@ -71,7 +84,7 @@ def test_due_messages_in_time_order_bad_ones_dropped_failures_retried(tmp_path: 
     now = time.time_ns() // 1_000_000  # the put holds them (timer topic) against the real clock
     log, cqs = _setup(tmp_path / "store", now)
     clock = [now]
-    port = Port(log)
+    port = Port(log, cqs)
     timer = TimerService(tmp_path / "dispatch", cqs, port, clock=lambda: clock[0])  # type: ignore[arg-type]
     timer.load()
 
@@ -107,4 +120,10 @@ def test_due_messages_in_time_order_bad_ones_dropped_failures_retried(tmp_path: 
     again.load()
     assert asyncio.run(again.tick()) == 0 and again.pending == 1
     assert again.next_due() == now + 10_000_000
+    # A replica's timer (another dispatch pod: no checkpoint of its own) learns the same from the
+    # timer-done records in the log: after a promotion it delivers nothing twice.
+    replica = TimerService(tmp_path / "replica", cqs, port, clock=lambda: now + 400)  # type: ignore[arg-type]
+    replica.load()
+    assert asyncio.run(replica.tick()) == 0 and replica.pending == 1
+    assert [m.body for m in port.appended] == [b"b", b"c", b"a"]
     log.shutdown()
