@@ -416,11 +416,15 @@ class CommitLog:
         gc.put_request(req)
         return req.future
 
-    def append_messages(self, messages: Sequence[Message], *, place_unassigned: bool = False) -> AppendResult:
+    def append_messages(
+        self, messages: Sequence[Message], *, place_unassigned: bool = False, hold_scheduled: bool = True
+    ) -> AppendResult:
         """Validate, encode and append ``messages`` without waiting for any flush. With
         ``place_unassigned``, a message with queue id -1 is placed round robin over its topic's
         write queues (its ``queue_id`` is set), as client-encoded records with QUEUEID -1 are
-        (:meth:`adopt_records`); otherwise -1 is out of range like any other bad queue id.
+        (:meth:`adopt_records`); otherwise -1 is out of range like any other bad queue id. With
+        ``hold_scheduled`` (the default), delayed messages go to the timer topic
+        (libstore.scheduled_message.hold_if_scheduled); a caller that already did that passes False.
 
         Results carry PUT_OK for appended messages and CREATE_MAPPED_FILE_FAILED for those that
         found no segment to go to; raises like :meth:`put_messages`.
@@ -430,7 +434,8 @@ class CommitLog:
             return AppendResult(PutMessageResults(0), False)
         assert self._topic_config is not None
         now = time.time_ns() // 1_000_000
-        messages = [hold_if_scheduled(m, now) for m in messages]  # delay/timer: held in the timer topic
+        if hold_scheduled:  # delay/timer: held in the timer topic
+            messages = [hold_if_scheduled(m, now) for m in messages]
         if place_unassigned:
             for m in messages:
                 if m.queue_id == -1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class MessageConst:
@@ -126,6 +127,14 @@ class Message:
         raw = self.properties.get(MessageConst.KEYS)
         return [k for k in raw.split(MessageConst.KEY_SEPARATOR) if k] if raw else []
 
+    def replace(self, **changes: Any) -> Message:
+        """A copy with ``changes`` (any of the constructor's fields: topic, body, queue_id,
+        properties, flag, sys_flag, born_timestamp, born_host, reconsume_times,
+        prepared_transaction_offset)."""
+        fields = {name: getattr(self, name) for name in Message.__slots__}
+        fields.update(changes)
+        return Message(fields.pop("topic"), fields.pop("body"), fields.pop("queue_id"), **fields)
+
     def __repr__(self) -> str:
         return f"Message(topic={self.topic!r}, queue_id={self.queue_id}, body={len(self.body)} bytes)"
 
@@ -152,6 +161,22 @@ class MessageRecord:
     topic: str
     properties: dict[str, str] = field(default_factory=dict)
     msg_id: str = ""
+
+    def to_message(self, **changes: Any) -> Message:
+        """This record as a Message to put again (the same topic, queue, body, properties, flags,
+        born time and host, reconsume times), with ``changes`` as :meth:`Message.replace` takes."""
+        message = Message(
+            self.topic,
+            self.body,
+            self.queue_id,
+            properties=self.properties,
+            flag=self.flag,
+            sys_flag=self.sys_flag,
+            born_timestamp=self.born_timestamp,
+            born_host=self.born_host,
+            reconsume_times=self.reconsume_times,
+        )
+        return message.replace(**changes) if changes else message
 
     @property
     def tags(self) -> str | None:

@@ -197,6 +197,7 @@ class EncodedBatch:
         "positions",
         "queue_keys",
         "requests",
+        "scheduled",
         "sizes",
         "store_ts_positions",
         "topics",
@@ -216,6 +217,7 @@ class EncodedBatch:
         self.topics: list[str] = []
         self.uniq_keys: list[str | None] = []
         self.requests: list[DispatchRequest] = []
+        self.scheduled = False  # an adopted record carries a delay or timer property
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -518,6 +520,8 @@ class RecordEncoder:
             out.topics.append(topic)
             out.uniq_keys.append(req.uniq_key)
             out.requests.append(req)
+            if req.scheduled:
+                out.scheduled = True
             index += 1
         out.buf = buf
         out.wait_store = True
@@ -545,8 +549,9 @@ class DispatchRequest:
     ``success`` False means the bytes at the position are not a valid record; ``msg_size`` is then
     the TOTALSIZE read (or -1). A blank end-of-file record is ``success`` True with ``msg_size`` 0.
     When properties are decoded: ``tags`` is the TAGS property, ``tags_code`` its hash (spec §3),
-    ``keys`` the KEYS property split on spaces, ``uniq_key`` the UNIQ_KEY property; otherwise
-    they are None, 0, [] and None.
+    ``keys`` the KEYS property split on spaces, ``uniq_key`` the UNIQ_KEY property, and
+    ``scheduled`` whether a delay or timer property is present (libstore.scheduled_message);
+    otherwise they are None, 0, [], None and False.
     """
 
     __slots__ = (
@@ -557,6 +562,7 @@ class DispatchRequest:
         "msg_size",
         "prepared_transaction_offset",
         "queue_id",
+        "scheduled",
         "store_timestamp",
         "success",
         "sys_flag",
@@ -582,6 +588,7 @@ class DispatchRequest:
         tags_code: int = 0,
         keys: list[str] | None = None,
         uniq_key: str | None = None,
+        scheduled: bool = False,
     ) -> None:
         self.success = success
         self.msg_size = msg_size
@@ -597,6 +604,7 @@ class DispatchRequest:
         self.tags_code = tags_code
         self.keys: list[str] = keys if keys is not None else []
         self.uniq_key = uniq_key
+        self.scheduled = scheduled
 
     @property
     def is_blank(self) -> bool:
@@ -618,9 +626,14 @@ class DispatchRequest:
         )
 
 
-# The three properties dispatch reads, found in one pass: a name at the start or after a
-# \x02, then \x01, then the value up to the next \x02 (RocketMQ's parse; the last one wins).
-_DISPATCH_PROPERTIES = re.compile(rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY)\x01([^\x02]*)")
+# The properties dispatch reads (TAGS, KEYS, UNIQ_KEY) and those that schedule a message, found
+# in one pass: a name at the start or after a \x02, then \x01, then the value up to the next
+# \x02 (RocketMQ's parse; the last one wins).
+_DISPATCH_PROPERTIES = re.compile(
+    rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY|DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS)\x01([^\x02]*)"
+)
+# Properties that may schedule a message (libstore.scheduled_message): flagged while validating.
+_DISPATCH_ONLY = frozenset({b"TAGS", b"KEYS", b"UNIQ_KEY"})
 _TOPIC_NAMES: dict[bytes, str] = {}
 
 
@@ -646,8 +659,8 @@ def check_record(
 ) -> DispatchRequest:
     """Validate the record at ``buf[pos:]`` and return what dispatch and recovery need (spec §1).
 
-    With ``decode_properties`` the TAGS, KEYS and UNIQ_KEY properties are read (the rest are not
-    parsed: dispatch needs only these).
+    With ``decode_properties`` the TAGS, KEYS and UNIQ_KEY properties are read and the delay and
+    timer ones noticed (the rest are not parsed: dispatch needs only these).
 
     ``buf`` is any bytes-like object (bytes, bytearray, mmap); ``limit`` the end of the readable
     bytes in it. Checks: room for a header, magic (blank → size 0), TOTALSIZE within ``limit``,
@@ -733,6 +746,7 @@ def _check_record(
     tags = uniq_key = None
     code = 0
     keys: list[str] | None = None
+    scheduled = False
     if decode_properties and prop_len:
         found = dict(_DISPATCH_PROPERTIES.findall(bytes(buf[p:end])))
         if found:
@@ -747,6 +761,7 @@ def _check_record(
             raw_uniq = found.get(b"UNIQ_KEY")
             if raw_uniq:
                 uniq_key = raw_uniq.decode("utf-8", "replace")
+            scheduled = not found.keys() <= _DISPATCH_ONLY
     if decode_properties and topic in SYSTEM_TOPICS:  # units carrying a time or an offset
         code = system_tags_code(topic, bytes(buf[p:end]), store_ts) or 0
     req = DispatchRequest(
@@ -764,6 +779,7 @@ def _check_record(
         code,
         keys,
         uniq_key,
+        scheduled,
     )
     return req, fields, body_at, p
 

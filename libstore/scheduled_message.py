@@ -31,6 +31,8 @@ from libstore.system_topics import (
     TIMER_OUT_MS,
     TIMER_TOPIC,
     TIMER_UNIT,
+    park,
+    unpark,
 )
 
 DELAY_LEVELS_MS = tuple(
@@ -91,21 +93,7 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
     at = delivery_time(props, now_ms)
     if at is None or at <= now_ms:
         return message
-    held = dict(props)
-    held[MessageConst.REAL_TOPIC] = message.topic
-    held[MessageConst.REAL_QID] = str(message.queue_id)
-    held[TIMER_DELIVER_MS] = str(at)
-    return Message(
-        TIMER_TOPIC,
-        message.body,
-        0,
-        properties=held,
-        flag=message.flag,
-        sys_flag=message.sys_flag,
-        born_timestamp=message.born_timestamp,
-        born_host=message.born_host,
-        reconsume_times=message.reconsume_times,
-    )
+    return park(message, TIMER_TOPIC, {TIMER_DELIVER_MS: str(at)})
 
 
 def done_record(unit_offset: int) -> Message:
@@ -118,23 +106,11 @@ def due_copy(record: MessageRecord, now_ms: int) -> Message:
     """The message to append when the held ``record`` is due: its REAL_TOPIC and REAL_QID
     (-1: placed round robin), its properties without the routing ones, marked TIMER_OUT_MS.
     Raises MessageIllegalError for a record without REAL_TOPIC."""
-    props = dict(record.properties)
-    topic = props.pop(MessageConst.REAL_TOPIC, "")
-    if not topic:
-        raise MessageIllegalError(f"timer record at {record.phy_offset} has no {MessageConst.REAL_TOPIC}")
-    try:
-        queue_id = int(props.pop(MessageConst.REAL_QID, "-1"))
-    except ValueError:
-        queue_id = -1
+    topic, queue_id, props = unpark(record)
     props[TIMER_OUT_MS] = str(now_ms)
-    return Message(
-        topic,
-        record.body,
-        queue_id,
+    return record.to_message(
+        topic=topic,
+        queue_id=queue_id,
         properties=props,
-        flag=record.flag,
         sys_flag=record.sys_flag & ~MessageSysFlag.TRANSACTION_TYPE_MASK,
-        born_timestamp=record.born_timestamp,
-        born_host=record.born_host,
-        reconsume_times=record.reconsume_times,
     )

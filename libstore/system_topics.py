@@ -22,6 +22,10 @@ and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+
+from libstore.errors import MessageIllegalError
+from libstore.message import Message, MessageConst, MessageRecord
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -34,6 +38,43 @@ TIMER_DELAY_MS = "TIMER_DELAY_MS"  # RocketMQ 5: delay from the store time, ms
 TIMER_OUT_MS = "TIMER_OUT_MS"  # set on the copy a timer delivers: it is due, not to be held again
 TRAN_HALF_OFFSET = "TRAN_HALF_OFFSET"  # on an op record: the half message's queue offset
 TIMER_UNIT = "TIMER_UNIT"  # on a timer-done record: the delivered unit's queue offset
+
+
+def park(message: Message, topic: str, properties: Mapping[str, str]) -> Message:
+    """``message`` (a Message, or a protobuf mqstore.v1.Message of the same fields) moved to
+    the system ``topic`` (queue 0) with its destination in REAL_TOPIC and REAL_QID (RocketMQ's
+    routing of held records) and ``properties`` added."""
+    props = dict(message.properties)
+    props[MessageConst.REAL_TOPIC] = message.topic
+    props[MessageConst.REAL_QID] = str(message.queue_id)
+    props.update(properties)
+    return Message(  # fields one by one: the services also put protobuf messages of this shape
+        topic,
+        message.body,
+        0,
+        properties=props,
+        flag=message.flag,
+        sys_flag=message.sys_flag,
+        born_timestamp=message.born_timestamp,
+        born_host=message.born_host,
+        reconsume_times=message.reconsume_times,
+    )
+
+
+def unpark(record: MessageRecord) -> tuple[str, int, dict[str, str]]:
+    """The destination of a parked ``record``: (REAL_TOPIC, REAL_QID (-1 when missing or bad:
+    placed round robin), its properties without those two). Raises MessageIllegalError when it
+    has no REAL_TOPIC."""
+    props = dict(record.properties)
+    topic = props.pop(MessageConst.REAL_TOPIC, "")
+    if not topic:
+        raise MessageIllegalError(f"record at {record.phy_offset} has no {MessageConst.REAL_TOPIC}")
+    try:
+        queue_id = int(props.pop(MessageConst.REAL_QID, "-1"))
+    except ValueError:
+        queue_id = -1
+    return topic, queue_id, props
+
 
 SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC})
 

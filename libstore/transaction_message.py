@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from libstore.errors import InvalidArgumentError, MessageIllegalError
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
-from libstore.system_topics import HALF_TOPIC, OP_TOPIC, TRAN_HALF_OFFSET
+from libstore.system_topics import HALF_TOPIC, OP_TOPIC, TRAN_HALF_OFFSET, park, unpark
 
 TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"  # RocketMQ's name; on a check-back's message
 OP_COMMIT_TAG = "d"  # RocketMQ's op tag ("d": removed from the half queue)
@@ -55,45 +55,25 @@ class TransactionId(NamedTuple):
 
 def half_message(message: Message) -> Message:
     """The half message for ``message`` (its queue id -1 means: placed at commit)."""
-    props = dict(message.properties or {})
-    props[MessageConst.REAL_TOPIC] = message.topic
-    props[MessageConst.REAL_QID] = str(message.queue_id)
-    props[MessageConst.TRAN_MSG] = "true"
-    return Message(
-        HALF_TOPIC,
-        message.body,
-        0,
-        properties=props,
-        flag=message.flag,
-        sys_flag=message.sys_flag & ~MessageSysFlag.TRANSACTION_TYPE_MASK,
-        born_timestamp=message.born_timestamp,
-        born_host=message.born_host,
-    )
+    half = park(message, HALF_TOPIC, {MessageConst.TRAN_MSG: "true"})
+    half.sys_flag &= ~MessageSysFlag.TRANSACTION_TYPE_MASK
+    return half
 
 
 def committed_copy(half: MessageRecord) -> Message:
     """The message a COMMIT appends for the stored ``half``: its real topic and queue, its
     properties without the routing ones. Raises MessageIllegalError for a record that is not
     a half message."""
-    props = dict(half.properties)
-    topic = props.pop(MessageConst.REAL_TOPIC, "")
-    if half.topic != HALF_TOPIC or not topic:
+    if half.topic != HALF_TOPIC:
         raise MessageIllegalError(f"record at {half.phy_offset} is not a half message")
-    try:
-        queue_id = int(props.pop(MessageConst.REAL_QID, "-1"))
-    except ValueError:
-        queue_id = -1
+    topic, queue_id, props = unpark(half)
     props.pop(TRANSACTION_CHECK_TIMES, None)
-    return Message(
-        topic,
-        half.body,
-        queue_id,
+    return half.to_message(
+        topic=topic,
+        queue_id=queue_id,
         properties=props,
-        flag=half.flag,
         sys_flag=(half.sys_flag & ~MessageSysFlag.TRANSACTION_TYPE_MASK)
         | MessageSysFlag.TRANSACTION_COMMIT_TYPE,
-        born_timestamp=half.born_timestamp,
-        born_host=half.born_host,
         prepared_transaction_offset=half.phy_offset,
     )
 

@@ -42,16 +42,6 @@ from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-# What the encoded properties that schedule a message (libstore.scheduled_message: DELAY,
-# TIMER_DELIVER_MS, TIMER_DELAY_SEC, TIMER_DELAY_MS) contain. Plain substring searches: a
-# regular expression over a 256 KiB batch cost ~2.5 ms, the two finds ~0.35 ms.
-_SCHEDULE_MARKS = (b"DELAY\x01", b"TIMER_DE")
-
-
-def _maybe_scheduled(buf: bytes | bytearray) -> bool:
-    return any(mark in buf for mark in _SCHEDULE_MARKS)
-
-
 DECODED_BATCHES_KEPT = 1024
 DEFAULT_HEARTBEAT_MS = 1000
 
@@ -80,13 +70,17 @@ class LocalCommitLog:
     async def append(self, messages: Sequence[Message]) -> PutMessageResults:
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
-            # Scheduled messages go to the timer topic here (libstore would do it too), so the
-            # de-duplication window keys them by the topic written: the copy the timer delivers
-            # later under the real topic and the same UNIQ_KEY is not taken for a replay.
+            # Scheduled messages go to the timer topic here, before the de-duplication window
+            # keys them by the topic written: the copy the timer delivers later under the real
+            # topic and the same UNIQ_KEY is not taken for a replay.
             now = time.time_ns() // 1_000_000
             messages = [hold_if_scheduled(m, now) for m in messages]
             fresh, placed = self._split_replays(messages)
-            appended = self.log.append_messages(fresh, place_unassigned=True) if fresh else None
+            appended = (
+                self.log.append_messages(fresh, place_unassigned=True, hold_scheduled=False)
+                if fresh
+                else None
+            )
             if appended is not None:
                 self._remember(fresh, appended.results)
             results = self._merge(messages, appended.results if appended else None, placed)
@@ -104,9 +98,9 @@ class LocalCommitLog:
         log = self.log
         with self._tracer.start_as_current_span("commitlog.append") as span:
             batch = log.adopt_records(raw, _born_host_bytes(born_host))
-            if _maybe_scheduled(batch.buf):
-                # A delay or timer property (or bytes that look like one): take the message
-                # path, which holds scheduled messages in the timer topic. Rare, so decoding is fine.
+            if batch.scheduled:
+                # A delay or timer property (seen while validating): take the message path,
+                # which holds scheduled messages in the timer topic. Rare, so decoding is fine.
                 return await self.append(_messages_of(batch))
             n = len(batch.sizes)
             span.set_attribute("mqstore.messages", n)
@@ -375,23 +369,10 @@ class LocalCommitLog:
 
 def _messages_of(batch: EncodedBatch) -> list[Message]:
     """The adopted records of ``batch`` as Messages (queue ids as placed, hosts as filled)."""
-    out = []
-    for i, size in enumerate(batch.sizes):
-        rec = decode_record(batch.buf, batch.positions[i], batch.positions[i] + size, check_crc=False)
-        out.append(
-            Message(
-                rec.topic,
-                rec.body,
-                rec.queue_id,
-                properties=rec.properties,
-                flag=rec.flag,
-                sys_flag=rec.sys_flag,
-                born_timestamp=rec.born_timestamp,
-                born_host=rec.born_host,
-                reconsume_times=rec.reconsume_times,
-            )
-        )
-    return out
+    return [
+        decode_record(batch.buf, pos, pos + size, check_crc=False).to_message()
+        for pos, size in zip(batch.positions, batch.sizes, strict=False)
+    ]
 
 
 @functools.cache

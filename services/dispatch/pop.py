@@ -261,15 +261,8 @@ def _dead_letter(group: str, p: Popped, raw: bytes) -> Message:
     props[MessageConst.DLQ_ORIGIN_TOPIC] = rec.topic
     props[MessageConst.DLQ_ORIGIN_MESSAGE_ID] = rec.uniq_key or rec.msg_id
     props[MessageConst.RETRY_TOPIC] = rec.topic
-    return Message(
-        dlq_topic(group),
-        rec.body,
-        0,
-        properties=props,
-        flag=rec.flag,
-        born_timestamp=rec.born_timestamp,
-        born_host=rec.born_host,
-        reconsume_times=p.attempt,
+    return rec.to_message(
+        topic=dlq_topic(group), queue_id=0, properties=props, sys_flag=0, reconsume_times=p.attempt
     )
 
 
