@@ -539,14 +539,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.entries:
             raise V2Error(Code.BAD_REQUEST, "no entry to ack")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        # Renewal stops before the ack (a renewal racing it would supersede the acked handle).
-        taken = [await self.renewer.take(e.receipt_handle) for e in request.entries]
-        try:
-            errors = await self.dispatch.ack(request.group.name, request.topic.name, [h for h, _ in taken])
-        except BaseException:
-            for e, (_, token) in zip(request.entries, taken, strict=True):
-                self.renewer.restore(e.receipt_handle, token)
-            raise
+        async with self.renewer.settling([e.receipt_handle for e in request.entries]) as handles:
+            errors = await self.dispatch.ack(request.group.name, request.topic.name, handles)
         entries = [
             service.AckMessageResultEntry(
                 message_id=e.message_id,
@@ -570,15 +564,11 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         invisible_ms = convert.to_ms(request.invisible_duration)
         if invisible_ms < 0:
             raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
-        # A nack: the client's back-off decides from now on, so renewal stops first.
-        current, token = await self.renewer.take(request.receipt_handle)
-        try:
+        # A nack: the client's back-off decides from now on, so renewal stops.
+        async with self.renewer.settling([request.receipt_handle]) as (current,):
             handle = await self.dispatch.change_invisible(
                 request.group.name, request.topic.name, current, invisible_ms
             )
-        except BaseException:
-            self.renewer.restore(request.receipt_handle, token)
-            raise
         return service.ChangeInvisibleDurationResponse(status=convert.status(), receipt_handle=handle)
 
     # -- transactions -----------------------------------------------------------------------------
@@ -659,12 +649,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         self._authorize(context, SUB, request.topic.name, request.group.name)
-        current, token = await self.renewer.take(request.receipt_handle)
-        try:
+        async with self.renewer.settling([request.receipt_handle]) as (current,):
             await self.dispatch.forward_to_dead_letter(request.group.name, request.topic.name, current)
-        except BaseException:
-            self.renewer.restore(request.receipt_handle, token)
-            raise
         return service.ForwardMessageToDeadLetterQueueResponse(status=convert.status())
 
 

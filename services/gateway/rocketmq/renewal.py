@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from services.ports import DispatchPort
@@ -79,32 +79,25 @@ class HandleRenewer:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
 
-    async def current(self, handle: str) -> str:
-        """The latest handle of the delivery first handed out as ``handle`` (itself if unknown),
-        after any renewal in flight (its new handle supersedes the one it started from)."""
-        held = self._held.get(handle)
-        if held is None:
-            return handle
-        if held.renewing is not None:
-            await asyncio.shield(held.renewing)
-        return held.handle
-
-    async def take(self, handle: str) -> tuple[str, object | None]:
-        """Stop renewing the delivery first handed out as ``handle`` (the client acks, nacks
-        or dead-letters it): its latest handle, after any renewal in flight, and a token for
-        :meth:`restore` (None when it was not tracked)."""
-        held = self._held.get(handle)
-        if held is None:
-            return handle, None
-        while held.renewing is not None:
-            await asyncio.shield(held.renewing)
-        self._held.pop(handle, None)
-        return held.handle, held
-
-    def restore(self, handle: str, token: object | None) -> None:
-        """The ack or nack did not go through (the store was unreachable): keep renewing."""
-        if isinstance(token, _Held) and handle not in self._held:
-            self._held[handle] = token
+    @contextlib.asynccontextmanager
+    async def settling(self, handles: Sequence[str]) -> AsyncIterator[list[str]]:
+        """For an ack, nack or dead-lettering of the deliveries first handed out as ``handles``:
+        stop renewing them (a renewal racing the call would supersede the handle it uses) and
+        yield their latest handles, after any renewal in flight. When the block raises (the
+        store was unreachable), they are renewed again."""
+        taken: list[tuple[str, _Held | None]] = []
+        for handle in handles:
+            held = self._held.get(handle)
+            while held is not None and held.renewing is not None:
+                await asyncio.shield(held.renewing)
+            taken.append((handle, self._held.pop(handle, None)))
+        try:
+            yield [held.handle if held else handle for handle, held in taken]
+        except BaseException:
+            for handle, held in taken:
+                if held is not None:
+                    self._held.setdefault(handle, held)
+            raise
 
     async def renew_due(self) -> int:
         """Renew every delivery that becomes visible within ``ahead_ms``; returns how many."""

@@ -41,28 +41,45 @@ def test_renewal_ahead_of_expiry_and_latest_handle() -> None:
         connected["c2"] = False  # gone: not renewed, forgotten
         assert await r.renew_due() == 1
         assert dispatch.calls == [("h1", 3000)] and len(r) == 1
-        assert await r.current("h1") == "h1+" and await r.current("h2") == "h2"
-        # An ack while a renewal is in flight gets the handle the renewal produces, and once
-        # taken for the ack the delivery is not renewed any more (that would supersede it).
+        async with r.settling(["h1", "h2"]) as handles:  # the latest handle; unknown as given
+            assert handles == ["h1+", "h2"]
+        assert len(r) == 0  # settled: no longer renewed
+        r.track("c1", "g", "t", "h1", visible_at=2000)  # delivered again (attempt 2)
+        # An ack while a renewal is in flight gets the handle the renewal produces, and while it
+        # settles the delivery is not renewed (that would supersede the acked handle).
         clock[0] = 4500
         dispatch.gate = asyncio.Event()
         renewal = asyncio.create_task(r.renew_due())
         await asyncio.sleep(0)
-        waiting = asyncio.create_task(r.take("h1"))
+        inside = asyncio.Event()
+        release = asyncio.Event()
+
+        async def failing_ack() -> None:
+            async with r.settling(["h1"]) as (handle,):
+                assert handle == "h1+"
+                inside.set()
+                await release.wait()
+                raise ConnectionError("the store is unreachable")
+
+        ack = asyncio.create_task(failing_ack())
         await asyncio.sleep(0)
-        assert not waiting.done()
+        assert not inside.is_set()  # waits for the renewal in flight
         dispatch.gate.set()
         assert await renewal == 1
-        handle, token = await waiting
-        assert handle == "h1++" and len(r) == 0
+        await asyncio.wait_for(inside.wait(), 5)
         calls = len(dispatch.calls)
         clock[0] = 7400
         assert await r.renew_due() == 0 and len(dispatch.calls) == calls
-        # The ack failed (store unreachable): renewal resumes from the latest handle.
-        r.restore("h1", token)
-        assert await r.current("h1") == "h1++" and await r.renew_due() == 1
-        assert dispatch.calls[-1] == ("h1++", 3000)
-        await r.take("h1")
+        # The ack failed: renewal resumes from the latest handle.
+        release.set()
+        try:
+            await asyncio.wait_for(ack, 5)
+            raise AssertionError("the ack's error must come through")
+        except ConnectionError:
+            pass
+        assert await r.renew_due() == 1 and dispatch.calls[-1] == ("h1+", 3000)
+        async with r.settling(["h1"]) as (handle,):
+            assert handle == "h1++"
         assert len(r) == 0
         # The maximum: a delivery held past max_ms is no longer renewed.
         dispatch.gate = None
