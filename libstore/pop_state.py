@@ -420,6 +420,17 @@ class PopState:
         if q.consumer_offset != before:
             self._committed(key, q)
 
+    def in_flight(self, group: str, topic: str, handle: ReceiptHandle, now_ms: int) -> Popped:
+        """The delivery a live ``handle`` names, as the store recorded it (never the handle's
+        own copy of the offsets), marked ``dead`` for forwarding to the DLQ. Raises
+        InvalidReceiptHandleError for an expired, superseded or foreign handle, or a message
+        already acked."""
+        with self._lock:
+            _, e = self._live((group, topic, handle.queue_id), handle, now_ms)
+            if e is None:
+                raise InvalidReceiptHandleError("the message was already acked")
+            return self._popped(topic, handle.queue_id, handle.queue_offset, e, dead=True)
+
     def finish(self, group: str, topic: str, queue_id: int, queue_offset: int, seq: int) -> bool:
         """Finish an in-flight message without a live handle (after forwarding it to the DLQ).
         False when it was finished already or delivered again since (``seq`` differs)."""

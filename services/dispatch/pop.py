@@ -29,7 +29,6 @@ from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import (
     InvalidArgumentError,
-    InvalidReceiptHandleError,
     ServiceNotAvailableError,
     StoreError,
 )
@@ -193,22 +192,11 @@ class PopService:
         return new.encode()
 
     async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
-        """Raises InvalidReceiptHandleError for an expired or superseded handle."""
+        """Raises InvalidReceiptHandleError for an expired, superseded or foreign handle, or a
+        message already acked (PopState.in_flight: the record copied is the one the store
+        delivered, not whatever the handle text names)."""
         handle = ReceiptHandle.decode(receipt_handle)
-        if handle.visible_at <= self.clock():
-            raise InvalidReceiptHandleError("the receipt handle has expired (its invisible time passed)")
-        popped = Popped(
-            topic,
-            handle.queue_id,
-            handle.queue_offset,
-            handle.phy_offset,
-            handle.size,
-            0,
-            handle.attempt,
-            handle,
-            dead=True,
-        )
-        await self._forward(group, [popped])
+        await self._forward(group, [self.state.in_flight(group, topic, handle, self.clock())])
 
     async def _forward(self, group: str, dead: list[Popped]) -> None:
         """Copy ``dead`` to the group's DLQ (one read, one append), then finish them for the

@@ -55,6 +55,7 @@ class _Half:
     size: int
     checks: int = 0
     next_check_ms: int = 0  # 0: from the timeout (first check)
+    real_topic: str | None = None  # learnt at the first read of the record
 
 
 class TransactionService:
@@ -84,7 +85,7 @@ class TransactionService:
         self._half_scanned = 0
         self._op_scanned = 0
         self._ended: set[int] = set()  # resolved here before dispatch listed the half
-        self._saved_checks: dict[int, tuple[int, int]] = {}
+        self._loaded_checks: dict[int, tuple[int, int]] = {}  # from the state file, until scanned
         self._locks: dict[int, asyncio.Lock] = {}  # one resolution at a time per half message
         self._tracer = tracer("mqstore.dispatch")
 
@@ -92,7 +93,7 @@ class TransactionService:
         """Raises StoreIOError for a malformed state file."""
         data = read_json(self.state_path, "transaction check state") or {}
         try:
-            self._saved_checks = {int(k): (int(v[0]), int(v[1])) for k, v in data.items()}
+            self._loaded_checks = {int(k): (int(v[0]), int(v[1])) for k, v in data.items()}
         except (TypeError, ValueError, IndexError) as exc:
             raise StoreIOError(f"transaction check state {self.state_path} is malformed: {exc}") from exc
         self.pending.clear()
@@ -116,7 +117,7 @@ class TransactionService:
                     if u.size == BLANK_UNIT_SIZE or offset in self._ended:
                         self._ended.discard(offset)
                         continue
-                    checks, nxt = self._saved_checks.get(offset, (0, 0))
+                    checks, nxt = self._loaded_checks.pop(offset, (0, 0))
                     self.pending[offset] = _Half(u.tags_code, u.phy_offset, u.size, checks, nxt)
                 self._half_scanned += len(units)
         op = self.queues.find(OP_TOPIC, 0)
@@ -192,9 +193,10 @@ class TransactionService:
 
     async def _resolve(self, half_offset: int, resolution: str, uniq: str) -> None:
         await self._append_all([op_message(half_offset, resolution, uniq)], "resolving")
-        if self.pending.pop(half_offset, None) is None and half_offset >= self._half_scanned:
+        half = self.pending.pop(half_offset, None)
+        if half is None and half_offset >= self._half_scanned:
             self._ended.add(half_offset)
-        if self._saved_checks.pop(half_offset, None) is not None:
+        if half is not None and half.checks:  # its count leaves the state file
             self._save()
 
     async def _append_all(self, messages: list, what: str) -> None:  # type: ignore[type-arg]
@@ -214,12 +216,13 @@ class TransactionService:
             (off, h)
             for off, h in self.pending.items()
             if (h.next_check_ms or h.store_ms + self.timeout_ms) <= now
+            and (not topics or h.real_topic is None or h.real_topic in topics or h.checks >= self.check_max)
         ]
-        if not due:
-            return []
         out: list[TransactionCheck] = []
         changed = False
         for start in range(0, len(due), 256):
+            if len(out) >= max_count:
+                break
             chunk = due[start : start + 256]
             raws = await self.commitlog.read([(h.phy_offset, h.size) for _, h in chunk])
             for (off, h), raw in zip(chunk, raws, strict=True):
@@ -227,11 +230,11 @@ class TransactionService:
                     self.pending.pop(off, None)  # cleaned from the log: nothing to check
                     continue
                 rec = decode_record(raw, check_crc=False)
-                immunity = rec.properties.get(CHECK_IMMUNITY, "")
-                if not h.next_check_ms and immunity.isdigit():
-                    first = h.store_ms + int(immunity) * 1000
-                    if first > now:
-                        h.next_check_ms = first
+                if h.real_topic is None:  # first read: where it goes, when it may be checked
+                    h.real_topic = rec.properties.get(MessageConst.REAL_TOPIC, "")
+                    immunity = rec.properties.get(CHECK_IMMUNITY, "")
+                    if immunity.isdigit() and h.store_ms + int(immunity) * 1000 > now:
+                        h.next_check_ms = h.store_ms + int(immunity) * 1000
                         continue
                 if h.checks >= self.check_max:
                     async with self._resolving(off):
@@ -245,14 +248,12 @@ class TransactionService:
                             uniq = rec.properties.get(MessageConst.UNIQ_KEY, "")
                             await self._resolve(off, "DISCARD", uniq)
                     continue
-                real = rec.properties.get(MessageConst.REAL_TOPIC, "")
-                if topics and real not in topics:
+                if topics and h.real_topic not in topics:
                     continue
                 if len(out) >= max_count:
                     break
                 h.checks += 1
                 h.next_check_ms = now + self.interval_ms
-                self._saved_checks[off] = (h.checks, h.next_check_ms)
                 changed = True
                 out.append(TransactionCheck(TransactionId(off, h.phy_offset, h.size).encode(), raw, h.checks))
         if changed:
@@ -260,7 +261,7 @@ class TransactionService:
         return out
 
     def _save(self) -> None:
-        live = {k: v for k, v in self._saved_checks.items() if k in self.pending}
-        self._saved_checks = live
-        body = "{" + ", ".join(f'"{k}": [{c}, {n}]' for k, (c, n) in sorted(live.items())) + "}"
+        """Persist the check counts of the pending half messages that were checked."""
+        checked = sorted((k, h) for k, h in self.pending.items() if h.checks)
+        body = "{" + ", ".join(f'"{k}": [{h.checks}, {h.next_check_ms}]' for k, h in checked) + "}"
         atomic_write(self.state_path, body.encode())

@@ -84,6 +84,26 @@ def test_change_invisible_gives_a_new_handle_and_a_later_redelivery(tmp_path: Pa
         ReceiptHandle.decode("garbage")
 
 
+def test_in_flight_trusts_the_store_not_the_handle_text(tmp_path: Path) -> None:
+    """What a dead-letter forward copies: the delivery as the store recorded it."""
+    s = _open(tmp_path)
+    q = Queue(3)
+    first, second, _ = _pop(s, q, T0, 3)
+    dead = s.in_flight("g", "t", first.handle, T0 + 10)
+    assert (dead.queue_offset, dead.phy_offset, dead.size, dead.dead) == (0, 0, 100, True)
+    forged = ReceiptHandle(0, 1, second.handle.seq, second.handle.visible_at, 1, 999_999, 4096)
+    assert s.in_flight("g", "t", forged, T0 + 10).phy_offset == 1000  # not the handle's 999,999
+    with pytest.raises(InvalidReceiptHandleError):  # another group never received it
+        s.in_flight("other", "t", first.handle, T0 + 10)
+    s.ack("g", "t", first.handle, T0 + 20)
+    with pytest.raises(InvalidReceiptHandleError):  # already acked
+        s.in_flight("g", "t", first.handle, T0 + 30)
+    new = s.change_invisible("g", "t", second.handle, 5000, T0 + 40)
+    with pytest.raises(InvalidReceiptHandleError):  # superseded
+        s.in_flight("g", "t", second.handle, T0 + 50)
+    assert s.in_flight("g", "t", new, T0 + 50).queue_offset == 1
+
+
 def test_tag_filter_and_blank_units_finish_without_delivery(tmp_path: Path) -> None:
     commits: dict = {}  # type: ignore[type-arg]
     s = _open(tmp_path, commits)
