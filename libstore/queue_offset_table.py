@@ -16,7 +16,8 @@ import json
 import logging
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
+from libstore.errors import StoreIOError
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,14 @@ def save_snapshot(path: Path, phy_offset: int, offsets: dict[QueueKey, int]) -> 
 def load_snapshot(path: Path) -> QueueOffsetSnapshot | None:
     """The saved snapshot, or None when missing or unreadable (the caller then rescans the log)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = read_json(Path(path), "queue offset snapshot")
+        if data is None:
+            return None
         if data.get("version") != 1:
             raise ValueError(f"unknown version {data.get('version')!r}")
         offsets = {(str(t), int(q)): int(n) for t, q, n in data["offsets"]}
         return QueueOffsetSnapshot(int(data["phyOffset"]), offsets)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (StoreIOError, AttributeError, ValueError, KeyError, TypeError) as exc:
         log.warning("ignoring unreadable queue offset snapshot %s: %s", path, exc)
         return None
 

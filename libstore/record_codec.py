@@ -626,14 +626,17 @@ class DispatchRequest:
         )
 
 
-# The properties dispatch reads (TAGS, KEYS, UNIQ_KEY) and those that schedule a message, found
-# in one pass: a name at the start or after a \x02, then \x01, then the value up to the next
-# \x02 (RocketMQ's parse; the last one wins).
+# The properties dispatch reads (TAGS, KEYS, UNIQ_KEY; for system topics the number their units
+# carry, libstore.system_topics) and those that schedule a message, found in one pass: a name at
+# the start or after a \x02, then \x01, then the value up to the next \x02 (RocketMQ's parse;
+# the last one wins).
 _DISPATCH_PROPERTIES = re.compile(
-    rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY|DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS)\x01([^\x02]*)"
+    rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY|DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS"
+    rb"|TRAN_HALF_OFFSET|TIMER_UNIT)\x01([^\x02]*)"
 )
 # Properties that may schedule a message (libstore.scheduled_message): flagged while validating.
-_DISPATCH_ONLY = frozenset({b"TAGS", b"KEYS", b"UNIQ_KEY"})
+_SCHEDULING = frozenset({b"DELAY", b"TIMER_DELIVER_MS", b"TIMER_DELAY_SEC", b"TIMER_DELAY_MS"})
+_NOTHING: dict[bytes, bytes] = {}
 _TOPIC_NAMES: dict[bytes, str] = {}
 
 
@@ -761,9 +764,9 @@ def _check_record(
             raw_uniq = found.get(b"UNIQ_KEY")
             if raw_uniq:
                 uniq_key = raw_uniq.decode("utf-8", "replace")
-            scheduled = not found.keys() <= _DISPATCH_ONLY
+            scheduled = not _SCHEDULING.isdisjoint(found)
     if decode_properties and topic in SYSTEM_TOPICS:  # units carrying a time or an offset
-        code = system_tags_code(topic, bytes(buf[p:end]), store_ts) or 0
+        code = system_tags_code(topic, found if prop_len else _NOTHING, store_ts) or 0
     req = DispatchRequest(
         True,
         total,

@@ -98,7 +98,3 @@ class SubscriptionGroupManager:
             data = {"subscriptionGroupTable": {n: asdict(c) for n, c in sorted(self._groups.items())}}
             atomic_write(self.path, json.dumps(data, indent=1).encode())
         return config
-
-    def list(self) -> list[SubscriptionGroupConfig]:
-        with self._lock:
-            return sorted(self._groups.values(), key=lambda c: c.group_name)

@@ -21,7 +21,6 @@ and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from libstore.errors import MessageIllegalError
@@ -78,9 +77,6 @@ def unpark(record: MessageRecord) -> tuple[str, int, dict[str, str]]:
 
 SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC})
 
-_TIMER_DELIVER = re.compile(rb"(?:^|\x02)TIMER_DELIVER_MS\x01(\d{1,19})(?:\x02|$)")
-_HALF_OFFSET = re.compile(rb"(?:^|\x02)TRAN_HALF_OFFSET\x01(\d{1,19})(?:\x02|$)")
-_TIMER_UNIT = re.compile(rb"(?:^|\x02)TIMER_UNIT\x01(\d{1,19})(?:\x02|$)")
 _MAX_CODE = (1 << 63) - 1
 
 
@@ -88,21 +84,21 @@ def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS
 
 
-def system_tags_code(topic: str, properties: bytes, store_timestamp: int) -> int | None:
+def system_tags_code(topic: str, properties: Mapping[bytes, bytes], store_timestamp: int) -> int | None:
     """The tags code of a unit of ``topic`` when it is a system topic (see the module text),
-    from the record's serialized ``properties`` and store time (ms); None for other topics.
-    A missing or malformed number gives 0 (a timer due at once, an op for offset 0)."""
+    from the record's properties as dispatch's one-pass parse found them (raw name -> raw
+    value) and its store time (ms); None for other topics. A missing or malformed number gives
+    0 (a timer due at once, an op for offset 0)."""
     if topic == TIMER_TOPIC:
-        return _number(_TIMER_DELIVER, properties)
+        return _number(properties.get(b"TIMER_DELIVER_MS"))
     if topic == HALF_TOPIC:
         return store_timestamp
     if topic == OP_TOPIC:
-        return _number(_HALF_OFFSET, properties)
+        return _number(properties.get(b"TRAN_HALF_OFFSET"))
     if topic == TIMER_DONE_TOPIC:
-        return _number(_TIMER_UNIT, properties)
+        return _number(properties.get(b"TIMER_UNIT"))
     return None
 
 
-def _number(pattern: re.Pattern[bytes], properties: bytes) -> int:
-    found = pattern.findall(properties)
-    return min(int(found[-1]), _MAX_CODE) if found else 0
+def _number(raw: bytes | None) -> int:
+    return min(int(raw), _MAX_CODE) if raw and raw.isdigit() and len(raw) <= 19 else 0

@@ -16,7 +16,7 @@ import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from libstore._files import atomic_write
+from libstore._files import atomic_write, read_json
 from libstore.errors import InvalidArgumentError, StoreIOError, TopicNotFoundError
 from libstore.record_codec import validate_topic
 from libstore.system_topics import is_system_topic
@@ -93,12 +93,12 @@ class TopicConfigManager:
         self._load()
 
     def _load(self) -> None:
-        if not self.path.exists():
+        data = read_json(self.path, "topic table")  # StoreIOError when unreadable
+        if data is None:
             return
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
             self._topics = {t["topic_name"]: TopicConfig.from_json(t) for t in data.get("topics", [])}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (AttributeError, ValueError, KeyError, TypeError) as exc:
             raise StoreIOError(f"cannot read topic table {self.path}: {exc}") from exc
 
     def _persist_locked(self) -> None:

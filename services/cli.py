@@ -168,12 +168,7 @@ def serve(
 
     if role not in ROLES:
         raise _fail(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
-    store: dict[str, str] = {}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise _fail(f"--set takes key=value, got {item!r}")
-        store[key.strip()] = value.strip()
+    store = _store_settings(set_)
     if flush_disk_type is not None:
         store["flushDiskType"] = flush_disk_type.value
     if master_role is BrokerRole.SLAVE:

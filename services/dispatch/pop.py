@@ -3,15 +3,15 @@ time, dead-letter forwarding) over libstore.pop_state and this process's Consume
 
 The state lives here, in the dispatch service's folder (``pop/`` and
 ``config/subscriptionGroup.json``), next to the ConsumeQueues and consumer offsets it refers to,
-so gateways hold nothing and several of them can serve one group. A pop serves every queue of
-the topic (RocketMQ's proxy pops by broker, whatever queue the client named), starting from a
-rotating queue so no queue starves; when nothing is deliverable it holds on the long-polling
-service until a message arrives on the topic, an in-flight message becomes visible again, or
-the wait ends (a change of invisible time wakes it too: the message may now come back sooner
-than the hold it computed). Messages that used up the group's attempts (found by the next pop, or by the
-revive scan every second) are copied to ``%DLQ%<group>``
-through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5
-writes them) and then finished for the group.
+so gateways hold no delivery state and several of them can serve one group. A pop for queue -1
+(what the gateway always asks: RocketMQ's proxy pops by broker, whatever queue the client named)
+serves every queue of the topic, starting from a rotating queue so no queue starves; when
+nothing is deliverable it holds on the long-polling service until a message arrives on the
+topic, an in-flight message becomes visible again, or the wait ends (a change of invisible time
+wakes it too: the message may now come back sooner than the hold it computed). Messages that
+used up the group's attempts (found by the next pop, or by the revive scan every second) are
+copied to ``%DLQ%<group>`` through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/
+``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5 writes them) and then finished for the group.
 """
 
 from __future__ import annotations
