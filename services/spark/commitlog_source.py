@@ -26,6 +26,7 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,36 +63,56 @@ def commitlog_files(folder: str | Path) -> list[CommitLogFile]:
     return [CommitLogFile(str(p), int(p.name)) for p in names]
 
 
-def walk(
-    path: str, base_offset: int, *, decode_properties: bool = False
-) -> Iterator[tuple[Any, int, DispatchRequest | None, bool]]:
-    """(buffer, position, request, crc_ok) per record of one file, ``request`` as
-    check_record reads it (None for bytes that are not a record: the walk ends there). One
-    CRC-checked pass per record; only a failing record is looked at again."""
+@contextmanager
+def _mapped(path: str) -> Iterator[Any]:
+    """The file's bytes, memory-mapped read-only (b"" for an empty file)."""
     with open(path, "rb") as fh:
-        length = os.fstat(fh.fileno()).st_size
-        if length == 0:
+        if os.fstat(fh.fileno()).st_size == 0:
+            yield b""
             return
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            pos = 0
-            while pos + 8 <= length:
-                total, magic = _ZERO.unpack_from(buf, pos)
-                if total == 0 and magic == 0:
-                    return  # the unwritten tail of the last file
-                req = check_record(buf, pos, length, decode_properties=decode_properties)
-                crc_ok = req.success
-                if not crc_ok:  # a CRC mismatch, or not a record at all?
-                    req = check_record(buf, pos, length, check_crc=False, decode_properties=decode_properties)
-                if req.success and req.msg_size == 0:
-                    return  # blank END record: the rest of the file is padding
-                if not req.success:
-                    yield buf, pos, None, False
-                    return
-                yield buf, pos, req, crc_ok
-                pos += req.msg_size
+            yield buf
         finally:
             buf.close()
+
+
+def _data_ends(buf: Any, pos: int) -> bool:
+    """No record starts at ``pos``: the end of the file, or its unwritten (zero) tail."""
+    return pos + 8 > len(buf) or _ZERO.unpack_from(buf, pos) == (0, 0)
+
+
+def walk(
+    path: str, base_offset: int, *, decode_properties: bool = False
+) -> Iterator[tuple[int, DispatchRequest | None, bool]]:
+    """(position, request, crc_ok) per record of one file, ``request`` as check_record reads
+    it; None for bytes that are not a record where one must start (its PHYSICALOFFSET included):
+    the walk ends there. One CRC-checked pass per record; only a failing record is looked at
+    again. Ends at the blank END record."""
+    with _mapped(path) as buf:
+        pos, length = 0, len(buf)
+        while not _data_ends(buf, pos):
+            expected = base_offset + pos
+            req = check_record(
+                buf, pos, length, expected_phy_offset=expected, decode_properties=decode_properties
+            )
+            crc_ok = req.success
+            if not crc_ok:  # a CRC mismatch, or not a record at all?
+                req = check_record(
+                    buf,
+                    pos,
+                    length,
+                    check_crc=False,
+                    expected_phy_offset=expected,
+                    decode_properties=decode_properties,
+                )
+            if req.success and req.msg_size == 0:
+                return  # blank END record: the rest of the file is padding
+            if not req.success:
+                yield pos, None, False
+                return
+            yield pos, req, crc_ok
+            pos += req.msg_size
 
 
 class CommitLogDataSource(DataSource):
@@ -131,7 +152,7 @@ class CommitLogReader(DataSourceReader):
             return
         name = Path(partition.path).name
         builder = BatchBuilder(with_file=True)
-        for pos, rec, crc_ok in _records(partition.path):
+        for pos, rec, crc_ok in _records(partition.path, partition.base_offset):
             if rec is None:
                 builder.add_unreadable(partition.base_offset + pos, name)
             else:
@@ -142,34 +163,28 @@ class CommitLogReader(DataSourceReader):
             yield builder.take()
 
 
-def _records(path: str) -> Iterator[tuple[int, MessageRecord | None, bool]]:
+def _records(path: str, base_offset: int) -> Iterator[tuple[int, MessageRecord | None, bool]]:
     """(position, record, crc_ok) per record of one file, decoded in one CRC-checked pass (the
-    messages view); None for bytes that are not a record (the walk ends there)."""
-    with open(path, "rb") as fh:
-        length = os.fstat(fh.fileno()).st_size
-        if length == 0:
-            return
-        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            pos = 0
-            while pos + 8 <= length:
-                total, magic = _ZERO.unpack_from(buf, pos)
-                if total == 0 and magic == 0:
+    messages view); None, as in :func:`walk`, for bytes that are not the record due there."""
+    with _mapped(path) as buf:
+        pos, length = 0, len(buf)
+        while not _data_ends(buf, pos):
+            expected = base_offset + pos
+            try:
+                rec, crc_ok = decode_record(buf, pos, length), True
+            except CorruptRecordError:  # a CRC mismatch, a blank END record, or no record
+                req = check_record(buf, pos, length, check_crc=False, decode_properties=False)
+                if req.success and req.msg_size == 0:
                     return
-                try:
-                    rec, crc_ok = decode_record(buf, pos, length), True
-                except CorruptRecordError:  # a CRC mismatch, a blank END record, or no record
-                    req = check_record(buf, pos, length, check_crc=False, decode_properties=False)
-                    if req.success and req.msg_size == 0:
-                        return
-                    if not req.success:
-                        yield pos, None, False
-                        return
-                    rec, crc_ok = decode_record(buf, pos, length, check_crc=False), False
-                yield pos, rec, crc_ok
-                pos += rec.total_size
-        finally:
-            buf.close()
+                if not req.success:
+                    yield pos, None, False
+                    return
+                rec, crc_ok = decode_record(buf, pos, length, check_crc=False), False
+            if rec.phy_offset != expected:  # a record, but not the one this position holds
+                yield pos, None, False
+                return
+            yield pos, rec, crc_ok
+            pos += rec.total_size
 
 
 def dispatch_arrow_schema() -> Any:
@@ -201,46 +216,42 @@ def _dispatch_batches(partition: CommitLogFile) -> Iterator[Any]:
 
     schema = dispatch_arrow_schema()
     name = Path(partition.path).name
-    cols: dict[str, list[Any]] = {n: [] for n in schema.names}
+    columns: list[list[Any]] = [[] for _ in schema.names]
 
     def take() -> Any:
-        arrays = [pa.array(cols[f.name], type=f.type) for f in schema]
-        for col in cols.values():
+        arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
+        for col in columns:
             col.clear()
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    for _, pos, req, crc_ok in walk(partition.path, partition.base_offset, decode_properties=True):
+    for pos, req, crc_ok in walk(partition.path, partition.base_offset, decode_properties=True):
         if req is None:
-            row: dict[str, Any] = dict.fromkeys(cols)
-            row.update(commitlog_offset=partition.base_offset + pos, size=-1, crc_ok=False, file=name)
+            offset = partition.base_offset + pos
+            row: tuple[Any, ...] = (offset, -1, *[None] * 11, False, name)
         else:
-            row = _dispatch_row(req, crc_ok, name)
-        for k, v in row.items():
-            cols[k].append(v)
-        if len(cols["size"]) >= ROWS_PER_BATCH:
+            row = (
+                req.commit_log_offset,
+                req.msg_size,
+                req.topic,
+                req.queue_id,
+                req.consume_queue_offset,
+                req.sys_flag,
+                req.born_timestamp,
+                req.store_timestamp,
+                req.prepared_transaction_offset,
+                req.tags,
+                req.tags_code,
+                req.keys or [],
+                req.uniq_key,
+                crc_ok,
+                name,
+            )
+        for col, value in zip(columns, row, strict=True):
+            col.append(value)
+        if len(columns[0]) >= ROWS_PER_BATCH:
             yield take()
-    if cols["size"]:
+    if columns[0]:
         yield take()
-
-
-def _dispatch_row(req: DispatchRequest, crc_ok: bool, file: str) -> dict[str, Any]:
-    return {
-        "commitlog_offset": req.commit_log_offset,
-        "size": req.msg_size,
-        "topic": req.topic,
-        "queue_id": req.queue_id,
-        "queue_offset": req.consume_queue_offset,
-        "sys_flag": req.sys_flag,
-        "born_timestamp": req.born_timestamp,
-        "store_timestamp": req.store_timestamp,
-        "prepared_offset": req.prepared_transaction_offset,
-        "tags": req.tags,
-        "tags_code": req.tags_code,
-        "keys": req.keys or [],
-        "uniq_key": req.uniq_key,
-        "crc_ok": crc_ok,
-        "file": file,
-    }
 
 
 def dispatch_request(row: Any) -> DispatchRequest:

@@ -83,7 +83,7 @@ def test_verify_finds_a_bit_flip_and_stats_count(spark: Any, store: Path, tmp_pa
     shutil.copytree(_commitlog(store), damaged)
     second = commitlog_files(damaged)[1]
     # One bit in the body of an Orders record (2,000 bytes after a 92-byte header) of file 2.
-    pos = next(p for _, p, req, _ in walk(second.path, second.base_offset) if req and req.msg_size > 2000)
+    pos = next(p for p, req, _ in walk(second.path, second.base_offset) if req and req.msg_size > 2000)
     with open(second.path, "r+b") as fh:
         fh.seek(pos + 500)
         byte = fh.read(1)[0]
@@ -121,3 +121,34 @@ def test_verify_finds_a_bit_flip_and_stats_count(spark: Any, store: Path, tmp_pa
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "DAMAGED" in proc.stdout and "1 CRC failures" in proc.stdout
+
+
+def test_messages_view_and_a_record_that_is_not_where_it_says(
+    spark: Any, store: Path, tmp_path: Path
+) -> None:
+    """The CRC covers only the body: a damaged header is caught by the record's own offset
+    (PHYSICALOFFSET), as recovery catches it. The file reads up to there and reports the rest
+    unreadable."""
+    damaged = tmp_path / "commitlog"
+    shutil.copytree(_commitlog(store), damaged)
+    second = commitlog_files(damaged)[1]
+    positions = [p for p, _, _ in walk(second.path, second.base_offset)]
+    tenth = positions[9]
+    with open(second.path, "r+b") as fh:  # PHYSICALOFFSET: header bytes 28..35
+        fh.seek(tenth + 35)
+        byte = fh.read(1)[0]
+        fh.seek(tenth + 35)
+        fh.write(bytes([byte ^ 0x01]))
+    rows = spark.read.format("mqstore-commitlog").load(str(damaged)).collect()
+    name = Path(second.path).name
+    in_second = sorted((r for r in rows if r.file == name), key=lambda r: r.commitlog_offset)
+    assert [r.crc_ok for r in in_second] == [True] * 9 + [False]
+    bad = in_second[-1]
+    assert (bad.size, bad.commitlog_offset, bad.topic) == (-1, second.base_offset + tenth, None)
+    good = in_second[0]
+    assert good.topic in ("Orders", "Audit") and good.commitlog_offset == second.base_offset
+    assert good.size > 0 and good.body and good.msg_id
+    first_file = [r for r in rows if r.file != name]
+    assert first_file and all(r.crc_ok for r in first_file)
+    report = jobs.verify(spark, damaged)
+    assert not report.ok and report.unreadable == 1 and report.crc_failures == 0
