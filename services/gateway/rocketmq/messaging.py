@@ -8,10 +8,15 @@ A thin translation over the gateway's ports, like the mqstore.v1 Gateway:
   permissions from the topic's perm bits, accepted message types from its message type.
 * SendMessage: v2 messages become store messages (services.gateway.rocketmq.convert); a message
   group picks its queue by hash (FIFO), other messages are placed round robin by the commitlog;
-  one entry per message. DELAY and TRANSACTION messages are refused (UNSUPPORTED) for now.
+  one entry per message. A delivery time is held by the commitlog's timer topic; TRANSACTION
+  messages become half messages (libstore.transaction_message), ended by EndTransaction or by a
+  check-back pushed to a producer over Telemetry.
 * ReceiveMessage / AckMessage / ChangeInvisibleDuration / ForwardMessageToDeadLetterQueue: the
-  pop model kept by the dispatch service (services.dispatch.pop): nothing about deliveries is
-  held here, so gateways are stateless and interchangeable.
+  pop model kept by the dispatch service (services.dispatch.pop). Delivery state is not held
+  here, so gateways are interchangeable; the exception is a push consumer's renewal of invisible
+  time (services.gateway.rocketmq.renewal), which lives with the gateway that served the
+  receive: after that gateway goes away, an ack with the original handle is refused and the
+  message comes back after its invisible time (at-least-once).
 * Telemetry: the client's settings are answered with the server's (status OK, limits, back-off,
   FIFO flag from the group's config); the stream stays open until the client ends it or
   announces its termination (services.gateway.rocketmq.sessions).
