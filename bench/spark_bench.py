@@ -10,8 +10,6 @@ filled with ``messages`` 1 KiB messages by the services benchmark's produce work
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +35,8 @@ class SparkRow:
 
 def run(root: Path, messages: int = 1_000_000) -> tuple[list[SparkRow], dict[str, str]]:
     """(rows, notes): data source read, CommitLog-file read, rebuild."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from libstore import StoreConfig
+    from services.client import Admin
     from services.spark import jobs
     from services.spark.session import spark_session
 
@@ -57,7 +54,8 @@ def run(root: Path, messages: int = 1_000_000) -> tuple[list[SparkRow], dict[str
         try:
             spark.range(10).count()  # JVM warm-up outside the clocks
             topic = spark.read.format("mqstore").option("endpoint", address).option("topic", TOPIC)
-            n = topic.load().count()
+            with Admin(address) as admin:
+                n = sum(q.max_offset - q.min_offset for q in admin.queue_offsets(TOPIC))
             t0 = time.perf_counter()
             topic.load().write.format("noop").mode("overwrite").save()
             timed("data source `mqstore` (16 queues, via the gateway)", n, t0)

@@ -9,10 +9,9 @@ Python object per field goes through Spark's converters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from libstore.message import MessageConst, MessageRecord
+from libstore.message import MessageRecord
 
 MESSAGE_SCHEMA = (
     "topic string, queue_id int, queue_offset long, commitlog_offset long, msg_id string, tags string, "
@@ -66,7 +65,7 @@ class BatchBuilder:
         c["queue_id"].append(rec.queue_id)
         c["queue_offset"].append(rec.queue_offset)
         c["commitlog_offset"].append(rec.phy_offset)
-        c["msg_id"].append(props.get(MessageConst.UNIQ_KEY) or rec.msg_id)
+        c["msg_id"].append(rec.uniq_key or rec.msg_id)
         c["tags"].append(rec.tags)
         c["keys"].append(rec.keys or [])
         c["properties"].append(list(props.items()))
@@ -94,14 +93,3 @@ class BatchBuilder:
         arrays = [pa.array(self._cols[f.name], type=f.type) for f in self.schema]
         self._cols = {name: [] for name in self.schema.names}
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
-
-
-def batches(records: Iterable[MessageRecord], rows: int = ROWS_PER_BATCH) -> Iterable[Any]:
-    """RecordBatches of up to ``rows`` messages each."""
-    builder = BatchBuilder()
-    for rec in records:
-        builder.add(rec)
-        if len(builder) >= rows:
-            yield builder.take()
-    if len(builder):
-        yield builder.take()

@@ -221,11 +221,12 @@ class BatchReader(DataSourceReader):
         self.end_ts = int(_opt(options, "endingTimestamp", "0") or 0)
 
     def partitions(self) -> list[QueueRange]:
-        queues = self.store.queue_offsets()
-        starts = _resolve(self.starting, queues, True)
-        ends = _resolve(self.ending, queues, False)
+        queues = self.store.queue_offsets(self.start_ts)
         if self.start_ts:
-            starts = {q: at for q, (_, _, at) in self.store.queue_offsets(self.start_ts).items()}
+            starts = {q: at for q, (_, _, at) in queues.items()}
+        else:
+            starts = _resolve(self.starting, queues, True)
+        ends = _resolve(self.ending, queues, False)
         if self.end_ts:
             ends = {q: at for q, (_, _, at) in self.store.queue_offsets(self.end_ts).items()}
         out = []
@@ -245,9 +246,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.store = _store_of(options)
         self.pull_batch = _int_opt(options, "pullBatchSize", 1024)
-        self.max_per_trigger = (
-            _int_opt(options, "maxRecordsPerTrigger", 0) if _opt(options, "maxRecordsPerTrigger") else 0
-        )
+        self.max_per_trigger = _int_opt(options, "maxRecordsPerTrigger", 0)  # 0: no limit
         self.starting = _offsets_option(_opt(options, "startingOffsets", "latest") or "", "startingOffsets")
         self.start_ts = int(_opt(options, "startingTimestamp", "0") or 0)
         self._target: dict[int, int] | None = None  # availableNow: stop here

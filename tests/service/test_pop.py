@@ -1,5 +1,6 @@
 """The pop model on the dispatch service (services.dispatch.pop), through its port in an
-embedded suite: held receives, changes of invisible time, retries to the DLQ."""
+embedded suite: a held receive wakes when a change of invisible time makes a message visible
+sooner (retries and the DLQ are covered through the official client, test_rocketmq_client)."""
 
 from __future__ import annotations
 

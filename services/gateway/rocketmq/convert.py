@@ -27,6 +27,7 @@ from libstore.scheduled_message import MAX_DELAY_MS
 from libstore.system_topics import TIMER_DELIVER_MS
 from libstore.topic_config import TopicMessageType
 from libstore.transaction_message import TRANSACTION_CHECK_TIMES
+from services._common.convert import host_text
 from services.gateway.rocketmq.pb import Code, definition
 
 SHARDING_KEY = "__SHARDINGKEY"
@@ -268,7 +269,7 @@ def consumer_message(
         born_timestamp=timestamp_ms(rec.born_timestamp),
         born_host=rec.born_host[0],
         store_timestamp=timestamp_ms(rec.store_timestamp),
-        store_host=f"{rec.store_host[0]}:{rec.store_host[1]}",
+        store_host=host_text(rec.store_host),
         receipt_handle=receipt_handle,
         queue_id=rec.queue_id,
         queue_offset=rec.queue_offset,

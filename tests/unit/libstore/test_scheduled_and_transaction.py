@@ -79,10 +79,7 @@ def test_hold_and_due_copy_round_trip(tmp_path: Path) -> None:
     log.shutdown()
 
 
-def _log_with(messages: list[Message], root: Path | None = None) -> CommitLog:
-    import tempfile
-
-    root = root or Path(tempfile.mkdtemp())
+def _log_with(messages: list[Message], root: Path) -> CommitLog:
     config = StoreConfig(
         store_path_root_dir=str(root), mapped_file_size_commit_log=1 << 20, max_message_size=64 * 1024
     )

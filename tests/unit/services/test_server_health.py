@@ -1,7 +1,7 @@
 """The health service as Kubernetes probes see it (services._common.server): before the owner
 says it is ready, the overall status is NOT_SERVING (readiness fails) while the liveness service
-is SERVING (liveness and startup probes pass); after, both are SERVING; while stopping, the
-overall status goes NOT_SERVING first."""
+is SERVING (liveness and startup probes pass); after, both are SERVING; and turning serving off
+(what stop() does before it stops taking calls) turns only the overall status off."""
 
 from __future__ import annotations
 

@@ -71,12 +71,7 @@ def _setup(root: Path, now: int) -> tuple[CommitLog, ConsumeQueueStore]:
     ]
     assert log.put_messages(msgs).all_ok
     cqs = ConsumeQueueStore(root / "cq", 6000)
-    raw, _ = log.read_chunk(0, log.max_offset, log.max_offset)
-    pos, reqs = 0, []
-    while pos < len(raw):
-        reqs.append(check_record(raw, pos, len(raw)))
-        pos += reqs[-1].msg_size
-    cqs.dispatch_batch(reqs)
+    _dispatch(log, cqs, 0)
     return log, cqs
 
 
