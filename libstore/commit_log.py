@@ -421,7 +421,7 @@ class CommitLog:
     ) -> AppendResult:
         """Validate, encode and append ``messages`` without waiting for any flush. With
         ``place_unassigned``, a message with queue id -1 is placed round robin over its topic's
-        write queues (its ``queue_id`` is set), as client-encoded records with QUEUEID -1 are
+        write queues (the message itself is not changed), as client-encoded records with QUEUEID -1 are
         (:meth:`adopt_records`); otherwise -1 is out of range like any other bad queue id. With
         ``hold_scheduled`` (the default), delayed messages go to the timer topic
         (libstore.scheduled_message.hold_if_scheduled); a caller that already did that passes False.
@@ -436,11 +436,12 @@ class CommitLog:
         now = time.time_ns() // 1_000_000
         if hold_scheduled:  # delay/timer: held in the timer topic
             messages = [hold_if_scheduled(m, now) for m in messages]
-        if place_unassigned:
-            for m in messages:
-                if m.queue_id == -1:
-                    m.queue_id = self._next_queue(m.topic)
-        batch = self._encoder.encode_batch(messages, now, self._topic_config.write_queue_nums)
+        batch = self._encoder.encode_batch(
+            messages,
+            now,
+            self._topic_config.write_queue_nums,
+            choose_queue=self._next_queue if place_unassigned else None,
+        )
         return self.append_batch(batch)
 
     def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:

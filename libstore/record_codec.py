@@ -328,6 +328,7 @@ class RecordEncoder:
         queue_nums: Callable[[str], int] | None = None,
         *,
         unassigned_queue_ok: bool = False,
+        choose_queue: Callable[[str], int] | None = None,
     ) -> EncodedBatch:
         """Validate and encode ``messages``; nothing is written anywhere.
 
@@ -337,7 +338,9 @@ class RecordEncoder:
         made on the way in.
 
         ``now_ms`` replaces a zero born timestamp. ``queue_nums(topic)`` gives the topic's queue
-        count for the queue id check (None: any non-negative int32). Raises MessageIllegalError
+        count for the queue id check (None: any non-negative int32). A queue id of -1 is encoded
+        as -1 with ``unassigned_queue_ok`` (a client leaving the choice to the store), or placed
+        by ``choose_queue(topic)`` (the messages themselves are not changed). Raises MessageIllegalError
         (or a subclass) naming the first bad message; then no message of the batch is encoded.
         """
         out = EncodedBatch()
@@ -371,6 +374,8 @@ class RecordEncoder:
                 body = m.body
                 body_len = len(body)
                 queue_id = m.queue_id
+                if queue_id == -1 and choose_queue is not None:
+                    queue_id = choose_queue(topic)
                 if (
                     body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES)
                 ) and not (
