@@ -54,7 +54,12 @@ def run(root: Path, messages: int = 1_000_000) -> tuple[list[SparkRow], dict[str
         try:
             spark.range(10).count()  # JVM warm-up outside the clocks
             topic = spark.read.format("mqstore").option("endpoint", address).option("topic", TOPIC)
-            with Admin(address) as admin:
+            with Admin(address) as admin:  # measure reads, not dispatch and index catching up
+                while True:
+                    st = admin.store_stats()
+                    if min(st.dispatch_offset, st.index_offset) >= st.confirm_offset:
+                        break
+                    time.sleep(0.5)
                 n = sum(q.max_offset - q.min_offset for q in admin.queue_offsets(TOPIC))
             t0 = time.perf_counter()
             topic.load().write.format("noop").mode("overwrite").save()
