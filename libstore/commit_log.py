@@ -62,7 +62,7 @@ from libstore.errors import (
 )
 from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitRequest, GroupCommitService
 from libstore.ha_service import HAService
-from libstore.ha_state import HAState
+from libstore.ha_state import EpochEntry, HAState
 from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
 from libstore.mapped_file_queue import MappedFileQueue
@@ -78,6 +78,7 @@ from libstore.record_codec import (
     DispatchRequest,
     EncodedBatch,
     RecordEncoder,
+    check_record,
     decode_record,
     encode_blank,
     record_size_of,
@@ -771,14 +772,33 @@ class CommitLog:
         brought up to the log's end and everything already in the log counts as replicated (it
         came from the previous master). Becoming a SLAVE: puts are refused from now on and
         pending SYNC_MASTER waits end with SLAVE_NOT_AVAILABLE. The caller persists the role
-        (``ha_state.save_role``)."""
-        assert self.queue is not None
+        (``ha_state.save_role``); a store that becomes the master goes through
+        :meth:`start_master_term` instead, which also begins its epoch."""
+        self._switch_role(role, begin_term=False, min_epoch=0)
+
+    def start_master_term(self, role: BrokerRole, min_epoch: int = 0) -> EpochEntry:
+        """Become (or stay) the master in ``role`` and begin a new epoch at the log's end
+        (:meth:`HAState.begin_term`: ``max(last + 1, min_epoch)``), persisted before any put can
+        land in it: at every start, restart and promotion of a master (spec sheet §7). Returns
+        the new entry. Raises ValueError for ``role`` SLAVE, StoreIOError when the epoch cannot
+        be persisted (the role is then unchanged)."""
+        if role is BrokerRole.SLAVE:
+            raise ValueError("a SLAVE does not begin a master term")
+        entry = self._switch_role(role, begin_term=True, min_epoch=min_epoch)
+        assert entry is not None
+        return entry
+
+    def _switch_role(self, role: BrokerRole, *, begin_term: bool, min_epoch: int) -> EpochEntry | None:
+        assert self.queue is not None and self.ha_state is not None
         old = self._role
         if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
             self.refresh_queue_offsets()
+        entry = None
         with self._put_lock:
+            end = self.queue.get_max_wrote_position()
+            if begin_term:
+                entry = self.ha_state.begin_term(end, min_epoch)
             if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
-                end = self.queue.get_max_wrote_position()
                 if self._table_offset < end:
                     snapshot = QueueOffsetSnapshot(self._table_offset, self._queue_offsets)
                     self._queue_offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, end)
@@ -786,12 +806,14 @@ class CommitLog:
                 self._round_robin.clear()
                 self.ha_service.reset_replicated_offset(end)
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
-                self._table_offset = self.queue.get_max_wrote_position()
+                self._table_offset = end
             self._role = role
         if role is not BrokerRole.SYNC_MASTER:
             self.ha_service.fail_waiters(PutMessageStatus.SLAVE_NOT_AVAILABLE)
-        log.info("broker role %s -> %s at CommitLog offset %d", old.value, role.value, self.max_offset)
+        if old is not role:
+            log.info("broker role %s -> %s at CommitLog offset %d", old.value, role.value, self.max_offset)
         self._notify_confirm(self.confirm_offset)
+        return entry
 
     def append_replica(self, offset: int, data: bytes | memoryview) -> int:
         """SLAVE: append log bytes received from the master at the same ``offset``; returns the
@@ -840,7 +862,11 @@ class CommitLog:
     def truncate_to(self, offset: int) -> None:
         """SLAVE: cut the log at ``offset`` (a record boundary), e.g. the tail a returning master
         wrote that its successor never had. Bumps the log generation first, rebuilds the
-        queue-offset table, forgets epochs past the cut, and wakes tail readers."""
+        queue-offset table, forgets epochs past the cut, and wakes tail readers.
+
+        Raises OffsetOutOfRangeError when ``offset`` is not where a record (or a segment's
+        blank END record) starts: such a cut would leave half a record for the next recovery
+        to drop, acknowledged messages with it; nothing is cut then."""
         assert self.queue is not None and self.generation is not None and self.ha_state is not None
         if self._role is not BrokerRole.SLAVE:
             raise ServiceNotAvailableError("only a SLAVE cuts its log")
@@ -848,6 +874,8 @@ class CommitLog:
             end = self.queue.get_max_wrote_position()
             if offset >= end:
                 return
+            if not self._is_record_boundary(offset):
+                raise OffsetOutOfRangeError(f"cannot cut the CommitLog at {offset}: no record starts there")
             self._cut_locked(offset, drop_all=False)
             log.warning("CommitLog cut at %d (%d bytes dropped)", offset, end - offset)
         self._notify_confirm(self.confirm_offset)
@@ -862,6 +890,31 @@ class CommitLog:
             self._cut_locked(offset, drop_all=True)
             log.warning("CommitLog reset to start at %d", offset)
         self._notify_confirm(self.confirm_offset)
+
+    def _is_record_boundary(self, offset: int) -> bool:
+        """True when a record, or the blank END record that closes a segment, starts at
+        ``offset``, or ``offset`` is a segment boundary (put lock held). A record names its own
+        position (PHYSICALOFFSET) and a blank fills its segment to the end, so bytes inside a
+        record body are not taken for either."""
+        queue = self.queue
+        assert queue is not None
+        if offset % queue.mapped_file_size == 0:
+            return True
+        mf = queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return False
+        pos = offset - mf.file_from_offset
+        req = check_record(
+            mf.buffer,
+            pos,
+            mf.wrote_position,
+            check_crc=False,
+            expected_phy_offset=offset,
+            decode_properties=False,
+        )
+        if not req.success:
+            return False
+        return req.msg_size > 0 or _TOTAL_SIZE.unpack_from(mf.buffer, pos)[0] == mf.file_size - pos
 
     def _cut_locked(self, offset: int, *, drop_all: bool) -> None:
         """Make the log end at ``offset`` (put lock held): bump the log generation first (cut

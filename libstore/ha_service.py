@@ -54,11 +54,14 @@ class SlaveLag:
 
 
 class HAConnection:
-    """A connected slave: ``ack_offset`` is -1 until its first report."""
+    """A connected slave: ``ack_offset`` is -1 until its first report; ``sent_offset`` is where
+    the bytes sent to it end (its acks count no further: a slave cannot hold what it was not
+    sent, whatever its own log says)."""
 
-    def __init__(self, address: str, broker_id: int) -> None:
+    def __init__(self, address: str, broker_id: int, sent_offset: int = 0) -> None:
         self.address = address
         self.broker_id = broker_id
+        self.sent_offset = sent_offset
         self.ack_offset = -1
         self.last_report = time.monotonic()
         self.connected_at = time.monotonic()
@@ -100,8 +103,9 @@ class HAService:
         self._appends: collections.deque[tuple[int, float]] = collections.deque(maxlen=_APPEND_SAMPLES)
 
     # -- connections ----------------------------------------------------------------------------
-    def register(self, address: str, broker_id: int) -> HAConnection:
-        conn = HAConnection(address, broker_id)
+    def register(self, address: str, broker_id: int, start_offset: int = 0) -> HAConnection:
+        """A slave whose stream starts at ``start_offset`` (what it holds, as the handshake found)."""
+        conn = HAConnection(address, broker_id, start_offset)
         with self._lock:
             self._connections.append(conn)
         log.info("slave %s (broker id %d) connected", address, broker_id)
@@ -132,9 +136,11 @@ class HAService:
 
     # -- acknowledgements ---------------------------------------------------------------------
     def report(self, conn: HAConnection, ack_offset: int) -> None:
-        """The slave behind ``conn`` holds the log up to ``ack_offset`` (bytes)."""
+        """The slave behind ``conn`` holds the log up to ``ack_offset`` (bytes; counted no
+        further than ``conn.sent_offset``)."""
         moved_to = -1
         done: list[Future[PutMessageStatus]] = []
+        ack_offset = min(ack_offset, conn.sent_offset)
         with self._lock:
             conn.last_report = time.monotonic()
             if ack_offset <= conn.ack_offset or conn.closed:

@@ -141,6 +141,17 @@ class HAState:
         log.info("epoch %d starts at CommitLog offset %d", epoch, start_offset)
         return entry
 
+    def begin_term(self, start_offset: int, min_epoch: int = 0) -> EpochEntry:
+        """Record that this store becomes the master from ``start_offset`` (its log end): a new
+        epoch, ``max(last epoch + 1, min_epoch)``, persisted before it returns. Every start,
+        restart or promotion of a master begins one, so bytes written after a restart are
+        never taken for bytes of the same epoch that a slave received before it (and the master
+        lost in the crash). Raises ValueError when ``start_offset`` is before the last entry's
+        start (the caller clamps a shortened log first, :meth:`clamp`)."""
+        with self._lock:
+            last = self._epochs[-1].epoch if self._epochs else 0
+        return self.start_epoch(max(last + 1, min_epoch), start_offset)
+
     def adopt(self, entries: list[EpochEntry], max_offset: int) -> None:
         """Take a master's history for a log that now ends at ``max_offset``: entries that
         start past it are left out (:meth:`extend_to` adds them as the bytes arrive)."""

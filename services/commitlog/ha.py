@@ -9,7 +9,10 @@ Start: the role is the one saved by the last switch, else the configured one.
 * A master first asks its peers (``--ha-peers``: the other members' CommitLogService endpoints)
   whether one of them is a master of a newer epoch; if so it was replaced while it was away, and
   it rejoins as that master's SLAVE (the handshake cuts the tail its successor never had). Else
-  it serves slaves on its HA endpoint, starting epoch 1 if it has none.
+  it begins a new epoch (1 + the newest it or a reachable peer knows) at its recovered end and
+  serves slaves on its HA endpoint. The new epoch is what keeps a crash honest: a slave may
+  hold bytes this store wrote but never fsynced and lost; had the store kept its epoch, the
+  handshake would take those bytes for the ones it writes next at the same offsets.
 
 While running, a master with peers keeps asking them (every ``haSendHeartbeatInterval`` ms): a
 newer master among them demotes it at once (fencing), so two masters never take writes for the
@@ -160,7 +163,8 @@ class HAController:
                 )
             self._start_client(master, min_epoch=0)
         else:
-            newer = await self._newer_master()
+            peers = await self._peer_states()
+            newer = self._newer_master(peers)
             if newer is not None:
                 log.warning(
                     "%s is the master of epoch %d (ours: %d): rejoining as its SLAVE",
@@ -169,8 +173,11 @@ class HAController:
                     self.log.ha_state.last_epoch,
                 )
                 await self._become_slave(newer.ha_address, newer.epoch)
-            elif self.log.ha_state.last_epoch == 0:
-                self.log.ha_state.start_epoch(1, self.log.max_offset)
+            else:
+                # A new term at the recovered end: bytes a slave received before a crash that
+                # this store then lost are never mistaken for what it writes from now on.
+                epoch = 1 + max([self.log.ha_state.last_epoch, *(st.epoch for st in peers)])
+                await asyncio.to_thread(self.log.start_master_term, self.log.broker_role, epoch)
         self._task = asyncio.get_running_loop().create_task(self._housekeeping(), name="ha-housekeeping")
 
     async def stop(self) -> None:
@@ -200,7 +207,7 @@ class HAController:
                 continue
             next_fence = loop.time() + interval
             try:
-                newer = await self._newer_master()
+                newer = self._newer_master(await self._peer_states())
                 if newer is not None:
                     log.warning(
                         "fencing: %s is the master of epoch %d, newer than ours (%d); demoting this store",
@@ -226,12 +233,12 @@ class HAController:
         states = await asyncio.gather(*(one(p) for p in self.peers))
         return [s for s in states if s is not None]
 
-    async def _newer_master(self) -> commitlog_pb.HAState | None:
-        """A peer that is a master of a newer epoch than ours (ties: the lower broker id wins)."""
+    def _newer_master(self, peers: list[commitlog_pb.HAState]) -> commitlog_pb.HAState | None:
+        """Among ``peers``, a master of a newer epoch than ours (ties: the lower broker id wins)."""
         assert self.log.ha_state is not None
         ours = self.log.ha_state.last_epoch
         best = None
-        for st in await self._peer_states():
+        for st in peers:
             if st.broker_role == BrokerRole.SLAVE.value or st.broker_name != self.config.broker_name:
                 continue
             newer = st.epoch > ours or (st.epoch == ours and st.broker_id < self.config.broker_id)
@@ -313,17 +320,19 @@ class HAController:
             self.port.forget_recent()
             if self.port.dedup is not None:
                 await asyncio.to_thread(self.port.dedup.prefill, self.log)
-            ha_state.start_epoch(epoch, self.log.max_offset)
+            entry = await asyncio.to_thread(self.log.start_master_term, role, epoch)
             ha_state.save_role(role)
-            await asyncio.to_thread(self.log.set_broker_role, role)
             log.warning(
-                "promoted to %s, epoch %d, at CommitLog offset %d", role.value, epoch, self.log.max_offset
+                "promoted to %s, epoch %d, at CommitLog offset %d",
+                role.value,
+                entry.epoch,
+                entry.start_offset,
             )
         for st in live_masters:  # forced: tell the old master to follow us
             with contextlib.suppress(StoreError, grpc.RpcError):
                 channel = self._channels.get(st.commitlog_address) or open_channel(st.commitlog_address)
                 self._channels[st.commitlog_address] = channel
-                await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, epoch)
+                await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, entry.epoch)
         return self.state()
 
     async def demote(self, master_address: str, min_epoch: int = 0) -> commitlog_pb.HAState:

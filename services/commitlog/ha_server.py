@@ -98,7 +98,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
         )
         yield ha_pb.MasterFrame(welcome=welcome)
         ha = self.log.ha_service
-        conn = ha.register(hello.commitlog_address or context.peer(), hello.broker_id)
+        conn = ha.register(hello.commitlog_address or context.peer(), hello.broker_id, welcome.start_offset)
         wake = asyncio.Event()
         self._streams[conn] = (wake, asyncio.current_task())
         loop = asyncio.get_running_loop()
@@ -188,6 +188,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
             top = log_.max_offset
             if offset < top:
                 data, next_offset = log_.read_chunk(offset, top, batch)
+                conn.sent_offset = next_offset  # before the slave can ack it
                 yield ha_pb.MasterFrame(
                     data=ha_pb.ReplicaData(offset=offset, data=data, master_max_offset=top)
                 )

@@ -439,6 +439,21 @@ class CommitLogAdmin:
                 raise mapped from None
             raise
 
+    def append_keyed(self, topic: str, keys: Sequence[str], body_size: int = 200) -> Any:
+        """Append one message per key (the key repeated as its body, ``body_size`` bytes), as one
+        batch, queue 0; returns the libstore PutMessageResults."""
+        from services._common.convert import results_from_pb
+        from services.proto import commitlog_pb, common_pb
+
+        messages = [
+            common_pb.Message(
+                topic=topic, queue_id=0, properties={"KEYS": k}, body=(k.encode() * body_size)[:body_size]
+            )
+            for k in keys
+        ]
+        reply = self.stub.Append(commitlog_pb.AppendRequest(messages=messages), timeout=30)
+        return results_from_pb(reply.results)
+
     def read(self, ranges: list[tuple[int, int]]) -> list[bytes]:
         from services.proto import commitlog_pb
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from libstore import (
@@ -49,41 +49,70 @@ def test_consistent_point_cases():
 
 
 class _Node:
-    """A store in the model: its bytes (unique ids) and its real HAState."""
+    """A store in the model: its bytes (unique ids), how many of them are fsynced, and its real
+    HAState."""
 
     def __init__(self, root: Path, name: str) -> None:
         self.ids: list[str] = []
+        self.durable = 0
         self.state = HAState(root / name / "haState.json")
         self.synced = True  # a slave that already did its handshake with the current master
         self.pending: list[EpochEntry] = []
 
+    def lose_tail(self, n: int) -> int:
+        """A power loss: up to ``n`` of the bytes not yet fsynced are gone; returns the new end."""
+        keep = max(self.durable, len(self.ids) - n)
+        del self.ids[keep:]
+        self.durable = keep
+        return keep
 
-@settings(max_examples=60, deadline=None)
+
+@settings(max_examples=300, deadline=None)
+@example([("write", 10), ("copy", 10), ("master_crash", 5), ("write", 3), ("rejoin", 1)])
 @given(
     st.lists(
-        st.tuples(st.sampled_from(["write", "copy", "switch", "rejoin"]), st.integers(1, 40)), max_size=40
+        st.tuples(
+            st.sampled_from(["write", "flush", "copy", "switch", "rejoin", "master_crash", "slave_crash"]),
+            st.integers(1, 40),
+        ),
+        max_size=40,
     )
 )
 def test_consistent_point_matches_a_byte_model(ops):
-    """Two stores swap mastership; at every handshake the consistent point computed from the
-    epoch histories equals the longest common prefix of the two logs' bytes."""
+    """Two stores swap mastership and lose unflushed tails in crashes; at every handshake the
+    consistent point computed from the epoch histories equals the longest common prefix of the
+    two logs' bytes. A crashed master restarts as the master: it clamps its epochs to its
+    recovered end and begins a new term there (what HAController.start does), then keeps
+    writing; the slave may hold bytes of the old term that the master lost."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         master, slave = _Node(root, "a"), _Node(root, "b")
-        master.state.start_epoch(1, 0)
+        master.state.begin_term(0)
         slave.state.adopt(master.state.epochs, 0)  # a fresh slave's welcome
         serial = itertools.count()
         for op, n in ops:
             if op == "write":
                 master.ids += [f"{master.state.last_epoch}.{next(serial)}" for _ in range(n)]
+            elif op == "flush":
+                master.durable = len(master.ids)
+                slave.durable = len(slave.ids)
             elif op == "copy" and slave.synced:
                 take = master.ids[len(slave.ids) : len(slave.ids) + n]
                 slave.ids += take
                 slave.pending = slave.state.extend_to(slave.pending, len(slave.ids))
             elif op == "switch":  # the slave is promoted; the old master is cut off
-                epoch = max(master.state.last_epoch, slave.state.last_epoch) + 1
-                slave.state.start_epoch(epoch, len(slave.ids))
+                slave.state.begin_term(
+                    len(slave.ids), max(master.state.last_epoch, slave.state.last_epoch) + 1
+                )
                 master, slave = slave, master
+                slave.synced = False
+            elif op == "master_crash":  # power loss, then a restart as the master
+                end = master.lose_tail(n)
+                master.state.clamp(end)
+                master.state.begin_term(end, slave.state.last_epoch + 1)
+                slave.synced = False
+            elif op == "slave_crash":  # power loss; the slave's recovery forgets epochs past its end
+                slave.state.truncate(slave.lose_tail(n))
                 slave.synced = False
             elif op == "rejoin" or (op == "copy" and not slave.synced):
                 point = find_consistent_point(
@@ -98,6 +127,7 @@ def test_consistent_point_matches_a_byte_model(ops):
                     point = 0
                 assert point == common, (point, common, slave.state.epochs, master.state.epochs)
                 del slave.ids[point:]
+                slave.durable = min(slave.durable, point)
                 slave.state.truncate(point)
                 slave.state.adopt(master.state.epochs, point)
                 slave.pending = [e for e in master.state.epochs if e.start_offset > point]
@@ -154,8 +184,11 @@ def test_sync_master_requests_and_in_sync_rules():
     moved: list[int] = []
     ha = HAService(lambda: top[0], max_gap=5_000, housekeeping_ms=200, on_replicated=moved.append)
     assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no slave
-    conn = ha.register("s1", 1)
+    conn = ha.register("s1", 1, start_offset=0)
     assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no report yet
+    ha.report(conn, 6_000)  # nothing was sent to it yet: its own log's end counts for nothing
+    assert conn.ack_offset == 0 and ha.replicated_offset == 0
+    conn.sent_offset = 10_000  # the stream sent everything
     ha.report(conn, 4_000)  # behind by 6000 >= max gap: not in sync
     assert ha.in_sync_count() == 0
     assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE
@@ -179,7 +212,7 @@ def test_sync_master_requests_and_in_sync_rules():
 
 def test_in_sync_replicas_counts_the_master():
     ha = HAService(lambda: 1_000, in_sync_replicas=3)
-    a, b = ha.register("a", 1), ha.register("b", 2)
+    a, b = ha.register("a", 1, start_offset=1_000), ha.register("b", 2, start_offset=1_000)
     ha.report(a, 900)
     assert ha.submit_replica_request(900).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # one of two
     ha.report(b, 500)
@@ -193,6 +226,7 @@ def test_lag_ms_counts_from_the_first_missing_append():
     top = [0]
     ha = HAService(lambda: top[0])
     conn = ha.register("s", 1)
+    conn.sent_offset = 200
     ha.report(conn, 0)
     top[0] = 100
     ha.on_append(100)
@@ -281,6 +315,7 @@ def test_sync_master_put_waits_for_a_slave_and_bounds_the_confirm_offset(open_lo
     assert r.status is PutMessageStatus.SLAVE_NOT_AVAILABLE  # written, not acknowledged
     assert cl.confirm_offset == 0 < cl.max_offset  # consumers do not see it yet
     conn = cl.ha_service.register("slave", 1)
+    conn.sent_offset = 1 << 40  # the test plays the stream: everything was sent
     cl.ha_service.report(conn, cl.max_offset)
     assert cl.confirm_offset == cl.max_offset
     timeout = cl.put_messages(_msgs(1, 1))[0]
@@ -302,3 +337,40 @@ def test_role_and_epochs_survive_a_restart(open_log, store_config):
     cl.shutdown()
     again = open_log()  # configured ASYNC_MASTER, but the last role switch said SLAVE
     assert again.broker_role is BrokerRole.SLAVE and again.ha_state.master_address == "127.0.0.1:10912"
+
+
+def test_truncate_to_refuses_an_offset_inside_a_record(open_log, tmp_path: Path):
+    master = open_log()
+    slave = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    first = master.put_messages(_msgs(400))  # > one 256 KiB segment: a blank END record in between
+    _replicate(master, slave)
+    end, gen = slave.max_offset, slave.generation.generation
+    for bad in (first[5].phy_offset + 17, first[5].phy_offset + 8, first[399].phy_offset - 1):
+        with pytest.raises(OffsetOutOfRangeError):
+            slave.truncate_to(bad)
+    assert slave.max_offset == end and slave.generation.generation == gen  # nothing was cut
+    blank_at = next(
+        r.phy_offset + r.size
+        for r, nxt in itertools.pairwise(first)
+        if nxt.phy_offset != r.phy_offset + r.size
+    )
+    slave.truncate_to(blank_at)  # where the first segment's blank END record starts
+    assert slave.max_offset == blank_at
+    slave.truncate_to(first[100].phy_offset)
+    assert slave.max_offset == first[100].phy_offset
+
+
+def test_every_master_term_begins_a_new_epoch_at_the_log_end(open_log, tmp_path: Path):
+    cl = open_log()
+    assert cl.start_master_term(BrokerRole.ASYNC_MASTER) == E(1, 0)
+    cl.put_messages(_msgs(10))
+    end = cl.max_offset
+    assert cl.start_master_term(BrokerRole.ASYNC_MASTER) == E(2, end)  # a restart: a new term
+    slave = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    _replicate(cl, slave)
+    with pytest.raises(ValueError):
+        slave.start_master_term(BrokerRole.SLAVE)
+    assert slave.start_master_term(BrokerRole.SYNC_MASTER, min_epoch=7) == E(7, end)  # a promotion
+    assert slave.broker_role is BrokerRole.SYNC_MASTER
+    (r,) = slave.put_messages([Message("T", b"x", 0)])
+    assert r.queue_offset == 4 and r.phy_offset == end  # queue 0 held messages 0, 3, 6, 9
