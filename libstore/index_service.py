@@ -122,13 +122,19 @@ class IndexService:
         return restart
 
     def flush_all(self) -> None:
-        """fdatasync every file written since its last flush. Raises StoreIOError."""
+        """fdatasync every file written since its last flush. Raises StoreIOError; the files it
+        did not flush stay marked as written, so the next call flushes them."""
         with self._lock:
             files = [f for f in self.files if f.file_name in self._dirty]
-            self._dirty.clear()
-        for f in files:
-            if not f.closed:
-                f.flush()
+            self._dirty.difference_update(f.file_name for f in files)
+        for i, f in enumerate(files):
+            try:
+                if not f.closed:
+                    f.flush()
+            except BaseException:
+                with self._lock:
+                    self._dirty.update(g.file_name for g in files[i:])
+                raise
 
     def shutdown(self) -> None:
         try:

@@ -194,3 +194,29 @@ def test_a_batch_interrupted_midway_leaves_a_header_that_claims_it(tmp_path: Pat
     reopened.load()
     assert reopened.discard_after(200) == 0  # checkpoint at 200: the file is rebuilt from its start
     reopened.shutdown()
+
+
+def test_a_failed_flush_is_retried_by_the_next_one(tmp_path: Path, monkeypatch):
+    """flush_all marks a file clean only once its fdatasync succeeded: after a failure the next
+    call flushes it again (otherwise the dispatch checkpoint would then claim unflushed entries)."""
+    from libstore.errors import StoreIOError
+
+    service = IndexService(tmp_path, 7, 100)
+    service.load()
+    service.dispatch_batch([_req(o, "T", ["k"], T0) for o in (0, 100)])
+    flushed: list[str] = []
+    failing = {"once": True}
+    real_flush = IndexFile.flush
+
+    def flush(self: IndexFile) -> None:
+        if failing.pop("once", False):
+            raise StoreIOError("fdatasync of index file failed: EIO")
+        flushed.append(self.file_name)
+        real_flush(self)
+
+    monkeypatch.setattr(IndexFile, "flush", flush)
+    with pytest.raises(StoreIOError):
+        service.flush_all()
+    service.flush_all()
+    assert flushed == [service.files[0].file_name]
+    service.shutdown()
