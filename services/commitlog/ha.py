@@ -24,7 +24,9 @@ Switches (CommitLogService Promote/Demote, ``mqstore ha promote|demote``):
 * promote (a SLAVE): stop replicating, refill the de-duplication window from the log, start
   epoch ``max(known epochs) + 1`` at the log's end (persisted before any write), take the role
   (by default the old master's: SYNC_MASTER or ASYNC_MASTER). Refused while the old master is
-  still connected or answers as master, unless forced (then it is told to demote itself).
+  still connected or answers as master, or while another slave holds more of the log (newer
+  epoch, then more bytes: it may hold acknowledged messages this one lacks), unless forced
+  (then the old master is told to demote itself).
 * demote (a master): refuse puts from now on, fail pending SYNC_MASTER waits
   (SLAVE_NOT_AVAILABLE), end the slaves' streams (NOT_MASTER), save the role, follow the new
   master.
@@ -309,6 +311,23 @@ class HAController:
                     raise RoleSwitchError(
                         f"{live_masters[0].commitlog_address} still answers as the master "
                         f"(epoch {live_masters[0].epoch}); stop it first, or force the switch"
+                    )
+                # The new master must hold everything acknowledged: under SYNC_MASTER with
+                # several slaves, only the furthest one is sure to.
+                ours = (ha_state.last_epoch, self.log.max_offset)
+                ahead = [
+                    st
+                    for st in peers
+                    if st.broker_role == BrokerRole.SLAVE.value
+                    and st.broker_name == self.config.broker_name
+                    and (st.epoch, st.max_offset) > ours
+                ]
+                if ahead:
+                    best = max(ahead, key=lambda st: (st.epoch, st.max_offset))
+                    raise RoleSwitchError(
+                        f"{best.commitlog_address} holds more of the log (epoch {best.epoch}, "
+                        f"{best.max_offset} bytes; this store: epoch {ours[0]}, {ours[1]} bytes): "
+                        "promote it instead, or force the switch"
                     )
             if role is None:
                 old = client.master_role if client is not None else ""

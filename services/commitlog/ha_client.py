@@ -7,7 +7,8 @@ and topic table), then append every data frame at its offset
 and at least every ``haSendHeartbeatInterval`` ms. A master silent for
 ``haHousekeepingInterval`` ms, a broken stream, or a frame that does not fit the log ends the
 session; the next one starts after a tenacity backoff (0.2 s doubling to 5 s, with jitter),
-forever, until :meth:`stop`.
+forever, until :meth:`stop`. A master that answers NOT_MASTER or cannot be reached is looked up
+again among the peers first (a slave follows whichever member was promoted in its place).
 
 The ack is the slave's written log end, as in RocketMQ: a SYNC_MASTER put is acknowledged when
 the slave holds it in its page cache; the slave's own flush policy makes it durable.
@@ -131,13 +132,12 @@ class ReplicationClient:
             except grpc.RpcError as err:
                 reraise_mapped(err)
         except NotMasterError:
-            found = await self.discover() if self.discover is not None else ""
-            if found and found != self.master_address:
-                log.warning("%s is no longer the master; following %s", self.master_address, found)
-                self.master_address = found
+            await self._rediscover("is no longer the master")
             raise
         except StoreError as exc:
             log.warning("replication from %s failed: %s; reconnecting", self.master_address, exc)
+            if not self._welcomed:  # unreachable: it may be gone for good, another one promoted
+                await self._rediscover("cannot be reached")
             raise
         except asyncio.InvalidStateError:  # a write to a call that already ended (connection refused)
             raise _SessionEnded(f"cannot reach the master at {self.master_address}") from None
@@ -154,6 +154,16 @@ class ReplicationClient:
                     await heartbeat
             call.cancel()
             await channel.close()
+
+    async def _rediscover(self, why: str) -> None:
+        """Follow the group's current master (``discover``) when it is not the one followed."""
+        try:
+            found = await self.discover() if self.discover is not None else ""
+        except (StoreError, grpc.RpcError):
+            return
+        if found and found != self.master_address:
+            log.warning("%s %s; following %s, the master peers report", self.master_address, why, found)
+            self.master_address = found
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> ha_pb.MasterFrame:
         frame = await asyncio.wait_for(call.read(), self.config.ha_housekeeping_interval / 1000.0)
