@@ -29,13 +29,22 @@ def atomic_write(path: Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError as exc:
+        raise StoreIOError(f"cannot write {path}: {exc.strerror}") from exc
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync the folder ``path``, so the names created, renamed or deleted in it survive a power
+    loss. Fail-stop: raises StoreIOError (a store that cannot make its files durable stops)."""
+    try:
+        dfd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
     except OSError as exc:
-        raise StoreIOError(f"cannot write {path}: {exc.strerror}") from exc
+        raise StoreIOError(f"cannot fsync the folder {path}: {exc.strerror}") from exc
 
 
 def read_json(path: Path, what: str) -> Any:

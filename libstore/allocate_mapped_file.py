@@ -5,6 +5,10 @@ Asking for segment N also queues N+1, so by the time the writer fills N, N+1 alr
 for N. Requests are served largest size first, then lowest offset. Segments created ahead but
 never taken are deleted at shutdown.
 
+When a log is cut back (truncation, a slave's reset), segments created ahead for offsets past
+the new end are deleted too (:meth:`discard_from`): left on disk, they would sit after a gap
+once the log grew again in other segments, and the next start refuses a log with a gap.
+
 Thread-safety: any thread may request; one background thread creates files.
 """
 
@@ -31,6 +35,7 @@ class _AllocateRequest:
     done: threading.Event = field(default_factory=threading.Event)
     mapped_file: MappedFile | None = None
     error: StoreError | None = None
+    discarded: bool = False
 
 
 class AllocateMappedFileService(ServiceThread):
@@ -101,6 +106,27 @@ class AllocateMappedFileService(ServiceThread):
             heapq.heappush(self._heap, (-file_size, path.name, path))
         return req
 
+    def discard_from(self, folder: Path, offset: int) -> list[Path]:
+        """Delete the segments of ``folder`` created (or being created) ahead for a start offset
+        at or past ``offset``, and forget their requests; returns their paths. A creation in
+        progress is deleted as soon as it completes."""
+        with self._lock:
+            gone = [
+                req
+                for path, req in self._requests.items()
+                if path.parent == folder and int(path.name) >= offset
+            ]
+            for req in gone:
+                del self._requests[req.path]
+                req.discarded = True
+            self._heap = [h for h in self._heap if h[2] in self._requests]
+            heapq.heapify(self._heap)
+            created = [req.mapped_file for req in gone if req.done.is_set() and req.mapped_file is not None]
+        for mf in created:  # the others are deleted by the creating thread (it sees ``discarded``)
+            mf.destroy()
+            log.info("deleted %s, created ahead past the log's new end", mf.file_name)
+        return [req.path for req in gone]
+
     def run_loop(self) -> None:
         with self._lock:
             while not self._heap and not self.stopped:
@@ -122,7 +148,11 @@ class AllocateMappedFileService(ServiceThread):
             )
         except StoreError as exc:
             req.error = exc
-        req.done.set()
+        with self._lock:
+            req.done.set()
+            discarded = req.discarded
+        if discarded and req.mapped_file is not None:
+            req.mapped_file.destroy()
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop, then delete segments created ahead that nobody took."""

@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from libstore._files import StoreLock
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.errors import (
@@ -68,6 +67,7 @@ from libstore.log_scanner import scan_log
 from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import Message, MessageRecord
 from libstore.message_id import encode_host
+from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
@@ -89,11 +89,10 @@ from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.scheduled_message import hold_if_scheduled
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
+from libstore.store_directory import StoreDirectory
 from libstore.store_paths import (
-    abort_path,
     checkpoint_path,
     ha_state_path,
-    lock_path,
     log_generation_path,
     queue_offset_table_path,
     topics_path,
@@ -138,6 +137,7 @@ class CommitLog:
         self._encoder = RecordEncoder(self._store_host, config.max_message_size, config.max_topic_length)
         self._topic_config = topic_config
         self._put_lock = threading.Lock()
+        self._snapshot_lock = threading.Lock()  # taken after the put lock, never before it
         self._begin_time_in_lock = 0.0
         self._queue_offsets: dict[QueueKey, int] = {}
         self._round_robin: dict[str, itertools.count[int]] = {}
@@ -145,7 +145,7 @@ class CommitLog:
         self._allocator: AllocateMappedFileService | None = None
         self.queue: MappedFileQueue | None = None
         self.checkpoint: StoreCheckpoint | None = None
-        self._lock_file: StoreLock | None = None
+        self._directory: StoreDirectory | None = None
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._flush_service: ServiceThread | None = None
@@ -170,6 +170,7 @@ class CommitLog:
         self._loaded = False
         self.last_exit_ok = True
         self.recovery_report: RecoveryReport | None = None
+        self.quarantine = Quarantine(config.root_dir)
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -191,9 +192,8 @@ class CommitLog:
         """Lock the store, read the checkpoint and map the segments. Returns whether the last
         shutdown was clean (no abort file)."""
         cfg = self.config
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._lock_file = StoreLock(lock_path(self.root))
-        self.last_exit_ok = not abort_path(self.root).exists()
+        self._directory = StoreDirectory(self.root)
+        self.last_exit_ok = self._directory.last_exit_ok
         self.checkpoint = StoreCheckpoint(checkpoint_path(self.root))
         self.ha_state = HAState(ha_state_path(self.root))
         if self.ha_state.role is not None and self.ha_state.role is not self._role:
@@ -237,8 +237,10 @@ class CommitLog:
     def recover(self) -> RecoveryReport:
         """Normal or abnormal recovery, then rebuild the queue-offset table (see libstore.recovery).
 
-        After a crash the log generation is bumped at the recovered end before the log is cut
-        there: followers in other processes may have read bytes past it."""
+        After a crash, or when a clean shutdown's log still ends in bytes that are not records,
+        the log generation is bumped at the recovered end before the log is cut there: followers
+        in other processes may have read bytes past it. Non-zero bytes cut go to the quarantine
+        folder (libstore.quarantine)."""
         assert self.queue is not None and self.checkpoint is not None, "load() first"
         assert self.generation is not None and self.ha_state is not None
         report = recover_commit_log(
@@ -246,16 +248,16 @@ class CommitLog:
             normal=self.last_exit_ok,
             recover_timestamp=self.checkpoint.commit_log_recover_timestamp,
             check_crc=self.config.check_crc_on_recover,
-            before_cut=None if self.last_exit_ok else self.generation.bump,
+            before_cut=self.generation.bump,
+            quarantine=self.quarantine,
         )
-        snapshot_file = queue_offset_table_path(self.root)
-        snapshot = load_snapshot(snapshot_file)
+        snapshot = self._load_snapshot(report.end_offset)
         offsets, scanned, used = rebuild_queue_offsets(self.queue, snapshot, report.end_offset)
         report.queue_offset_records_scanned = scanned
         report.queue_offset_snapshot_used = used
         self._queue_offsets = offsets
         self._table_offset = report.end_offset
-        save_snapshot(snapshot_file, report.end_offset, offsets)
+        self._save_snapshot(self._snapshot_at(report.end_offset, offsets))
         if self._role is BrokerRole.SLAVE:
             self.ha_state.truncate(report.end_offset)  # the master's entries come back at the handshake
         else:
@@ -305,7 +307,8 @@ class CommitLog:
             if svc is not None:
                 svc.start()
                 self._services.append(svc)
-        abort_path(self.root).touch()
+        assert self._directory is not None
+        self._directory.mark_running()
         self._running = True
 
     def shutdown(self) -> None:
@@ -330,7 +333,11 @@ class CommitLog:
             log.error("shutdown could not persist state: %s", exc)
             clean = False
         if clean and self.queue.flushed_where >= self.queue.get_max_offset():
-            abort_path(self.root).unlink(missing_ok=True)
+            assert self._directory is not None
+            try:
+                self._directory.mark_clean()
+            except StoreIOError as exc:
+                log.error("%s", exc)
         self._close_files()
 
     def _close_files(self) -> None:
@@ -343,8 +350,8 @@ class CommitLog:
                 self.checkpoint.shutdown()
             except StoreIOError as exc:
                 log.error("%s", exc)
-        if self._lock_file is not None:
-            self._lock_file.release()
+        if self._directory is not None:
+            self._directory.release()
         self._loaded = False
 
     def abandon(self) -> None:
@@ -736,8 +743,10 @@ class CommitLog:
             return dict(self._queue_offsets)
 
     def save_queue_offset_snapshot(self) -> None:
-        """Persist the queue-offset table with the offset it is valid at (a SLAVE first extends
-        it over the bytes replicated since the last snapshot)."""
+        """Persist the queue-offset table with the offset and log generation it is valid at (a
+        SLAVE first extends it over the bytes replicated since the last snapshot). Taken under
+        the put lock, written after it: a cut in between makes it stale, and it is then not
+        written (:meth:`_save_snapshot`), or not trusted should it land anyway."""
         if self._role is BrokerRole.SLAVE:
             self.refresh_queue_offsets()
         with self._put_lock:
@@ -745,8 +754,37 @@ class CommitLog:
             offset = (
                 self._table_offset if self._role is BrokerRole.SLAVE else self.queue.get_max_wrote_position()
             )
-            offsets = dict(self._queue_offsets)
-        save_snapshot(queue_offset_table_path(self.root), offset, offsets)
+            snapshot = self._snapshot_at(offset, dict(self._queue_offsets))
+        self._save_snapshot(snapshot)
+
+    def _snapshot_at(self, phy_offset: int, offsets: dict[QueueKey, int]) -> QueueOffsetSnapshot:
+        """The table ``offsets`` as valid at ``phy_offset`` in the current log generation."""
+        assert self.generation is not None
+        return QueueOffsetSnapshot(phy_offset, offsets, self.generation.log_id, self.generation.generation)
+
+    def _save_snapshot(self, snapshot: QueueOffsetSnapshot) -> None:
+        """Write ``snapshot`` unless the log generation moved on since it was taken (one writer
+        at a time: the periodic service and a cut may race). Raises StoreIOError."""
+        assert self.generation is not None
+        with self._snapshot_lock:
+            if snapshot.generation == self.generation.generation:
+                save_snapshot(queue_offset_table_path(self.root), snapshot)
+
+    def _load_snapshot(self, end_offset: int) -> QueueOffsetSnapshot | None:
+        """The saved snapshot when it can be trusted for a log ending at ``end_offset``: taken
+        at or before that end, in a generation whose log was not cut below it since."""
+        assert self.generation is not None
+        snapshot = load_snapshot(queue_offset_table_path(self.root))
+        if snapshot is None or snapshot.phy_offset > end_offset:
+            return None
+        if not snapshot.valid_in(self.generation):
+            log.warning(
+                "queue offset snapshot at %d predates a cut of the log below it (generation %d): rescanning",
+                snapshot.phy_offset,
+                snapshot.generation,
+            )
+            return None
+        return snapshot
 
     def refresh_queue_offsets(self) -> int:
         """SLAVE: extend the queue-offset table over the records replicated since it was last
@@ -923,7 +961,6 @@ class CommitLog:
         queue-offset table, and forget epochs that start past ``offset``."""
         assert self.queue is not None and self.generation is not None and self.ha_state is not None
         self.generation.bump(0 if drop_all else offset)
-        table_path = queue_offset_table_path(self.root)
         if drop_all:
             self.queue.reset_to_empty(offset)
             offsets: dict[QueueKey, int] = {}
@@ -932,13 +969,10 @@ class CommitLog:
                 self.queue.reset_to_empty(offset)
             else:
                 self.queue.truncate_dirty_files(offset)
-            snapshot = load_snapshot(table_path)
-            if snapshot is not None and snapshot.phy_offset > offset:
-                snapshot = None
-            offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, offset)
+            offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
         self._queue_offsets = offsets
         self._table_offset = offset
-        save_snapshot(table_path, offset, offsets)
+        self._save_snapshot(self._snapshot_at(offset, offsets))
         self.ha_state.truncate(offset)
 
     def read_chunk(self, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:

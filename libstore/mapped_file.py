@@ -116,7 +116,11 @@ class MappedFile:
             elif preload:
                 _os.read_through(fd, 0, file_size)
             os.rename(tmp, path)
-            _fsync_dir(path.parent)
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)  # the new name survives a power loss
+            finally:
+                os.close(dfd)
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
@@ -297,15 +301,20 @@ class MappedFile:
 
     # -- truncation / lifecycle ---------------------------------------------------------------
     def truncate_to(self, position: int) -> None:
-        """Drop everything from ``position`` on: positions move back and the tail reads as zeros.
+        """Drop everything from ``position`` on: positions move back and the tail reads as zeros,
+        durably (fdatasync before it returns).
 
-        Zeroing keeps stale records from ever being taken for valid ones by a later recovery.
+        Zeroing keeps stale records from ever being taken for valid ones by a later recovery;
+        syncing it keeps a power loss from bringing them back after the caller acted on the cut
+        (a slave that then adopted its new master's epochs would take them for the master's).
+        Raises StoreIOError.
         """
         if self._write_buffer is not None:
             end = max(self.wrote_position, position)
             self._write_buffer[position:end] = bytes(end - position)
         try:
             _os.zero_range(self._fd, position, self.file_size - position)
+            os.fdatasync(self._fd)
         except OSError as exc:
             raise StoreIOError(f"cannot truncate {self.file_name} at {position}: {exc.strerror}") from exc
         self.set_positions(position)
@@ -358,16 +367,3 @@ def _warm_fd(fd: int, file_size: int, flush_pages: int) -> None:
         pos += n
         if flush_pages > 0:
             os.fdatasync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        dfd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)

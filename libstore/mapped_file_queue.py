@@ -7,7 +7,12 @@ segment holding the current watermark only.
 
 Loading (spec sheet §0): every ``<20 digits>`` file in the folder, sorted; a 0-byte last file is
 deleted; leftover ``*.tmp`` files (a crash during creation) are deleted; any other size mismatch
-fails the load. Loaded segments start full; recovery then truncates.
+fails the load, and so does a gap between segments, unless everything after it is zeros
+(segments created ahead and never written: deleted). Loaded segments start full; recovery then
+truncates.
+
+Truncation and reset are durable before they return (segment fdatasynced, folder fsynced) and
+take the allocator's segments created ahead past the new end with them.
 
 Thread-safety: the segment list is replaced, never mutated in place, so readers can take a
 snapshot without a lock; appends come from one writer; commit/flush from one thread each.
@@ -22,6 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from libstore._files import fsync_dir
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.errors import StoreIOError
 from libstore.mapped_file import (
@@ -90,11 +96,22 @@ class MappedFileQueue:
                         "was the store created with another mapped file size?"
                     )
                 files.append(MappedFile.open(path, self.mapped_file_size))
-            for prev, cur in itertools.pairwise(files):
-                if cur.file_from_offset != prev.file_from_offset + self.mapped_file_size:
+            for i, (prev, cur) in enumerate(itertools.pairwise(files), start=1):
+                if cur.file_from_offset == prev.file_from_offset + self.mapped_file_size:
+                    continue
+                if not all(_all_zeros(mf) for mf in files[i:]):
                     raise StoreIOError(
                         f"segment gap: {prev.file_name} is followed by {cur.file_name} in {self.store_path}"
                     )
+                # Created ahead and never written (a store cut back before a crash): not data.
+                for mf in files[i:]:
+                    log.warning(
+                        "deleting %s: an empty segment after a gap in %s", mf.file_name, self.store_path
+                    )
+                    mf.destroy()
+                del files[i:]
+                fsync_dir(self.store_path)
+                break
         except StoreIOError:
             for mf in files:
                 mf.close()
@@ -218,13 +235,17 @@ class MappedFileQueue:
         return self.committed_where
 
     # -- truncation / deletion ----------------------------------------------------------------
-    def truncate_dirty_files(self, offset: int) -> None:
-        """Cut the log at ``offset``: segments past it are deleted, the one holding it is truncated."""
+    def truncate_dirty_files(self, offset: int, *, move_to: Path | None = None) -> list[Path]:
+        """Cut the log at ``offset``: segments past it are deleted (or, with ``move_to``, moved
+        into that folder), the one holding it is truncated, durably (its file fdatasynced, the
+        folder fsynced), and segments the allocator created ahead past the new end are deleted
+        too. Returns the paths the moved segments now have. Raises StoreIOError."""
         with self._flush_lock:
-            self._truncate_locked(offset)
+            return self._truncate_locked(offset, move_to)
 
-    def _truncate_locked(self, offset: int) -> None:
+    def _truncate_locked(self, offset: int, move_to: Path | None) -> list[Path]:
         keep: list[MappedFile] = []
+        gone: list[MappedFile] = []
         for mf in self.mapped_files:
             if mf.file_tail_offset <= offset:
                 keep.append(mf)
@@ -232,19 +253,50 @@ class MappedFileQueue:
                 mf.truncate_to(offset - mf.file_from_offset)
                 keep.append(mf)
             else:
-                log.info("deleting segment %s beyond the log end %d", mf.file_name, offset)
-                mf.destroy()
+                gone.append(mf)
         self.mapped_files = keep
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
+        moved = self._remove(gone, move_to, f"beyond the log end {offset}")
+        self._discard_created_ahead(self.segment_start_of(offset) + self.mapped_file_size)
+        return moved
 
     def reset_to_empty(self, start_offset: int) -> None:
-        """Delete every segment; the next append creates the segment holding ``start_offset``."""
+        """Delete every segment, durably; the next append creates the segment holding
+        ``start_offset``. Raises StoreIOError."""
         with self._flush_lock:
-            for mf in self.mapped_files:
-                mf.destroy()
-            self.mapped_files = []
+            gone, self.mapped_files = self.mapped_files, []
             self.flushed_where = self.committed_where = start_offset
+            self._remove(gone, None, "the log restarts empty")
+            self._discard_created_ahead(0)
+
+    def _remove(self, files: list[MappedFile], move_to: Path | None, why: str) -> list[Path]:
+        """Delete ``files`` (or move them into ``move_to``) and fsync the folder(s)."""
+        moved: list[Path] = []
+        if move_to is not None and files:
+            move_to.mkdir(parents=True, exist_ok=True)
+        for mf in files:
+            if move_to is None:
+                log.info("deleting segment %s: %s", mf.file_name, why)
+                mf.destroy()
+                continue
+            mf.close()
+            target = move_to / mf.file_name
+            try:
+                os.replace(mf.path, target)
+            except OSError as exc:
+                raise StoreIOError(f"cannot move {mf.path} to {move_to}: {exc.strerror}") from exc
+            log.warning("moved segment %s to %s: %s", mf.file_name, move_to, why)
+            moved.append(target)
+        if files:
+            fsync_dir(self.store_path)
+            if move_to is not None:
+                fsync_dir(move_to)
+        return moved
+
+    def _discard_created_ahead(self, offset: int) -> None:
+        if self.allocator is not None and self.allocator.discard_from(self.store_path, offset):
+            fsync_dir(self.store_path)
 
     def shutdown(self) -> None:
         for mf in self.mapped_files:
@@ -265,3 +317,14 @@ class MappedFileQueue:
     @staticmethod
     def parse_file_name(name: str) -> int:
         return file_name_to_offset(name)
+
+
+def _all_zeros(mf: MappedFile, chunk: int = 1 << 20) -> bool:
+    """True when every byte of the segment is zero."""
+    buf = mf.buffer
+    zeros = bytes(chunk)
+    for pos in range(0, mf.file_size, chunk):
+        n = min(chunk, mf.file_size - pos)
+        if buf[pos : pos + n] != zeros[:n]:
+            return False
+    return True

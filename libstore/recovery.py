@@ -9,7 +9,11 @@
 
 Either way the first bytes that are not a valid record (a torn write, zeros) end the log at E:
 segments past E are deleted, the tail of E's segment is zeroed (so stale records can never be
-mistaken for valid ones later) and the flush/commit watermarks are set to E.
+mistaken for valid ones later) and the flush/commit watermarks are set to E. When that drops
+bytes that are not zeros (a torn last write, or a damaged record in the middle of the log with
+every later record behind it), they are moved to the quarantine folder first
+(libstore.quarantine), and the log generation is bumped before the cut (``before_cut``): a
+follower may have read them. A normal recovery that drops nothing leaves the generation alone.
 
 Then the queue-offset table is rebuilt from the last snapshot plus a header scan of the records
 after it (see :mod:`libstore.queue_offset_table`).
@@ -21,11 +25,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import MessageSysFlag
+from libstore.quarantine import Quarantine, nonzero_end
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot
 from libstore.record_codec import check_record
 
@@ -39,7 +45,8 @@ class RecoveryReport:
     ``files_scanned`` counts segments whose records were validated; ``truncated_at`` is the
     offset of the first invalid, non-zero bytes (a torn or corrupt record) when the scan stopped
     on them (None when the log simply ends); ``queue_offset_records_scanned`` counts records read to
-    rebuild the queue-offset table (0 after a clean shutdown).
+    rebuild the queue-offset table (0 after a clean shutdown). ``quarantined`` lists the files
+    the cut bytes were moved to (empty when only zeros were cut), ``quarantined_bytes`` their size.
     """
 
     normal: bool
@@ -53,6 +60,8 @@ class RecoveryReport:
     queue_offset_snapshot_used: bool = False
     duration_ms: float = 0.0
     scanned_file_names: list[str] = field(default_factory=list)
+    quarantined: list[Path] = field(default_factory=list)
+    quarantined_bytes: int = 0
 
 
 def recover_commit_log(
@@ -62,13 +71,16 @@ def recover_commit_log(
     recover_timestamp: int,
     check_crc: bool = True,
     before_cut: Callable[[int], object] | None = None,
+    quarantine: Quarantine | None = None,
 ) -> RecoveryReport:
     """Find the end of the valid log, cut everything after it, set the watermarks.
 
     ``normal``: the last shutdown was clean. ``recover_timestamp``: store time (ms) at or before
     which records are known flushed (checkpoint). ``before_cut(end)`` is called once the end is
-    known and before anything is cut there (an empty log: with 0), e.g. to bump the log
-    generation first. Returns a RecoveryReport.
+    known and before anything is cut there, e.g. to bump the log generation first: always after
+    a crash (an empty log: with 0), after a clean shutdown only when non-zero bytes are cut.
+    ``quarantine``: where those bytes go (deleted without one). Returns a RecoveryReport;
+    raises StoreIOError when the cut or the quarantine cannot be written.
     """
     started = time.monotonic()
     report = RecoveryReport(normal=normal)
@@ -106,10 +118,26 @@ def recover_commit_log(
         end = _last_scanned_segment_end(queue, end)
     report.files_scanned = len(seen_files) or 1
     report.scanned_file_names = [queue.file_name_of(s) for s in sorted(seen_files)]
-    if before_cut is not None:
+    head, cut_from, cut_to, later = _dropped(queue, end)
+    lost = cut_to > cut_from or any(later)
+    if before_cut is not None and (not normal or lost):
         before_cut(end)
     before = len(queue.mapped_files)
-    queue.truncate_dirty_files(end)
+    if lost and quarantine is not None:
+        folder = quarantine.new_event(end)
+        if head is not None and cut_to > cut_from:
+            report.quarantined.append(quarantine.keep_bytes(folder, head, cut_from, cut_to))
+        report.quarantined += queue.truncate_dirty_files(end, move_to=folder)
+        report.quarantined_bytes = sum(p.stat().st_size for p in report.quarantined)
+        log.warning(
+            "recovery cut the CommitLog at %d: %d bytes past it (%d files) moved to %s",
+            end,
+            report.quarantined_bytes,
+            len(report.quarantined),
+            folder,
+        )
+    else:
+        queue.truncate_dirty_files(end)
     report.files_deleted = before - len(queue.mapped_files)
     queue.flushed_where = end
     queue.committed_where = end
@@ -125,6 +153,19 @@ def recover_commit_log(
         f", torn bytes at {report.truncated_at} cut" if report.truncated_at is not None else "",
     )
     return report
+
+
+def _dropped(queue: MappedFileQueue, end: int) -> tuple[MappedFile | None, int, int, list[bool]]:
+    """What cutting the log at ``end`` drops: the segment holding ``end`` (None when none does),
+    the positions in it from which it is cut and just past its last non-zero byte, and for each
+    later segment whether it holds any non-zero byte."""
+    head = queue.find_mapped_file_by_offset(end)
+    cut_from = cut_to = 0
+    if head is not None:
+        cut_from = end - head.file_from_offset
+        cut_to = nonzero_end(head, cut_from)
+    later = [nonzero_end(mf, 0) > 0 for mf in queue.mapped_files if mf.file_from_offset > end]
+    return head, cut_from, cut_to, later
 
 
 def _last_scanned_segment_end(queue: MappedFileQueue, end: int) -> int:

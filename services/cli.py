@@ -503,9 +503,20 @@ def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
         ("flush disk type", s.flush_disk_type),
         ("broker role", s.broker_role),
         ("disk free", f"{s.disk_free_bytes / 2**30:,.1f} GiB of {s.disk_total_bytes / 2**30:,.1f} GiB"),
+        (
+            "quarantined by recovery",
+            f"{s.quarantined_files:,} files, {s.quarantined_bytes:,} bytes in {s.quarantine_dir}"
+            if s.quarantined_files
+            else "nothing",
+        ),
     ):
         table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value))
     console.print(table)
+    if s.quarantined_files:
+        console.print(
+            f"[yellow]recovery cut log bytes it could not read as records and moved them to "
+            f"{s.quarantine_dir}: look at them, then delete them[/yellow]"
+        )
 
 
 # -- ha -------------------------------------------------------------------------------------------

@@ -42,6 +42,9 @@ class LogOffsets:
     epoch: int = 0
     broker_name: str = ""
     broker_id: int = 0
+    quarantine_dir: str = ""
+    quarantined_files: int = 0
+    quarantined_bytes: int = 0
 
 
 @dataclass(frozen=True)

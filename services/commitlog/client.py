@@ -102,6 +102,9 @@ class RemoteCommitLog:
             o.epoch,
             o.broker_name,
             o.broker_id,
+            o.quarantine_dir,
+            o.quarantined_files,
+            o.quarantined_bytes,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:

@@ -334,6 +334,7 @@ class LocalCommitLog:
         cfg = log.config
         disk = shutil.disk_usage(cfg.commit_log_dir)
         assert log.generation is not None and log.ha_state is not None
+        quarantine = log.quarantine.summary()
         return LogOffsets(
             log.min_offset,
             log.max_offset,
@@ -349,6 +350,9 @@ class LocalCommitLog:
             log.ha_state.last_epoch,
             cfg.broker_name,
             cfg.broker_id,
+            str(quarantine.path),
+            quarantine.files,
+            quarantine.bytes,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:

@@ -90,6 +90,9 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             epoch=o.epoch,
             broker_name=o.broker_name,
             broker_id=o.broker_id,
+            quarantine_dir=o.quarantine_dir,
+            quarantined_files=o.quarantined_files,
+            quarantined_bytes=o.quarantined_bytes,
         )
 
     async def UpsertTopic(

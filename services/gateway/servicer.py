@@ -359,6 +359,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             broker_role=offsets.broker_role,
             disk_free_bytes=offsets.disk_free_bytes,
             disk_total_bytes=offsets.disk_total_bytes,
+            quarantine_dir=offsets.quarantine_dir,
+            quarantined_files=offsets.quarantined_files,
+            quarantined_bytes=offsets.quarantined_bytes,
         )
 
     async def GetRoute(

@@ -105,3 +105,38 @@ def test_master_role_picks_the_start_role_by_broker_id() -> None:
     assert initial_broker_role(None, BrokerRole.ASYNC_MASTER, 1) is BrokerRole.SLAVE
     assert initial_broker_role(BrokerRole.ASYNC_MASTER, BrokerRole.SYNC_MASTER, 1) is BrokerRole.ASYNC_MASTER
     assert initial_broker_role(None, None, 1) is None
+
+
+def test_stats_report_what_recovery_moved_to_quarantine(suites, tmp_path: Path):
+    """A record damaged while the store was down: the restart cuts the log there, moves the
+    rest aside, and ``mqstore stats`` says where and how much."""
+    from libstore.mapped_file import offset_to_file_name
+    from services.client import Admin, OutgoingMessage, Producer
+    from tests.service.conftest import embedded_options
+
+    root = tmp_path / "data"
+    options = embedded_options(root)
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    with Admin(suite.address) as admin:
+        admin.create_topic("Q", 2)
+    with Producer(suite.address) as producer:
+        results = producer.send_batch([OutgoingMessage("Q", b"v" * 500) for _ in range(100)])
+    suites.stop(suite)
+    bad = results.phy_offsets[60]
+    with open(root / "commitlog" / "commitlog" / offset_to_file_name(0), "r+b") as fh:
+        fh.seek(bad + 300)
+        fh.write(b"\xff")
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    stats = mqstore("stats", "-a", suite.address)
+    assert stats.returncode == 0, stats.stderr
+    quarantine = root / "commitlog" / "quarantine"
+    (event,) = quarantine.iterdir()
+    (piece,) = event.iterdir()
+    assert (
+        int(piece.name) == bad and piece.stat().st_size == results.phy_offsets[99] + results.sizes[99] - bad
+    )
+    assert f"1 files, {piece.stat().st_size:,} bytes in {quarantine}" in " ".join(stats.stdout.split())
+    with Admin(suite.address) as admin:
+        assert admin.store_stats().commit_log_max_offset == bad

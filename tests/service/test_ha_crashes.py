@@ -10,9 +10,13 @@ fdatasync made durable.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
-from libstore import decode_record
+import grpc
+import pytest
+
+from libstore import PutMessageStatus, decode_record
 from tests.service.harness import BrokerGroupCluster, CommitLogAdmin, assert_logs_identical
 
 NEVER_FLUSH = {"flushIntervalCommitLog": 3_600_000, "flushCommitLogThoroughInterval": 3_600_000}
@@ -75,5 +79,89 @@ def test_a_master_that_lost_its_unflushed_tail_does_not_diverge_its_slave(tmp_pa
             assert [decode_record(raw).keys for raw in raws] == [[k] for k in new_keys]
             epochs = [(e.epoch, e.start_offset) for e in slave.state().epochs]
             assert epochs == [(1, 0), (2, lost_from)] == [(e.epoch, e.start_offset) for e in state.epochs]
+    finally:
+        cluster.stop_all()
+
+
+def test_a_slave_with_a_damaged_record_mid_log_fetches_the_rest_again(tmp_path: Path):
+    """Recovery on a slave stops at a damaged record in the middle of its log: what follows is
+    moved to quarantine/, and the handshake streams it again from the master, so the slave ends
+    byte-identical to it."""
+    cluster = BrokerGroupCluster(
+        tmp_path,
+        master_role="ASYNC_MASTER",
+        store={"mappedFileSizeCommitLog": 1 << 20, "maxMessageSize": 256 * 1024},
+    )
+    try:
+        cluster.start_commitlog("a")
+        cluster.start_commitlog("b")
+        cluster.wait_serving()
+        with CommitLogAdmin(cluster.address("a")) as master:
+            written = []
+            for start in range(0, 3000, 500):
+                written += list(master.append_keyed("T", [f"k{i}" for i in range(start, start + 500)], 1000))
+        end = _wait_same_end(cluster.address("a"), cluster.address("b"))
+        assert end > 2 * (1 << 20)
+        cluster.kill("b-commitlog")
+        bad = next(r for r in written if r.phy_offset > (1 << 20) + 5000)  # in the second segment
+        segments = cluster.commitlog_files("b")
+        with open(segments / f"{1 << 20:020d}", "r+b") as fh:
+            fh.seek(bad.phy_offset - (1 << 20) + 200)
+            fh.write(b"\xff\xfe")  # in the body: the CRC no longer matches
+        (segments.parent / "checkpoint").unlink()  # recovery validates from the first segment
+        cluster.start_commitlog("b")
+        cluster.wait_serving(["b-commitlog"])
+
+        assert _wait_same_end(cluster.address("a"), cluster.address("b")) == end
+        assert_logs_identical(cluster.commitlog_files("a"), segments, end)
+        quarantine = segments.parent / "quarantine"
+        (event,) = quarantine.iterdir()
+        assert sorted(int(p.name) for p in event.iterdir())[0] == bad.phy_offset
+    finally:
+        cluster.stop_all()
+
+
+def test_promotion_refuses_a_slave_that_holds_less_than_another(tmp_path: Path):
+    """SYNC_MASTER with two slaves and inSyncReplicas=2 (the master and one slave) acknowledges a
+    put once either slave holds it; when the master is lost, promoting the slave that lagged
+    would lose acknowledged messages, so it is refused and names the slave to promote."""
+    cluster = BrokerGroupCluster(
+        tmp_path, ("a", "b", "c"), master_role="SYNC_MASTER", store={"inSyncReplicas": 2}
+    )
+    try:
+        for name in cluster.names:
+            cluster.start_commitlog(name)
+        cluster.wait_serving()
+        with CommitLogAdmin(cluster.address("a")) as master:
+            master.wait_for(
+                lambda s: len(s.slaves) == 2 and all(x.in_sync for x in s.slaves), what="2 slaves"
+            )
+            master.append_keyed("T", [f"early{i}" for i in range(100)])
+            _wait_same_end(cluster.address("a"), cluster.address("c"))
+            cluster.signal("c-commitlog", signal.SIGSTOP)  # c falls behind; b keeps acknowledging
+            acked = []  # more than the socket buffers and HTTP/2 windows hold for the stopped slave
+            for start in range(0, 8000, 500):
+                results = master.append_keyed("T", [f"late{i}" for i in range(start, start + 500)], 2000)
+                assert results.status is PutMessageStatus.PUT_OK
+                acked += list(results)
+        cluster.kill("a-commitlog")
+        cluster.signal("c-commitlog", signal.SIGCONT)
+        with CommitLogAdmin(cluster.address("c")) as c:
+            c.wait_for(lambda s: not s.master_connected, what="c to notice the master is gone")
+            with pytest.raises(grpc.RpcError) as refused:
+                c.promote()
+            assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+            assert cluster.address("b") in refused.value.details() and "holds more" in refused.value.details()
+        with CommitLogAdmin(cluster.address("b")) as b:
+            b.wait_for(lambda s: not s.master_connected, what="b to notice the master is gone")
+            assert b.promote().broker_role == "SYNC_MASTER"
+        end = _wait_same_end(cluster.address("b"), cluster.address("c"))  # c follows the new master
+        with CommitLogAdmin(cluster.address("c")) as c:
+            keys = []
+            for start in range(0, len(acked), 1000):
+                raws = c.read([(r.phy_offset, r.size) for r in acked[start : start + 1000]])
+                keys += [decode_record(raw).keys for raw in raws]
+            assert keys == [[f"late{i}"] for i in range(8000)]
+            assert c.state().max_offset == end
     finally:
         cluster.stop_all()

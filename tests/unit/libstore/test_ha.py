@@ -6,6 +6,10 @@ promoted."""
 from __future__ import annotations
 
 import itertools
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,12 +29,14 @@ from libstore import (
     OffsetOutOfRangeError,
     PutMessageStatus,
     ServiceNotAvailableError,
+    StoreConfig,
 )
 from libstore.ha_service import HAService
 from libstore.ha_state import EpochEntry, HAState, find_consistent_point
 from libstore.log_generation import MAX_CUTS, LogGeneration
 
 E = EpochEntry
+REPO = Path(__file__).resolve().parents[3]
 
 
 # -- consistent point -------------------------------------------------------------------------------
@@ -374,3 +380,101 @@ def test_every_master_term_begins_a_new_epoch_at_the_log_end(open_log, tmp_path:
     assert slave.broker_role is BrokerRole.SYNC_MASTER
     (r,) = slave.put_messages([Message("T", b"x", 0)])
     assert r.queue_offset == 4 and r.phy_offset == end  # queue 0 held messages 0, 3, 6, 9
+
+
+def test_a_queue_offset_snapshot_taken_before_a_cut_is_not_trusted(open_log, tmp_path: Path):
+    """The periodic snapshot is read under the put lock and written after it; a cut in between
+    lands a pre-cut table on disk. Once the log grew past the snapshot's offset again (other
+    records, from a new master), recovery must not take that table: a promoted slave would
+    hand out queue offsets already taken."""
+    old_master = open_log()
+    first = old_master.put_messages(_msgs(100, size=600))  # queues 0, 1, 2 round robin
+    cut = first[50].phy_offset
+    slave_root = tmp_path / "slave"
+    slave = open_log(store_path_root_dir=str(slave_root), broker_role=BrokerRole.SLAVE)
+    _replicate(old_master, slave)
+    slave.save_queue_offset_snapshot()
+    table_file = slave_root / "config" / "queueOffsetTable.json"
+    stale = table_file.read_bytes()  # the table at the old end, as a late write would land it
+
+    new_master = open_log(store_path_root_dir=str(tmp_path / "new"), broker_role=BrokerRole.SLAVE)
+    offset = 0
+    while offset < cut:  # the new master held the first 50 records only
+        data, offset = old_master.read_chunk(offset, cut, 64 * 1024)
+        new_master.append_replica(new_master.max_offset, data)
+    new_master.set_broker_role(BrokerRole.ASYNC_MASTER)
+    new_master.put_messages([Message("T", b"y" * 1500, 1) for _ in range(100)])  # all in queue 1
+    assert new_master.max_offset > first[99].phy_offset + first[99].size
+
+    slave.truncate_to(cut)  # the handshake with the new master
+    _replicate(new_master, slave)
+    table_file.write_bytes(stale)
+    slave.abandon()  # killed: the abort file stays
+
+    again = open_log(store_path_root_dir=str(slave_root), broker_role=BrokerRole.SLAVE)
+    again.set_broker_role(BrokerRole.ASYNC_MASTER)  # promoted
+    expected = {q: new_master.queue_offset_of("T", q) for q in range(3)}
+    assert expected == {0: 17, 1: 117, 2: 16}  # records 0..49 round robin, then 100 in queue 1
+    assert {q: again.queue_offset_of("T", q) for q in range(3)} == expected
+    assert not again.recovery_report.queue_offset_snapshot_used
+    (r,) = again.put_messages([Message("T", b"z", 1)])
+    assert r.queue_offset == 117
+
+
+_CUT_THEN_KILL = """
+import os, signal, sys
+from libstore import BrokerRole, CommitLog, Message, StoreConfig
+root, mode = sys.argv[1], sys.argv[2]
+def cfg(name, role):
+    return StoreConfig(store_path_root_dir=f"{root}/{name}", mapped_file_size_commit_log=256 * 1024,
+                       max_message_size=64 * 1024, broker_role=role)
+def copy(src, dst, start=0):
+    offset = start
+    while offset < src.max_offset:
+        data, offset = src.read_chunk(offset, src.max_offset, 64 * 1024)
+        dst.append_replica(dst.max_offset, data)
+master = CommitLog.open(cfg("master", BrokerRole.ASYNC_MASTER))
+firsts = master.put_messages([Message("T", b"m" * 900, 0) for _ in range(800)])  # ~3 segments
+slave = CommitLog.open(cfg("slave", BrokerRole.SLAVE))
+copy(master, slave)
+if mode == "truncate":
+    slave.truncate_to(firsts[100].phy_offset)
+else:  # a new master that shares nothing with this slave: start over at 0
+    other = CommitLog.open(cfg("other", BrokerRole.ASYNC_MASTER))
+    other.put_messages([Message("T", b"o" * 500, 0) for _ in range(100)])
+    slave.reset_to(0)
+    copy(other, slave)
+print(slave.max_offset, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("mode", ["truncate", "reset"])
+def test_a_log_cut_back_then_killed_starts_again(tmp_path: Path, mode: str):
+    """Segments created ahead of the writer (AllocateMappedFileService) for offsets past a cut
+    must go with the cut: left behind, they sit after a gap once the process dies, and the
+    store refuses to start."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CUT_THEN_KILL, str(tmp_path), mode],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    end = int(proc.stdout.split()[0])
+    names = sorted(p.name for p in (tmp_path / "slave" / "commitlog").iterdir())
+    assert [int(n) for n in names] == [i * 256 * 1024 for i in range(len(names))], names  # no gap
+    slave = CommitLog.open(
+        StoreConfig(
+            store_path_root_dir=str(tmp_path / "slave"),
+            mapped_file_size_commit_log=256 * 1024,
+            max_message_size=64 * 1024,
+            broker_role=BrokerRole.SLAVE,
+        )
+    )
+    try:
+        assert slave.max_offset == end
+    finally:
+        slave.shutdown()

@@ -74,6 +74,21 @@ def test_load_refuses_a_gap_between_segments(tmp_path: Path):
         MappedFileQueue(tmp_path, SIZE).load()
 
 
+def test_load_deletes_empty_segments_after_a_gap(tmp_path: Path):
+    """Segments created ahead and never written, left after a gap by a cut before a crash, are
+    not data: the load deletes them instead of refusing the store."""
+    q = MappedFileQueue(tmp_path, SIZE)
+    _fill(q, 2)
+    q.shutdown()
+    for i in (5, 6):
+        (tmp_path / offset_to_file_name(i * SIZE)).write_bytes(bytes(SIZE))
+    again = MappedFileQueue(tmp_path, SIZE)
+    again.load()
+    assert [mf.file_from_offset for mf in again.mapped_files] == [0, SIZE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [offset_to_file_name(i * SIZE) for i in (0, 1)]
+    again.shutdown()
+
+
 def test_truncate_dirty_files_deletes_later_segments(tmp_path: Path):
     q = MappedFileQueue(tmp_path, SIZE)
     _fill(q, 3)

@@ -243,3 +243,59 @@ def test_garbage_anywhere_leaves_the_exact_prefix_before_it(tmp_path_factory, da
             assert cl.max_offset == 0
     finally:
         cl.shutdown()
+
+
+def test_a_damaged_record_mid_log_moves_what_follows_to_quarantine(store_config: StoreConfig):
+    """A CRC mismatch in the middle of the log ends it there; the records behind the damage (the
+    rest of that segment and every later segment, all topics) are moved to quarantine/, byte for
+    byte, not deleted, and the log generation moves on: followers may have read them."""
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 2000)
+    generation = cl.generation.generation
+    cl.shutdown()
+    originals = {p.name: p.read_bytes() for p in store_config.commit_log_dir.iterdir()}
+    bad = next(r for r in res if r.phy_offset >= 2 * SEGMENT + 1000)  # inside the third segment
+    _patch_file(store_config, bad.phy_offset + 100, b"\xff")  # in the body: CRC mismatch
+    (Path(store_config.store_path_root_dir) / "checkpoint").unlink()  # validate from segment 0
+    _crash_marker(store_config)
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and rep.end_offset == bad.phy_offset == cl.max_offset
+        assert cl.generation.generation == generation + 1
+        assert cl.generation.divergence_point(cl.generation.log_id, generation) == bad.phy_offset
+        head = offset_to_file_name(bad.phy_offset)
+        later = sorted(n for n in originals if int(n) > bad.phy_offset)
+        assert len(later) >= 5
+        assert sorted(p.name for p in rep.quarantined) == sorted([head, *later])
+        folder = rep.quarantined[0].parent
+        assert folder.parent == Path(store_config.store_path_root_dir) / "quarantine"
+        segment = originals[offset_to_file_name(2 * SEGMENT)]
+        damaged_rest = (folder / head).read_bytes()
+        assert damaged_rest[:100] == segment[bad.phy_offset % SEGMENT :][:100]  # up to the flipped byte
+        assert len(damaged_rest) == len(segment[bad.phy_offset % SEGMENT :].rstrip(b"\0"))
+        assert all((folder / n).read_bytes() == originals[n] for n in later)
+        assert rep.quarantined_bytes == len(damaged_rest) + len(later) * SEGMENT
+        assert cl.quarantine.summary().files == len(later) + 1
+        assert [mf.file_name for mf in cl.queue.mapped_files][-1] == offset_to_file_name(2 * SEGMENT)
+    finally:
+        cl.shutdown()
+
+
+def test_normal_recovery_moves_the_generation_only_when_it_cuts_records(store_config: StoreConfig):
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 100)
+    generation = cl.generation.generation
+    cl.shutdown()
+    cl = CommitLog.open(store_config)  # clean shutdown, nothing cut
+    assert cl.generation.generation == generation and not cl.recovery_report.quarantined
+    cl.shutdown()
+    _patch_file(store_config, res[90].phy_offset + 100, b"\xff")  # damaged while the store was down
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep.normal and rep.end_offset == res[90].phy_offset
+        assert cl.generation.generation == generation + 1
+        assert [p.name for p in rep.quarantined] == [offset_to_file_name(res[90].phy_offset)]
+    finally:
+        cl.shutdown()
