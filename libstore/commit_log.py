@@ -64,6 +64,7 @@ from libstore.ha_service import HAService
 from libstore.ha_state import EpochEntry, HAState
 from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
+from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import Message, MessageRecord
 from libstore.message_id import encode_host
@@ -226,9 +227,15 @@ class CommitLog:
             transient_store_pool=self._pool,
             fast_fail_if_no_buffer=cfg.fast_fail_if_no_buffer_in_store_pool,
         )
-        self.queue = MappedFileQueue(cfg.commit_log_dir, cfg.mapped_file_size_commit_log, self._allocator)
+        read_ahead = cfg.data_read_ahead_enable
+        self.queue = MappedFileQueue(
+            cfg.commit_log_dir,
+            cfg.mapped_file_size_commit_log,
+            self._allocator,
+            on_new_file=None if read_ahead else MappedFile.advise_random,  # segments made from now on
+        )
         self.queue.load()
-        if not cfg.data_read_ahead_enable:
+        if not read_ahead:
             for mf in self.queue.mapped_files:
                 mf.advise_random()
         self._loaded = True

@@ -218,8 +218,13 @@ class MappedFile:
         return start
 
     def fill_to_end(self, blank: bytes) -> None:
-        """Write the end-of-file blank and mark the file full."""
-        self.append_raw(blank)
+        """Write the end-of-file blank and mark the file full. With a pooled write buffer, the
+        buffer's bytes after the blank are zeroed first: the commit writes the whole rest of the
+        buffer into the file, and a reused buffer still holds an earlier segment's records there."""
+        start = self.append_raw(blank)
+        if self._write_buffer is not None:
+            rest = start + len(blank)
+            self._write_buffer[rest : self.file_size] = bytes(self.file_size - rest)
         self.wrote_position = self.file_size
 
     # -- reading ------------------------------------------------------------------------------

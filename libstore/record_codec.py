@@ -147,6 +147,23 @@ def properties_to_bytes(properties: Mapping[str, str] | None) -> bytes:
     return raw
 
 
+def _properties_problem(raw: bytes) -> str | None:
+    """Why serialized properties could not have come from :func:`properties_to_bytes` (not
+    UTF-8, an entry that is not ``name \\x01 value \\x02``, an empty name), or None."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "properties are not valid UTF-8"
+    if not text.endswith(PROPERTY_SEPARATOR):
+        return "properties must be name \\x01 value \\x02 entries"
+    for entry in text[:-1].split(PROPERTY_SEPARATOR):
+        if entry.count(NAME_VALUE_SEPARATOR) != 1:
+            return "properties must be name \\x01 value \\x02 entries"
+        if entry.startswith(NAME_VALUE_SEPARATOR):
+            return "property names must not be empty"
+    return None
+
+
 def bytes_to_properties(raw: bytes | bytearray | memoryview) -> dict[str, str]:
     """Parse serialized properties as RocketMQ does (spec §1).
 
@@ -462,7 +479,8 @@ class RecordEncoder:
 
         Each record must check out as recovery would check it (magic, lengths, body CRC), carry
         PHYSICALOFFSET 0 and the STOREHOST placeholder, and pass the put checks (topic name, body
-        size, queue id within ``queue_nums(topic)``). QUEUEID -1 takes ``choose_queue(topic)``;
+        size, queue id within ``queue_nums(topic)``, properties as the encoder writes them: UTF-8
+        ``name \\x01 value \\x02`` entries with non-empty names). QUEUEID -1 takes ``choose_queue(topic)``;
         a 0.0.0.0:0 BORNHOST takes ``born_host`` (8 encoded bytes, when given); STOREHOST becomes
         this store's and a zero BORNTIMESTAMP ``now_ms``; offsets are left for the put lock. The
         decoded requests are kept in the batch (``requests``) for dispatch. Raises
@@ -480,12 +498,16 @@ class RecordEncoder:
         max_body = self.max_message_size
         no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
         while pos < limit:
-            req, fields, _, _ = _check_record(buf, pos, limit, True, 0, True)
+            req, fields, _, props_at = _check_record(buf, pos, limit, True, 0, True)
             if not req.success or req.msg_size == 0:
                 raise MessageIllegalError(
                     f"record {index}: not a valid CommitLog record (size, magic or CRC)"
                 )
             size = req.msg_size
+            if props_at < pos + size:  # the body CRC covers the body only: check them as encoding would
+                problem = _properties_problem(bytes(buf[props_at : pos + size]))
+                if problem:
+                    raise MessageIllegalError(f"record {index}: {problem}")
             sys_flag = req.sys_flag
             if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG:
                 raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")

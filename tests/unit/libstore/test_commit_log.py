@@ -204,6 +204,21 @@ def test_iter_records_yields_dispatch_fields(open_log):
     assert len(list(cl.iter_records(res[1].phy_offset, res[3].phy_offset))) == 2
 
 
+def test_read_ahead_off_applies_to_every_segment(open_log, monkeypatch):
+    """dataReadAheadEnable=false: madvise(MADV_RANDOM) on the segments found at load and on each
+    one created afterwards."""
+    from libstore.mapped_file import MappedFile
+
+    advised: list[str] = []
+    real = MappedFile.advise_random
+    monkeypatch.setattr(MappedFile, "advise_random", lambda mf: (advised.append(mf.file_name), real(mf)))
+    cl = open_log(data_read_ahead_enable=False)
+    for _ in range(12):
+        cl.put_messages(_msgs(100))
+    names = [mf.file_name for mf in cl.queue.mapped_files]
+    assert len(names) >= 4 and sorted(set(advised)) == names
+
+
 def test_transient_store_pool_commits_before_readers_see_data(open_log):
     cl = open_log(
         transient_store_pool_enable=True, transient_store_pool_size=2, commit_interval_commit_log=10

@@ -107,6 +107,30 @@ def test_transient_pool_buffer_hides_uncommitted_bytes(tmp_path: Path):
         pool.destroy()
 
 
+def test_a_reused_pool_buffer_leaves_zeros_after_the_end_blank(tmp_path: Path):
+    """A pooled buffer goes from segment to segment; what an earlier segment wrote past this
+    segment's END blank must not be committed into this file."""
+    pool = TransientStorePool(1, SIZE)
+    pool.init()
+    first = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE, transient_store_pool=pool)
+    first.append_records(b"o" * (SIZE - 8))  # old records all over the buffer
+    first.fill_to_end(bytes(8))
+    first.commit(0)
+    second = MappedFile.create(tmp_path / offset_to_file_name(SIZE), SIZE, transient_store_pool=pool)
+    try:
+        assert second.has_write_buffer  # the same buffer, back in the pool
+        second.append_records(b"n" * 1000)
+        second.fill_to_end(b"B" * 8)  # the next record did not fit: blank at 1000
+        second.commit(0)
+        on_disk = (tmp_path / offset_to_file_name(SIZE)).read_bytes()
+        assert on_disk[:1008] == b"n" * 1000 + b"B" * 8
+        assert on_disk[1008:] == bytes(SIZE - 1008)
+    finally:
+        first.close()
+        second.close()
+        pool.destroy()
+
+
 def test_warm_up_writes_zeros_and_mlock_is_best_effort(tmp_path: Path):
     mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE, warm=True, warm_flush_pages=4)
     try:

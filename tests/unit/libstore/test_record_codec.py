@@ -380,3 +380,24 @@ def test_adopting_refuses_damaged_or_foreign_records(damage, match):
         RecordEncoder(encode_host("fd00::1", 1), 4096).adopt_records(too_big, BORN_TS)
     with pytest.raises(MessageIllegalError, match="not a valid"):
         RecordEncoder(STORE_HOST, 4096).adopt_records(b"\x00" * 120, BORN_TS)
+
+
+@pytest.mark.parametrize(
+    ("props", "match"),
+    [
+        (b"KEYS\x01\xff\xfeab\x02", "not valid UTF-8"),
+        (b"KEYS\x01abcde", "entries"),  # no closing separator
+        (b"KEYS\x01a\x01cd\x02", "entries"),  # two separators in one entry
+        (b"KEYSxabcd\x02", "entries"),  # no name/value separator
+        (b"\x01KEYSabcd\x02", "names must not be empty"),
+    ],
+)
+def test_adopting_refuses_properties_the_encoder_would_not_write(props, match):
+    """The body CRC does not cover the properties: adopted records get the checks the message
+    form gets when its properties are encoded."""
+    raw = bytearray(_client_batch([Message("T", b"body", 0, properties={"KEYS": "abcd"})]))
+    at = raw.index(b"KEYS\x01abcd\x02")
+    assert len(props) == 10
+    raw[at : at + 10] = props
+    with pytest.raises(MessageIllegalError, match=f"record 0: .*{match}"):
+        RecordEncoder(STORE_HOST, 4096).adopt_records(raw, BORN_TS)
