@@ -432,7 +432,12 @@ class CommitLog:
         return req.future
 
     def append_messages(
-        self, messages: Sequence[Message], *, place_unassigned: bool = False, hold_scheduled: bool = True
+        self,
+        messages: Sequence[Message],
+        *,
+        place_unassigned: bool = False,
+        hold_scheduled: bool = True,
+        expected_epoch: int = 0,
     ) -> AppendResult:
         """Validate, encode and append ``messages`` without waiting for any flush. With
         ``place_unassigned``, a message with queue id -1 is placed round robin over its topic's
@@ -442,7 +447,9 @@ class CommitLog:
         (libstore.scheduled_message.hold_if_scheduled); a caller that already did that passes False.
 
         Results carry PUT_OK for appended messages and CREATE_MAPPED_FILE_FAILED for those that
-        found no segment to go to; raises like :meth:`put_messages`.
+        found no segment to go to; raises like :meth:`put_messages`. ``expected_epoch`` (> 0):
+        append only while this store is the master of that epoch, else NotMasterError (fencing
+        for a writer whose own state is only valid for one master term, see :meth:`append_batch`).
         """
         self._check_writable()
         if not messages:
@@ -457,7 +464,7 @@ class CommitLog:
             self._topic_config.write_queue_nums,
             choose_queue=self._next_queue if place_unassigned else None,
         )
-        return self.append_batch(batch)
+        return self.append_batch(batch, expected_epoch=expected_epoch)
 
     def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:
         """Validate client-encoded records for this store (see RecordEncoder.adopt_records);
@@ -485,9 +492,11 @@ class CommitLog:
             counter = self._round_robin[topic] = itertools.count()
         return next(counter) % width
 
-    def append_batch(self, batch: EncodedBatch) -> AppendResult:
+    def append_batch(self, batch: EncodedBatch, *, expected_epoch: int = 0) -> AppendResult:
         """Append a validated batch (from the encoder or :meth:`adopt_records`) under the put
-        lock, without waiting for any flush."""
+        lock, without waiting for any flush. With ``expected_epoch`` > 0 the batch is refused
+        (NotMasterError, nothing written) unless this store's newest epoch is that one: a
+        writer that read the log under one master term does not write into the next."""
         self._check_writable()
         if not batch.sizes:
             return AppendResult(PutMessageResults(0), False)
@@ -498,6 +507,10 @@ class CommitLog:
                 raise ServiceNotAvailableError("the store is shutting down")
             if self._role is BrokerRole.SLAVE:
                 raise NotMasterError(f"this store became a SLAVE of broker group {self.config.broker_name}")
+            if expected_epoch and self.ha_state is not None and self.ha_state.last_epoch != expected_epoch:
+                raise NotMasterError(
+                    f"this store is the master of epoch {self.ha_state.last_epoch}, not {expected_epoch}"
+                )
             self._begin_time_in_lock = time.monotonic()
             try:
                 results = self._append_locked(batch)

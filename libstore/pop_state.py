@@ -1,4 +1,4 @@
-"""PopState: consumer groups' pop ("receive and ack") progress, kept on disk.
+"""PopState: consumer groups' pop ("receive and ack") progress, kept in the CommitLog.
 
 The RocketMQ 5 consumption model (PopMessageProcessor / AckMessageProcessor / PopReviveService):
 a receive *pops* messages from a queue for a group; they become invisible for an invisible time
@@ -18,12 +18,24 @@ Everything below ``pop_offset`` that is not in flight is finished (acked, filter
 forwarded to the DLQ); the *consumer offset* committed to :class:`ConsumerOffsetManager` is the
 lowest in-flight offset, else ``pop_offset`` (RocketMQ's ack offset).
 
-Where RocketMQ writes PopCheckPoint and AckMsg records into a revive topic and replays them, this
-module appends the same facts to a journal (``<root>/pop/popJournal``, one JSON object per line)
-and folds the journal into a snapshot (``popSnapshot.json``, replaced atomically) every
-``snapshot_every`` records. Lines are written before a pop, ack or change returns, without
-fsync: the page cache keeps them through a process crash (SIGKILL), a host crash may lose the
-last ones (then messages are delivered again: at-least-once). A torn last line is ignored.
+Journal in the log. Where RocketMQ writes PopCheckPoint and AckMsg records into a revive topic,
+every pop, ack, change of invisible time and finish here produces one *journal record*
+(:meth:`take_records`): JSON ``{"seq": N, "e": [entry, ...]}``, one entry per queue it touched,
+``{"g": group, "t": topic, "q": queue id, "o": pop offset, "s": [rows set], "a": [offsets
+finished]}``. The dispatch service appends them to the CommitLog (system topic
+``rmq_sys_pop_journal``, tags code = ``seq``: libstore.system_topics), so they replicate with
+the log, and every replica's dispatch applies them in log order (:meth:`apply_record`): a slave
+holds the same pop state as its master, and a promoted slave does not deliver acked messages
+again. ``seq`` numbers the records (and the deliveries) and only grows; a record whose ``seq``
+is not past the state's is already in it (the master applied it when it made it), so applying
+the log twice changes nothing. The writer appends the records in the order this class made
+them, one writer at a time, so the log's order is the ``seq`` order.
+
+Snapshots (:meth:`snapshot`) save the state with where it stands in the journal: the next
+journal unit to read and the CommitLog offset just past the last record folded in; the newest
+few are kept (``popSnapshot.<offset>.json``), so when the log is cut (a returning master, a crash
+that lost a tail) the state goes back to one taken before the cut and the records after it are
+applied again. Deleting ``pop/`` rebuilds the state from the whole journal.
 
 FIFO (a group consuming orderly, RocketMQ ``consumeMessageOrderly``): a queue with any message in
 flight and still invisible yields nothing; when the invisible time passes, the in-flight
@@ -36,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -48,8 +59,10 @@ from libstore.errors import InvalidArgumentError, InvalidReceiptHandleError, Sto
 
 log = logging.getLogger(__name__)
 
-JOURNAL_NAME = "popJournal"
-SNAPSHOT_NAME = "popSnapshot.json"
+SNAPSHOT_PREFIX = "popSnapshot."
+SNAPSHOTS_KEPT = 3
+LEGACY_JOURNAL_NAME = "popJournal"  # before the journal moved into the CommitLog
+LEGACY_SNAPSHOT_NAME = "popSnapshot.json"
 HANDLE_VERSION = "p1"
 
 QueueKey = tuple[str, str, int]  # group, topic, queue id
@@ -139,10 +152,27 @@ class _Queue:
         return min(self.inflight) if self.inflight else self.pop_offset
 
 
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """One journal record to append: its sequence number and body (see module docstring)."""
+
+    seq: int
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JournalPosition:
+    """Where a state stands in the journal: ``next_unit`` (queue offset of the next journal unit
+    to read) and ``phy_end`` (CommitLog offset just past the last record folded in)."""
+
+    next_unit: int = 0
+    phy_end: int = 0
+
+
 class PopState:
-    """Pop progress under ``root`` (a folder). ``commit_offset(group, topic, queue_id, offset)``
-    is told the consumer offset whenever it moves; ``committed_offset(group, topic, queue_id)``
-    gives a queue's committed offset (-1: none) when a group first pops it."""
+    """Pop progress under ``root`` (a folder, for snapshots). ``commit_offset(group, topic,
+    queue_id, offset)`` is told the consumer offset whenever it moves; ``committed_offset(group,
+    topic, queue_id)`` gives a queue's committed offset (-1: none) when a group first pops it."""
 
     def __init__(
         self,
@@ -150,69 +180,158 @@ class PopState:
         *,
         commit_offset: Callable[[str, str, int, int], None] | None = None,
         committed_offset: Callable[[str, str, int], int] | None = None,
-        snapshot_every: int = 100_000,
     ) -> None:
         self.root = Path(root)
         self._commit_offset = commit_offset
         self._committed_offset = committed_offset
-        self._snapshot_every = snapshot_every
         self._lock = threading.RLock()
         self._queues: dict[QueueKey, _Queue] = {}
         self._seq = 0
-        self._journal_fd = -1
-        self._journal_lines = 0
+        self._outbox: list[JournalRecord] = []
+        self.position = JournalPosition()
 
     # -- life -------------------------------------------------------------------------------------
-    def load(self) -> None:
-        """Read the snapshot and replay the journal, then open the journal for appends.
-        Raises StoreIOError when the snapshot exists but does not parse."""
+    def load(self, max_phy_end: int | None = None) -> JournalPosition:
+        """Start from the newest snapshot taken at or before CommitLog offset ``max_phy_end``
+        (any, when None), or from nothing; returns its journal position (the caller applies the
+        journal from there). Unsent records are dropped. Raises StoreIOError when a snapshot
+        exists but does not parse."""
         self.root.mkdir(parents=True, exist_ok=True)
-        snap = self.root / SNAPSHOT_NAME
         with self._lock:
-            data = read_json(snap, "pop snapshot")
-            if data is not None:
+            self._queues = {}
+            self._seq = 0
+            self._outbox = []
+            self.position = JournalPosition()
+            snaps = [
+                f for f in self._snapshot_files() if max_phy_end is None or _snapshot_end(f) <= max_phy_end
+            ]
+            if snaps:
+                self._read_snapshot(snaps[-1])
+            elif max_phy_end is None:
+                self._import_legacy()
+            return self.position
+
+    def _snapshot_files(self) -> list[Path]:
+        """Snapshot files, oldest first."""
+        found = [
+            f
+            for f in self.root.glob(SNAPSHOT_PREFIX + "*.json")
+            if f.name[len(SNAPSHOT_PREFIX) : -len(".json")].isdigit()
+        ]
+        return sorted(found, key=_snapshot_end)
+
+    def _read_snapshot(self, path: Path) -> None:
+        data = read_json(path, "pop snapshot")
+        try:
+            self._seq = int(data.get("seq", 0))
+            self.position = JournalPosition(int(data.get("nextUnit", 0)), int(data.get("phyEnd", 0)))
+            for row in data.get("queues", []):
+                group, topic, qid, pop_offset, inflight = row
+                q = _Queue(int(pop_offset))
+                for e in inflight:
+                    offset, entry = Inflight.from_row(e)
+                    q.inflight[offset] = entry
+                self._queues[(str(group), str(topic), int(qid))] = q
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise StoreIOError(f"pop snapshot {path} is not valid: {exc}") from exc
+
+    def _import_legacy(self) -> None:
+        """State kept by an older version in ``popSnapshot.json`` + ``popJournal`` (a local
+        journal, one JSON entry per line): taken as the starting state, at journal position 0."""
+        legacy_snap = self.root / LEGACY_SNAPSHOT_NAME
+        data = read_json(legacy_snap, "pop snapshot")
+        if data is not None:
+            try:
+                self._seq = int(data.get("seq", 0))
+                for row in data.get("queues", []):
+                    group, topic, qid, pop_offset, inflight = row
+                    q = _Queue(int(pop_offset))
+                    for e in inflight:
+                        offset, entry = Inflight.from_row(e)
+                        q.inflight[offset] = entry
+                    self._queues[(str(group), str(topic), int(qid))] = q
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise StoreIOError(f"pop snapshot {legacy_snap} is not valid: {exc}") from exc
+        journal = self.root / LEGACY_JOURNAL_NAME
+        if journal.exists():
+            for line in journal.read_bytes().split(b"\n"):
+                if not line:
+                    continue
                 try:
-                    self._seq = int(data.get("seq", 0))
-                    for row in data.get("queues", []):
-                        group, topic, qid, pop_offset, inflight = row
-                        q = _Queue(int(pop_offset))
-                        for e in inflight:
-                            offset, entry = Inflight.from_row(e)
-                            q.inflight[offset] = entry
-                        self._queues[(str(group), str(topic), int(qid))] = q
-                except (ValueError, TypeError, AttributeError) as exc:
-                    raise StoreIOError(f"pop snapshot {snap} is not valid: {exc}") from exc
-            journal = self.root / JOURNAL_NAME
-            if journal.exists():
-                self._replay(journal)
-            try:
-                self._journal_fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            except OSError as exc:
-                raise StoreIOError(f"cannot open {journal}: {exc.strerror}") from exc
+                    self._apply_entry(json.loads(line))
+                except (ValueError, TypeError, KeyError, IndexError):
+                    break  # a torn last line
+        if data is not None or journal.exists():
+            log.info("pop state imported from %s", self.root)
 
-    def _replay(self, journal: Path) -> None:
-        raw = journal.read_bytes()
-        good_end = 0
-        for line in raw.split(b"\n"):
-            if not line:
-                good_end += 1
-                continue
-            try:
-                rec = json.loads(line)
-                self._apply(rec)
-            except (ValueError, TypeError, KeyError, IndexError):
-                log.warning("pop journal %s: ignoring a torn record at byte %d", journal, good_end)
-                break
-            good_end += len(line) + 1
-            self._journal_lines += 1
-        if good_end < len(raw):
-            with open(journal, "r+b") as fh:
-                fh.truncate(min(good_end, len(raw)))
+    def retire_legacy(self) -> None:
+        """Delete the older version's files once a snapshot holds what they said."""
+        for name in (LEGACY_JOURNAL_NAME, LEGACY_SNAPSHOT_NAME):
+            (self.root / name).unlink(missing_ok=True)
 
-    def _apply(self, rec: dict[str, object]) -> None:
+    def close(self) -> None:
+        """Nothing to release (the journal is in the CommitLog); kept for the service's life cycle."""
+
+    # -- journal ------------------------------------------------------------------------------------
+    def _log(
+        self, key: QueueKey, q: _Queue, sets: Iterable[list[int]] = (), acks: Iterable[int] = ()
+    ) -> None:
+        """Make the journal record of one operation on one queue (lock held)."""
+        entry: dict[str, object] = {"g": key[0], "t": key[1], "q": key[2], "o": q.pop_offset}
+        sets, acks = list(sets), list(acks)
+        if sets:
+            entry["s"] = sets
+        if acks:
+            entry["a"] = acks
+        self._seq += 1
+        body = json.dumps({"seq": self._seq, "e": [entry]}, separators=(",", ":")).encode()
+        self._outbox.append(JournalRecord(self._seq, body))
+
+    def take_records(self) -> list[JournalRecord]:
+        """The journal records made since the last call, in order (the caller appends them)."""
+        with self._lock:
+            out, self._outbox = self._outbox, []
+            return out
+
+    @property
+    def seq(self) -> int:
+        """The newest sequence number the state holds."""
+        return self._seq
+
+    def apply_record(self, body: bytes, phy_end: int, next_unit: int) -> bool:
+        """Fold one journal record read from the log (its CommitLog end offset ``phy_end``, the
+        journal queue offset after it ``next_unit``) into the state; False when the state holds
+        it already (its ``seq`` is not past the state's). Raises ValueError for a body that is
+        not a journal record."""
+        try:
+            rec = json.loads(body)
+            seq = int(rec["seq"])
+            entries = list(rec["e"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a pop journal record: {exc}") from exc
+        with self._lock:
+            if seq > self._seq:
+                for entry in entries:
+                    self._apply_entry(entry, commit=True)
+                self._seq = seq
+                applied = True
+            else:
+                applied = False
+            self.position = JournalPosition(next_unit, phy_end)
+        return applied
+
+    def skip_record(self, phy_end: int, next_unit: int) -> None:
+        """Move the journal position past a record the state holds already (seq not past it)."""
+        with self._lock:
+            self.position = JournalPosition(next_unit, phy_end)
+
+    def _apply_entry(self, rec: dict[str, object], commit: bool = False) -> None:
         key: QueueKey = (str(rec["g"]), str(rec["t"]), int(rec["q"]))  # type: ignore[call-overload]
         pop_offset = int(rec.get("o", 0))  # type: ignore[call-overload]
-        q = self._queues.setdefault(key, _Queue(pop_offset))
+        q = self._queues.get(key)
+        before = -1 if q is None else q.consumer_offset
+        if q is None:
+            q = self._queues[key] = _Queue(pop_offset)
         q.pop_offset = max(q.pop_offset, pop_offset)
         for e in rec.get("s", []):  # type: ignore[attr-defined]
             offset, entry = Inflight.from_row(e)
@@ -220,45 +339,33 @@ class PopState:
             self._seq = max(self._seq, entry.seq)
         for offset in rec.get("a", []):  # type: ignore[attr-defined]
             q.inflight.pop(int(offset), None)
+        if commit and q.consumer_offset != before:
+            self._committed(key, q)
 
-    def close(self) -> None:
-        """Write a snapshot, empty the journal and close it."""
+    def snapshot(self) -> Path:
+        """Save the state at its journal position, durably; keeps the newest ``SNAPSHOTS_KEPT``.
+        Call it only when every record made has been appended and folded in (the position then
+        covers the whole state). Raises StoreIOError."""
         with self._lock:
-            if self._journal_fd >= 0:
-                self._snapshot()
-                os.close(self._journal_fd)
-                self._journal_fd = -1
-
-    # -- journal ------------------------------------------------------------------------------------
-    def _log(
-        self, key: QueueKey, q: _Queue, sets: Iterable[list[int]] = (), acks: Iterable[int] = ()
-    ) -> None:
-        rec: dict[str, object] = {"g": key[0], "t": key[1], "q": key[2], "o": q.pop_offset}
-        sets, acks = list(sets), list(acks)
-        if sets:
-            rec["s"] = sets
-        if acks:
-            rec["a"] = acks
-        line = json.dumps(rec, separators=(",", ":")).encode() + b"\n"
-        if self._journal_fd < 0:
-            raise StoreIOError("pop state is closed")
-        try:
-            os.write(self._journal_fd, line)
-        except OSError as exc:
-            raise StoreIOError(f"cannot append to the pop journal: {exc.strerror}") from exc
-        self._journal_lines += 1
-        if self._journal_lines >= self._snapshot_every:
-            self._snapshot()
-
-    def _snapshot(self) -> None:
-        queues = [
-            [g, t, qid, q.pop_offset, [e.row(o) for o, e in sorted(q.inflight.items())]]
-            for (g, t, qid), q in self._queues.items()
-        ]
-        data = json.dumps({"seq": self._seq, "queues": queues}, separators=(",", ":")).encode()
-        atomic_write(self.root / SNAPSHOT_NAME, data)
-        os.ftruncate(self._journal_fd, 0)
-        self._journal_lines = 0
+            if self._outbox:
+                raise StoreIOError("pop state has journal records not yet appended; not a snapshot point")
+            queues = [
+                [g, t, qid, q.pop_offset, [e.row(o) for o, e in sorted(q.inflight.items())]]
+                for (g, t, qid), q in self._queues.items()
+            ]
+            pos = self.position
+            data = {
+                "version": 2,
+                "seq": self._seq,
+                "nextUnit": pos.next_unit,
+                "phyEnd": pos.phy_end,
+                "queues": queues,
+            }
+        path = self.root / f"{SNAPSHOT_PREFIX}{pos.phy_end:020d}.json"
+        atomic_write(path, json.dumps(data, separators=(",", ":")).encode())
+        for old in self._snapshot_files()[:-SNAPSHOTS_KEPT]:
+            old.unlink(missing_ok=True)
+        return path
 
     # -- queries ------------------------------------------------------------------------------------
     def _queue(self, key: QueueKey, min_offset: int) -> _Queue:
@@ -461,3 +568,8 @@ class PopState:
             e.visible_at, e.seq = now_ms + invisible_ms, self._seq
             self._log(key, q, [e.row(handle.queue_offset)])
             return self._popped(topic, handle.queue_id, handle.queue_offset, e).handle
+
+
+def _snapshot_end(path: Path) -> int:
+    """The CommitLog offset a snapshot file's name gives (``popSnapshot.<offset>.json``)."""
+    return int(path.name[len(SNAPSHOT_PREFIX) : -len(".json")])

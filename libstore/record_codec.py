@@ -659,7 +659,7 @@ class DispatchRequest:
 # the last one wins).
 _DISPATCH_PROPERTIES = re.compile(
     rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY|DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS"
-    rb"|TRAN_HALF_OFFSET|TIMER_UNIT)\x01([^\x02]*)"
+    rb"|TRAN_HALF_OFFSET|TIMER_UNIT|POP_SEQ)\x01([^\x02]*)"
 )
 # Properties that may schedule a message (libstore.scheduled_message): flagged while validating.
 _SCHEDULING = frozenset({b"DELAY", b"TIMER_DELIVER_MS", b"TIMER_DELAY_SEC", b"TIMER_DELAY_MS"})

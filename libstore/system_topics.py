@@ -14,6 +14,11 @@ rebuilds its work list from 20-byte units without reading the CommitLog:
 * ``rmq_sys_timer_done`` (TIMER_DONE_TOPIC, mqstore's): one record per delivered timer unit,
   appended with the delivered copy, so every replica's dispatch knows what was delivered (a
   promoted slave does not deliver again). Tags code: the timer unit's queue offset (TIMER_UNIT).
+* ``rmq_sys_pop_journal`` (POP_JOURNAL_TOPIC, mqstore's; RocketMQ writes PopCheckPoint and AckMsg
+  records into its revive topic for the same purpose): the consumer groups' pop state changes,
+  one record per receive, ack or change of invisible time (libstore.pop_state), so every
+  replica's dispatch holds the same pop state and a promoted slave does not deliver acked
+  messages again. Tags code: the record's sequence number (POP_SEQ).
 
 Names are RocketMQ's (TopicValidator, TimerMessageStore); the tags-code contents of the timer
 and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op bodies).
@@ -30,6 +35,7 @@ TIMER_TOPIC = "rmq_sys_wheel_timer"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TIMER_DONE_TOPIC = "rmq_sys_timer_done"
+POP_JOURNAL_TOPIC = "rmq_sys_pop_journal"
 
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # RocketMQ 5: absolute delivery time, ms
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # RocketMQ 5: delay from the store time, s
@@ -37,6 +43,7 @@ TIMER_DELAY_MS = "TIMER_DELAY_MS"  # RocketMQ 5: delay from the store time, ms
 TIMER_OUT_MS = "TIMER_OUT_MS"  # set on the copy a timer delivers: it is due, not to be held again
 TRAN_HALF_OFFSET = "TRAN_HALF_OFFSET"  # on an op record: the half message's queue offset
 TIMER_UNIT = "TIMER_UNIT"  # on a timer-done record: the delivered unit's queue offset
+POP_SEQ = "POP_SEQ"  # on a pop journal record: its sequence number
 
 
 def park(message: Message, topic: str, properties: Mapping[str, str]) -> Message:
@@ -75,7 +82,7 @@ def unpark(record: MessageRecord) -> tuple[str, int, dict[str, str]]:
     return topic, queue_id, props
 
 
-SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC})
+SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC, POP_JOURNAL_TOPIC})
 
 _MAX_CODE = (1 << 63) - 1
 
@@ -97,6 +104,8 @@ def system_tags_code(topic: str, properties: Mapping[bytes, bytes], store_timest
         return _number(properties.get(b"TRAN_HALF_OFFSET"))
     if topic == TIMER_DONE_TOPIC:
         return _number(properties.get(b"TIMER_UNIT"))
+    if topic == POP_JOURNAL_TOPIC:
+        return _number(properties.get(b"POP_SEQ"))
     return None
 
 

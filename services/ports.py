@@ -45,6 +45,7 @@ class LogOffsets:
     quarantine_dir: str = ""
     quarantined_files: int = 0
     quarantined_bytes: int = 0
+    epoch_start: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,10 @@ class DerivedStatus:
 class CommitLogPort(Protocol):
     """The commitlog service: the single writer of the log."""
 
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
         """Append a batch; a message with queue id -1 is placed round robin over its topic's
-        write queues."""
+        write queues. ``expected_epoch`` > 0: only while the log's master is of that epoch, else
+        NotMasterError (nothing written)."""
         ...
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:

@@ -20,9 +20,10 @@ class RemoteCommitLog:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
         self.timeout_s = timeout_s
 
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
         request = commitlog_pb.AppendRequest(
-            messages=[m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages]
+            messages=[m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages],
+            expected_epoch=expected_epoch,
         )
         reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
@@ -105,6 +106,7 @@ class RemoteCommitLog:
             o.quarantine_dir,
             o.quarantined_files,
             o.quarantined_bytes,
+            o.epoch_start,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:

@@ -67,7 +67,7 @@ class LocalCommitLog:
             self.dedup.clear()
 
     # -- append ---------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
             # Scheduled messages go to the timer topic here, before the de-duplication window
@@ -77,7 +77,9 @@ class LocalCommitLog:
             messages = [hold_if_scheduled(m, now) for m in messages]
             fresh, placed = self._split_replays(messages)
             appended = (
-                self.log.append_messages(fresh, place_unassigned=True, hold_scheduled=False)
+                self.log.append_messages(
+                    fresh, place_unassigned=True, hold_scheduled=False, expected_epoch=expected_epoch
+                )
                 if fresh
                 else None
             )
@@ -335,6 +337,7 @@ class LocalCommitLog:
         disk = shutil.disk_usage(cfg.commit_log_dir)
         assert log.generation is not None and log.ha_state is not None
         quarantine = log.quarantine.summary()
+        epochs = log.ha_state.epochs
         return LogOffsets(
             log.min_offset,
             log.max_offset,
@@ -353,6 +356,7 @@ class LocalCommitLog:
             str(quarantine.path),
             quarantine.files,
             quarantine.bytes,
+            epochs[-1].start_offset if epochs else 0,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:

@@ -36,7 +36,8 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             for m in messages:
                 if not m.born_host:
                     m.born_host = host
-        results = await self.port.append(messages)  # encoded as they are (see RecordEncoder)
+        # Encoded as they are (see RecordEncoder).
+        results = await self.port.append(messages, expected_epoch=request.expected_epoch)
         return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
 
     async def Read(
@@ -93,6 +94,7 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             quarantine_dir=o.quarantine_dir,
             quarantined_files=o.quarantined_files,
             quarantined_bytes=o.quarantined_bytes,
+            epoch_start=o.epoch_start,
         )
 
     async def UpsertTopic(

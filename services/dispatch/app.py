@@ -13,6 +13,7 @@ from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_c
 from libstore.long_polling import LongPollingService
 from libstore.record_codec import check_record
 from libstore.store_paths import consume_queue_dir, consumer_offset_path, dispatch_checkpoint_path
+from libstore.system_topics import POP_JOURNAL_TOPIC
 from services._common.derived_app import DerivedStoreApp
 from services._common.tail_follower import QueueKey
 from services.dispatch.local import LocalDispatch
@@ -35,7 +36,14 @@ class DispatchApp(DerivedStoreApp):
         self.queues = ConsumeQueueStore(consume_queue_dir(self.root), config.mapped_file_size_consume_queue)
         self.offsets = ConsumerOffsetManager(consumer_offset_path(self.root))
         self.long_polling = LongPollingService(self.queues.max_offset_of)
-        self.pop = PopService(self.root, self.queues, self.offsets, self.long_polling, commitlog)
+        self.pop = PopService(
+            self.root,
+            self.queues,
+            self.offsets,
+            self.long_polling,
+            commitlog,
+            reput_offset=lambda: self.follower.reput_offset if self.follower is not None else 0,
+        )
         self.timer = TimerService(self.root, self.queues, commitlog)
         self.transactions = TransactionService(
             self.root,
@@ -86,9 +94,12 @@ class DispatchApp(DerivedStoreApp):
 
     def _on_arrival(self, arrived: Mapping[QueueKey, int]) -> None:
         self.long_polling.notify_many(arrived)
+        if (POP_JOURNAL_TOPIC, 0) in arrived:
+            self.pop.journal.wake()
 
     def _cut(self, log_end: int, reput_offset: int) -> int:
         self.queues.truncate_dirty(log_end)
+        self.pop.journal.rollback(log_end)
         return min(reput_offset, log_end)
 
     def _flush(self, least_pages: int) -> None:
@@ -99,7 +110,6 @@ class DispatchApp(DerivedStoreApp):
 
     def _close(self) -> None:
         self.queues.shutdown()
-        self.pop.close()
 
     def _checkpoint_file(self) -> DispatchCheckpoint:
         return DispatchCheckpoint(dispatch_checkpoint_path(consume_queue_dir(self.root)))
@@ -107,6 +117,7 @@ class DispatchApp(DerivedStoreApp):
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
         await super().start()
+        self.pop.start()
         self._offset_persist.start()
         self._background_stop = asyncio.Event()
         self._background = [
@@ -120,5 +131,6 @@ class DispatchApp(DerivedStoreApp):
             await task
         self._background = []
         self.long_polling.wake_all()
+        await self.pop.close()  # while the follower still runs: its snapshot reads the journal back
         await super().stop()
         await asyncio.to_thread(self._offset_persist.shutdown)

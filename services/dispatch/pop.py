@@ -1,9 +1,11 @@
 """PopService: the pop consumption model on the dispatch service (receive, ack, change invisible
 time, dead-letter forwarding) over libstore.pop_state and this process's ConsumeQueues.
 
-The state lives here, in the dispatch service's folder (``pop/`` and
-``config/subscriptionGroup.json``), next to the ConsumeQueues and consumer offsets it refers to,
-so gateways hold no delivery state and several of them can serve one group. A pop for queue -1
+The state lives here, next to the ConsumeQueues and consumer offsets it refers to, so gateways
+hold no delivery state and several of them can serve one group; its changes are journaled in the
+CommitLog (services.dispatch.pop_journal), so every replica's dispatch holds it and a promoted
+slave carries on where its master stopped. Every operation waits for its journal record before
+it answers. Only the master's dispatch serves operations (a slave's raises NotMasterError). A pop for queue -1
 (what the gateway always asks: RocketMQ's proxy pops by broker, whatever queue the client named)
 serves every queue of the topic, starting from a rotating queue so no queue starves; when
 nothing is deliverable it holds on the long-polling service until a message arrives on the
@@ -39,6 +41,7 @@ from libstore.pop_state import Popped, PopState, ReceiptHandle
 from libstore.record_codec import decode_record
 from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager, dlq_topic
 from services._common.telemetry import tracer
+from services.dispatch.pop_journal import PopJournal
 from services.ports import CommitLogPort, PoppedMessage, PopResult
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ class PopService:
         long_polling: LongPollingService,
         commitlog: CommitLogPort,
         *,
+        reput_offset: Callable[[], int] = lambda: 1 << 62,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         self.queues = queues
@@ -73,16 +77,20 @@ class PopService:
         self.state = PopState(
             Path(root) / "pop", commit_offset=offsets.commit_offset, committed_offset=offsets.query_offset
         )
+        self.journal = PopJournal(self.state, queues, commitlog, reput_offset)
         self.groups = SubscriptionGroupManager(Path(root) / "config" / "subscriptionGroup.json")
         self._rotation = itertools.count()
         self._tracer = tracer("mqstore.dispatch")
 
     def load(self) -> None:
         self.groups.load()
-        self.state.load()
+        self.journal.load()
 
-    def close(self) -> None:
-        self.state.close()
+    def start(self) -> None:
+        self.journal.start()
+
+    async def close(self) -> None:
+        await self.journal.close()
 
     # -- pop ----------------------------------------------------------------------------------------
     async def pop(
@@ -114,8 +122,10 @@ class PopService:
         with self._tracer.start_as_current_span("dispatch.pop") as span:
             span.set_attribute("mqstore.group", group)
             while True:
+                await self.journal.ready()
                 before = self._topic_max_offsets(topic)
                 popped = self._pop_once(group, topic, queue_id, filt, max_count, invisible_ms, config)
+                await self.journal.commit()
                 live = [p for p in popped if not p.dead]
                 if len(live) < len(popped):
                     await self._forward(group, [p for p in popped if p.dead])
@@ -172,6 +182,7 @@ class PopService:
 
     # -- ack / change ---------------------------------------------------------------------------------
     async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:
+        await self.journal.ready()
         now = self.clock()
         out: list[StoreError | None] = []
         for text in receipt_handles:
@@ -180,13 +191,16 @@ class PopService:
                 out.append(None)
             except StoreError as exc:
                 out.append(exc)
+        await self.journal.commit()  # raises: none of them counts as acked
         return out
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
             raise InvalidArgumentError(f"invisible time must be within 0..{MAX_INVISIBLE_MS} ms")
         handle = ReceiptHandle.decode(receipt_handle)
+        await self.journal.ready()
         new = self.state.change_invisible(group, topic, handle, invisible_ms, self.clock())
+        await self.journal.commit()
         # A held pop sleeps until the earliest visible time it saw; this one may be earlier.
         self.long_polling.wake_topic(topic)
         return new.encode()
@@ -196,6 +210,7 @@ class PopService:
         message already acked (PopState.in_flight: the record copied is the one the store
         delivered, not whatever the handle text names)."""
         handle = ReceiptHandle.decode(receipt_handle)
+        await self.journal.ready()
         await self._forward(group, [self.state.in_flight(group, topic, handle, self.clock())])
 
     async def _forward(self, group: str, dead: list[Popped]) -> None:
@@ -210,12 +225,18 @@ class PopService:
             failed = [r.status.name for r in results if not r.status.appended]
             if failed:
                 raise ServiceNotAvailableError(f"forwarding to {dlq_topic(group)} failed: {failed[0]}")
+            await self.journal.ready()
             for p in dead:  # a record the log no longer holds has nothing left to forward
                 self.state.finish(group, p.topic, p.queue_id, p.queue_offset, p.handle.seq)
+            await self.journal.commit()
 
     async def revive(self) -> int:
         """Forward every expired in-flight message that used up its group's attempts to the
         group's DLQ; returns how many were forwarded. Run every ``REVIVE_INTERVAL_S``."""
+        try:
+            await self.journal.ready()
+        except ServiceNotAvailableError:  # NotMasterError included
+            return 0  # a slave's dispatch follows the master's journal; or still catching up
         by_group: dict[str, list[Popped]] = {}
         for group, p in self.state.expired(self.clock(), lambda g: self.groups.get(g).max_delivery_attempts):
             by_group.setdefault(group, []).append(p)

@@ -218,8 +218,10 @@ class GroupCommitLog:
     def __init__(self, group: BrokerGroup) -> None:
         self.group = group
 
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
-        return await self.group.on_master(lambda m: m.commitlog.append(messages))
+    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+        return await self.group.on_master(
+            lambda m: m.commitlog.append(messages, expected_epoch=expected_epoch)
+        )
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         return await self.group.on_master(lambda m: m.commitlog.append_records(raw, born_host))

@@ -278,32 +278,49 @@ def send_many(args: dict[str, Any]) -> dict[str, Any]:
 def receive_many(args: dict[str, Any]) -> dict[str, Any]:
     """A SimpleConsumer that receives (batches of 32) and acks each message until ``count``
     were acked, nothing came for ``idle_s`` after the first message (other consumers of the
-    group took the rest), or ``timeout_s`` passed; timed from the first message to the last."""
+    group took the rest), or ``timeout_s`` passed; timed from the first message to the last.
+    With ``ids``, also the ids of the messages acked and of those received (with their delivery
+    attempts), in order; the acks stop at exactly ``count``, leaving the rest of the last batch
+    received but not acked."""
     consumer = SimpleConsumer(
         _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 1)
     )
     consumer.startup()
     acked, errors = 0, 0
+    acked_ids: list[str] = []
+    received: list[list[Any]] = []
     first = last = 0.0
     deadline = time.time() + args.get("timeout_s", 300)
     try:
         while acked < args["count"] and time.time() < deadline:
-            batch = consumer.receive(32, args.get("invisible_s", 30))
+            try:
+                batch = consumer.receive(32, args.get("invisible_s", 30))
+            except Exception:
+                errors += 1
+                time.sleep(0.3)
+                continue
             if not batch:
                 if first and time.time() - last > args.get("idle_s", 3):
                     break
                 continue
             first = first or time.time()
             for m in batch:
+                received.append([m.message_id, m.delivery_attempt])
+                if acked >= args["count"]:
+                    continue
                 try:
                     consumer.ack(m)
                     acked += 1
+                    acked_ids.append(m.message_id)
                 except Exception:
                     errors += 1
             last = time.time()
     finally:
         consumer.shutdown()
-    return {"acked": acked, "errors": errors, "seconds": last - first}
+    out: dict[str, Any] = {"acked": acked, "errors": errors, "seconds": last - first}
+    if args.get("ids"):
+        out.update(acked_ids=acked_ids, received=received)
+    return out
 
 
 SCENARIOS = {

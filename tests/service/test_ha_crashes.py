@@ -17,6 +17,8 @@ import grpc
 import pytest
 
 from libstore import PutMessageStatus, decode_record
+from services.client import Admin
+from tests.rocketmq.harness import run_driver
 from tests.service.harness import BrokerGroupCluster, CommitLogAdmin, assert_logs_identical
 
 NEVER_FLUSH = {"flushIntervalCommitLog": 3_600_000, "flushCommitLogThoroughInterval": 3_600_000}
@@ -163,5 +165,70 @@ def test_promotion_refuses_a_slave_that_holds_less_than_another(tmp_path: Path):
                 keys += [decode_record(raw).keys for raw in raws]
             assert keys == [[f"late{i}"] for i in range(8000)]
             assert c.state().max_offset == end
+    finally:
+        cluster.stop_all()
+
+
+def test_acks_survive_a_failover_through_the_official_client(tmp_path: Path):
+    """Pop state (receipts, acks) is journaled in the CommitLog and replicated with it: after
+    the master is killed and its slave promoted, a SimpleConsumer of the official RocketMQ 5
+    client gets every message it had not acked, and none it had (beyond those received but not
+    yet acked at the kill, which come again once their invisible time passes)."""
+    cluster = BrokerGroupCluster(tmp_path / "g", master_role="SYNC_MASTER")
+    try:
+        cluster.start_all(derived=True)
+        with CommitLogAdmin(cluster.address("a")) as a:
+            a.wait_for(lambda s: len(s.slaves) == 1 and s.slaves[0].in_sync, what="the slave in sync")
+        with Admin(cluster.gateway) as admin:
+            admin.create_topic("Pay", 4)
+        sent = run_driver(
+            "send_many",
+            {"endpoint": cluster.gateway, "topic": "Pay", "count": 2000, "size": 256},
+            tmp_path / "p",
+        )
+        assert not sent["errors"] and len(set(sent["ids"])) == 2000
+        before = run_driver(
+            "receive_many",
+            {
+                "endpoint": cluster.gateway,
+                "group": "payers",
+                "topic": "Pay",
+                "count": 1000,
+                "invisible_s": 5,
+                "ids": True,
+            },
+            tmp_path / "c1",
+        )
+        assert before["acked"] == 1000 and len(set(before["acked_ids"])) == 1000
+        in_flight = {mid for mid, _ in before["received"]} - set(before["acked_ids"])
+
+        for svc in ("commitlog", "dispatch", "index"):  # the whole master member goes away
+            cluster.kill(f"a-{svc}")
+        with CommitLogAdmin(cluster.address("b")) as b:
+            b.wait_for(lambda s: not s.master_connected, what="b to notice the master is gone")
+            assert b.promote().broker_role == "SYNC_MASTER"
+
+        after = run_driver(
+            "receive_many",
+            {
+                "endpoint": cluster.gateway,
+                "group": "payers",
+                "topic": "Pay",
+                "count": 1000 + len(in_flight),
+                "invisible_s": 5,
+                "idle_s": 10,
+                "ids": True,
+                "timeout_s": 120,
+            },
+            tmp_path / "c2",
+            timeout_s=180,
+        )
+        again = {mid for mid, _ in after["received"]}
+        redelivered_acked = again & set(before["acked_ids"])
+        assert not redelivered_acked, (
+            f"{len(redelivered_acked)} acked messages delivered again after the failover"
+        )
+        assert again | set(before["acked_ids"]) == set(sent["ids"])  # nothing lost either
+        assert in_flight <= again
     finally:
         cluster.stop_all()

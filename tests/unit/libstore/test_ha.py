@@ -478,3 +478,17 @@ def test_a_log_cut_back_then_killed_starts_again(tmp_path: Path, mode: str):
         assert slave.max_offset == end
     finally:
         slave.shutdown()
+
+
+def test_an_append_for_another_master_term_is_fenced(open_log):
+    """append_messages(expected_epoch=e) writes only while this store is the master of epoch e:
+    a writer whose state belongs to one term (the pop journal) cannot write into the next."""
+    cl = open_log()
+    cl.start_master_term(BrokerRole.ASYNC_MASTER)
+    cl.append_messages(_msgs(1), expected_epoch=1)
+    end = cl.max_offset
+    cl.start_master_term(BrokerRole.ASYNC_MASTER)  # a restart: epoch 2
+    with pytest.raises(NotMasterError, match="epoch 2, not 1"):
+        cl.append_messages(_msgs(1), expected_epoch=1)
+    assert cl.max_offset == end
+    assert cl.append_messages(_msgs(1), expected_epoch=2).results.appended == 1

@@ -1,4 +1,6 @@
-"""PopState: deliveries, acks, invisible time, FIFO locking and the journal, on real files."""
+"""PopState: deliveries, acks, invisible time, FIFO locking, and its journal: records folded into
+a replica's state, snapshots, restarts and a cut log (the journal is a list here; the dispatch
+service keeps it in the CommitLog)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
 from libstore.errors import InvalidReceiptHandleError
-from libstore.pop_state import JOURNAL_NAME, PopState, ReceiptHandle
+from libstore.pop_state import LEGACY_JOURNAL_NAME, PopState, ReceiptHandle
 
 T0 = 1_700_000_000_000
 
@@ -40,10 +42,64 @@ def _pop(state: PopState, q: Queue, now: int, n: int = 10, **kw: object) -> list
     )
 
 
-def _open(root: Path, committed: dict | None = None) -> PopState:  # type: ignore[type-arg]
-    commits: dict = committed if committed is not None else {}  # type: ignore[type-arg]
-    s = PopState(root, commit_offset=lambda g, t, qid, o: commits.__setitem__((g, t, qid), o))
+class Log:
+    """The journal as the CommitLog holds it: record bodies in order, each ending at a made-up
+    CommitLog offset (100 bytes apiece)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def end_of(self, unit: int) -> int:
+        return 100 * (unit + 1)
+
+    def append_from(self, state: PopState) -> None:
+        """What the master's journal does: append the records made, then read them back (the
+        state holds them already: only its position moves)."""
+        for record in state.take_records():
+            self.bodies.append(record.body)
+            unit = len(self.bodies) - 1
+            assert not state.apply_record(record.body, self.end_of(unit), unit + 1)
+
+    def replay_into(self, state: PopState) -> int:
+        """Fold every record past the state's position into it; returns how many changed it."""
+        changed = 0
+        for unit in range(state.position.next_unit, len(self.bodies)):
+            changed += state.apply_record(self.bodies[unit], self.end_of(unit), unit + 1)
+        return changed
+
+
+class Journaled(PopState):
+    """A master's PopState whose operations are journaled into ``log`` as they happen."""
+
+    def __init__(self, root: Path, log: Log, commits: dict) -> None:  # type: ignore[type-arg]
+        super().__init__(root, commit_offset=lambda g, t, qid, o: commits.__setitem__((g, t, qid), o))
+        self.log = log
+
+    def pop(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().pop(*args, **kwargs)
+        self.log.append_from(self)
+        return out
+
+    def ack(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().ack(*args, **kwargs)
+        self.log.append_from(self)
+
+    def change_invisible(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().change_invisible(*args, **kwargs)
+        self.log.append_from(self)
+        return out
+
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = super().finish(*args, **kwargs)
+        self.log.append_from(self)
+        return out
+
+
+def _open(root: Path, committed: dict | None = None, log: Log | None = None) -> Journaled:  # type: ignore[type-arg]
+    """A state (re)started over ``root``: its newest snapshot, then the journal after it."""
+    s = Journaled(root, log if log is not None else Log(), committed if committed is not None else {})
     s.load()
+    s.log.replay_into(s)
     return s
 
 
@@ -144,33 +200,110 @@ def test_exhausted_messages_are_reported_dead(tmp_path: Path) -> None:
     assert _pop(s, q, T0 + 3000) == [] and s.consumer_offset("g", "t", 0) == 1
 
 
-def test_state_survives_reopen_and_a_torn_journal_tail(tmp_path: Path) -> None:
-    s = _open(tmp_path)
+def test_state_survives_a_restart_from_snapshot_and_journal(tmp_path: Path) -> None:
+    log = Log()
+    s = _open(tmp_path, log=log)
     q = Queue(6)
     got = _pop(s, q, T0, 4)
+    s.snapshot()  # at the journal so far
     s.ack("g", "t", got[0].handle, T0 + 1)
     new = s.change_invisible("g", "t", got[1].handle, 9000, T0 + 2)
-    # no close(): as after a SIGKILL, only the journal is there; a torn line ends it
-    with open(tmp_path / JOURNAL_NAME, "ab") as fh:
-        fh.write(b'{"g":"g","t":"t","q":0,"o":')
-    r = _open(tmp_path)
+    # killed: the ack and the change are only in the journal, past the snapshot
+    r = _open(tmp_path, log=log)
     assert r.consumer_offset("g", "t", 0) == 1
     with pytest.raises(InvalidReceiptHandleError):  # replaced by the change, also after the restart
         r.ack("g", "t", got[1].handle, T0 + 3)
     r.ack("g", "t", new, T0 + 3)  # the changed handle is the live one
     assert [p.queue_offset for p in _pop(r, q, T0 + 10)] == [4, 5]  # 2, 3 still invisible
-    r.close()
-    again = _open(tmp_path)  # from the snapshot
+    r.snapshot()
+    again = _open(tmp_path, log=log)  # from the newer snapshot, nothing to replay
+    assert again.position.next_unit == len(log.bodies)
     assert [(p.queue_offset, p.attempt) for p in _pop(again, q, T0 + 1500, 2)] == [(2, 2), (3, 2)]
 
 
+def test_a_replica_folding_the_journal_holds_the_same_state(tmp_path: Path) -> None:
+    """What a slave's dispatch does: apply the master's records in log order, then, promoted,
+    carry on: acked messages stay acked, in-flight ones keep their handles."""
+    log = Log()
+    master_commits: dict = {}  # type: ignore[type-arg]
+    master = _open(tmp_path / "m", master_commits, log)
+    q = Queue(10)
+    got = _pop(master, q, T0, 6)
+    for p in got[:3]:
+        master.ack("g", "t", p.handle, T0 + 5)
+    changed = master.change_invisible("g", "t", got[4].handle, 60_000, T0 + 6)
+    slave_commits: dict = {}  # type: ignore[type-arg]
+    slave = PopState(
+        tmp_path / "s", commit_offset=lambda g, t, qid, o: slave_commits.__setitem__((g, t, qid), o)
+    )
+    slave.load()
+    assert log.replay_into(slave) == len(log.bodies)
+    assert log.replay_into(slave) == 0  # applying the log twice changes nothing
+    assert slave_commits == master_commits == {("g", "t", 0): 3}
+    assert slave.seq == master.seq
+    promoted = Journaled(tmp_path / "s", log, slave_commits)
+    promoted.load()
+    log.replay_into(promoted)
+    promoted.ack("g", "t", got[3].handle, T0 + 7)  # a handle from the old master still works
+    promoted.ack("g", "t", changed, T0 + 8)
+    redelivered = _pop(promoted, q, T0 + 2000)  # 5 timed out, 6..9 are new; 0..4 are finished
+    assert [(p.queue_offset, p.attempt) for p in redelivered] == [(5, 2), (6, 1), (7, 1), (8, 1), (9, 1)]
+    assert slave_commits[("g", "t", 0)] == 5
+
+
+def test_a_cut_journal_goes_back_to_a_snapshot_before_the_cut(tmp_path: Path) -> None:
+    """A returning master's journal tail was never replicated: its state goes back to the newest
+    snapshot at or before the cut and folds in what its successor wrote after it."""
+    log = Log()
+    s = _open(tmp_path, log=log)
+    q = Queue(8)
+    first = _pop(s, q, T0, 2)
+    s.snapshot()
+    cut_units = len(log.bodies)
+    s.ack("g", "t", first[0].handle, T0 + 1)  # lost with the tail
+    _pop(s, q, T0 + 2, 3)
+    s.snapshot()  # taken past the cut: not usable after it
+    del log.bodies[cut_units:]
+    successor = _open(tmp_path / "other", log=log)
+    successor.ack("g", "t", first[1].handle, T0 + 3)
+    s.load(max_phy_end=log.end_of(cut_units - 1))
+    assert s.position.next_unit == cut_units
+    log.replay_into(s)
+    assert s.consumer_offset("g", "t", 0) == 0  # 0 in flight again, 1 acked by the successor
+    again = _pop(s, q, T0 + 1001)
+    assert [(p.queue_offset, p.attempt) for p in again][:2] == [(0, 2), (2, 1)]
+
+
+def test_state_of_an_older_version_is_imported(tmp_path: Path) -> None:
+    (tmp_path / LEGACY_JOURNAL_NAME).write_bytes(
+        b'{"g":"g","t":"t","q":0,"o":3,"s":[[1,1000,100,1,1,1700000001000,7],[2,2000,100,2,1,1700000001000,8]]}\n'
+        b'{"g":"g","t":"t","q":0,"o":3'  # torn
+    )
+    s = _open(tmp_path)
+    assert s.consumer_offset("g", "t", 0) == 1 and s.seq == 8
+    s.snapshot()
+    s.retire_legacy()
+    assert not (tmp_path / LEGACY_JOURNAL_NAME).exists()
+    assert _open(tmp_path).consumer_offset("g", "t", 0) == 1
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["pop", "ack", "tick", "reopen"]), st.integers(0, 7)), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["pop", "ack", "tick", "reopen", "snapshot", "failover"]), st.integers(0, 7)
+        ),
+        max_size=40,
+    )
+)
 def test_every_message_is_delivered_until_acked(tmp_path_factory: pytest.TempPathFactory, ops: list) -> None:  # type: ignore[type-arg]
-    """Model: whatever the interleaving of pops, acks, time and restarts, a message is never
-    delivered after its ack, and every unacked message is deliverable once its time passes."""
+    """Model: whatever the interleaving of pops, acks, time, snapshots, restarts and failovers
+    to a replica that folded the journal, a message is never delivered after its ack, and every
+    unacked message is deliverable once its time passes."""
     root = tmp_path_factory.mktemp("pop")
-    s = _open(root)
+    log = Log()
+    s = _open(root, log=log)
+    replicas = 0
     q = Queue(8)
     now = T0
     live: dict[int, ReceiptHandle] = {}
@@ -189,7 +322,13 @@ def test_every_message_is_delivered_until_acked(tmp_path_factory: pytest.TempPat
         elif op == "tick":
             now += 600
         elif op == "reopen":
-            s = _open(root)
+            s = _open(root, log=log)
+        elif op == "snapshot":
+            s.snapshot()
+        elif op == "failover":  # a replica that followed the journal takes over
+            replicas += 1
+            root = tmp_path_factory.mktemp(f"replica{replicas}")
+            s = _open(root, log=log)
     now += 10_000
     rest = {p.queue_offset for p in _pop(s, q, now, 8)}
     assert rest == set(range(8)) - acked

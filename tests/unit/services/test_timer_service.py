@@ -35,7 +35,7 @@ class Port:
             raise ServiceNotAvailableError("commitlog unreachable")
         return self.log.read_many(ranges)
 
-    async def append(self, messages: Sequence[Message]) -> PutMessageResults:
+    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
         if self.down:
             raise ServiceNotAvailableError("down")
         if any(m.topic == "Gone" for m in messages):

@@ -1,0 +1,330 @@
+"""PopJournal: the pop state's journal in the CommitLog, on the dispatch service.
+
+libstore.pop_state changes its state in memory and makes one journal record per operation; this
+class is the rest of the loop (see the PopState module docstring for the record format):
+
+* **Writing** (the master's dispatch): :meth:`commit` hands the records made since the last call
+  to one appender task, which appends whatever is waiting as one batch (group commit: one
+  CommitLog append for many operations, in the order they were made), then resolves each
+  waiter once its records are appended and as durable as the log's policy makes any put
+  (flushed under SYNC_FLUSH, held by a slave under SYNC_MASTER). An operation answers its
+  caller only then, so an ack the client saw succeed survives a failover. The appends carry the
+  master term the state was read under (``expected_epoch``): a store that stopped being that
+  master refuses them.
+* **Reading** (every replica's dispatch): a reader task follows the journal topic's
+  ConsumeQueue (``rmq_sys_pop_journal`` queue 0; tags code = the record's seq) and folds each
+  record into the state (:meth:`PopState.apply_record`); on the master most are its own, which
+  the state already holds, and are passed over by their tags code without a read.
+* **Terms**: before serving an operation the journal learns the current master term (epoch and
+  the CommitLog offset it starts at) and waits until the state folded in every record before
+  that offset (a promoted slave first catches up with what its old master wrote). A slave's
+  dispatch refuses operations (NotMasterError).
+* **Failures**: an append that fails leaves the state ahead of the log; the state is then
+  reloaded (newest snapshot + the journal after it) and the operations fail
+  (ServiceNotAvailableError, or NotMasterError): clients retry. When the log is cut under the
+  dispatch service, the state goes back to a snapshot taken before the cut (:meth:`rollback`).
+* **Snapshots** every ``snapshot_every`` records folded or passed over, and at close: new
+  operations wait while the appender drains and the reader catches up, so the snapshot holds
+  exactly the journal up to its position.
+
+Runs on the dispatch service's event loop (``rollback`` may come from another thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from libstore import Message, PutMessageStatus
+from libstore.consume_queue import BLANK_UNIT_SIZE
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.errors import NotMasterError, ServiceNotAvailableError, StoreError
+from libstore.pop_state import JournalRecord, PopState
+from libstore.record_codec import decode_record
+from libstore.system_topics import POP_JOURNAL_TOPIC, POP_SEQ
+from services.ports import CommitLogPort
+
+log = logging.getLogger(__name__)
+
+READ_BATCH = 1024
+POLL_S = 0.05
+CATCH_UP_TIMEOUT_S = 30.0
+SNAPSHOT_EVERY = 10_000
+
+
+class _Pending:
+    __slots__ = ("future", "records")
+
+    def __init__(self, records: list[JournalRecord], future: asyncio.Future[None]) -> None:
+        self.records = records
+        self.future = future
+
+
+class PopJournal:
+    """The journal of ``state`` through ``commitlog``, read back from ``queues`` (see module
+    docstring). ``reput_offset()`` gives how far the dispatch service applied the log."""
+
+    def __init__(
+        self,
+        state: PopState,
+        queues: ConsumeQueueStore,
+        commitlog: CommitLogPort,
+        reput_offset: Callable[[], int],
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY,
+    ) -> None:
+        self.state = state
+        self.queues = queues
+        self.commitlog = commitlog
+        self.reput_offset = reput_offset
+        self.snapshot_every = snapshot_every
+        self._pending: list[_Pending] = []
+        self._work = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._open = asyncio.Event()  # cleared while a snapshot is taken
+        self._open.set()
+        self._arrived = asyncio.Event()
+        self._term: tuple[int, int] | None = None  # (epoch, start offset) the state serves under
+        self._ready_term: tuple[int, int] | None = None
+        self._reload = False
+        self._rollback_lock = threading.Lock()
+        self._rollback_to: int | None = None
+        self._generation = 0  # bumped whenever the state is replaced: in-flight reads are void
+        self._last_appended_end = 0
+        self._since_snapshot = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- life -------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load the newest snapshot (the reader applies the journal after it once started)."""
+        self.state.load()
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._append_loop(), name="pop-journal-append"),
+            loop.create_task(self._read_loop(), name="pop-journal-read"),
+        ]
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop; first snapshot the state if everything made was appended and read back."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._snapshot(), timeout_s)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for p in self._pending:
+            if not p.future.done():
+                p.future.set_exception(ServiceNotAvailableError("the dispatch service is stopping"))
+        self._pending = []
+
+    def wake(self) -> None:
+        """The journal queue grew (called on arrival)."""
+        self._arrived.set()
+
+    def rollback(self, log_end: int) -> None:
+        """The log was cut at ``log_end`` (any thread): the state goes back to a snapshot taken
+        at or before it, before the next operation or read."""
+        with self._rollback_lock:
+            self._rollback_to = log_end if self._rollback_to is None else min(self._rollback_to, log_end)
+
+    # -- serving ----------------------------------------------------------------------------------
+    async def ready(self) -> None:
+        """Wait until operations may change the state: this store is the master, the state
+        holds every record written before its term began, no snapshot is being taken. Raises
+        NotMasterError on a slave, ServiceNotAvailableError when the state does not catch up
+        within ``CATCH_UP_TIMEOUT_S``."""
+        self._apply_rollback()
+        if self._reload:
+            self._reload_state()
+        await self._open.wait()
+        if self._term is None or self._ready_term != self._term:
+            offsets = await self.commitlog.offsets()
+            if offsets.broker_role == "SLAVE":
+                self._term = self._ready_term = None
+                raise NotMasterError("this dispatch service follows a SLAVE: pop from the master")
+            self._term = (offsets.epoch, offsets.epoch_start)
+            await self._catch_up(max(offsets.epoch_start, 0))
+            self._ready_term = self._term
+            await self._open.wait()
+
+    async def _catch_up(self, offset: int) -> None:
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while True:
+            self._apply_rollback()
+            if self.reput_offset() >= offset:
+                cq = self.queues.find(POP_JOURNAL_TOPIC, 0)
+                if cq is None or self.state.position.next_unit >= cq.max_offset_in_queue:
+                    return
+                self._arrived.set()
+            if time.monotonic() > deadline:
+                raise ServiceNotAvailableError(
+                    f"the pop state is still catching up with the CommitLog (at {self.reput_offset()}, "
+                    f"needs {offset}); retry"
+                )
+            await asyncio.sleep(POLL_S)
+
+    async def commit(self) -> None:
+        """Append the records the state made since the last call and wait until they are in
+        the log. Raises NotMasterError or ServiceNotAvailableError (the state is reloaded)."""
+        records = self.state.take_records()
+        if not records:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(records, future))
+        self._idle.clear()
+        self._work.set()
+        await future
+
+    # -- appender -----------------------------------------------------------------------------------
+    async def _append_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            batch, self._pending = self._pending, []
+            if not batch:
+                self._idle.set()
+                continue
+            await self._append(batch)
+            if not self._pending:
+                self._idle.set()
+
+    async def _append(self, batch: list[_Pending]) -> None:
+        records = [r for p in batch for r in p.records]
+        messages = [Message(POP_JOURNAL_TOPIC, r.body, 0, properties={POP_SEQ: str(r.seq)}) for r in records]
+        epoch = self._term[0] if self._term is not None else 0
+        error: StoreError | None = None
+        try:
+            results = await self.commitlog.append(messages, expected_epoch=epoch)
+            if results.appended < len(messages):
+                error = ServiceNotAvailableError(f"pop state not journaled: {results.failed_status.name}")
+            elif results.appended:
+                self._last_appended_end = results.phy_offsets[-1] + results.sizes[-1]
+                if results.status is not PutMessageStatus.PUT_OK:
+                    log.warning("pop journal records appended with %s", results.status.name)
+        except NotMasterError as exc:
+            error = exc
+        except StoreError as exc:
+            error = ServiceNotAvailableError(f"pop state not journaled: {exc}")
+        except Exception as exc:  # a transport error: the records may or may not be in the log
+            error = ServiceNotAvailableError(f"pop state not journaled: {exc}")
+        if error is not None:
+            log.warning("pop journal append failed (%s); reloading the pop state from the log", error)
+            self._term = self._ready_term = None
+            self._reload = True
+            for p in [*batch, *self._pending]:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            self._pending = []
+            return
+        for p in batch:
+            if not p.future.done():
+                p.future.set_result(None)
+
+    def _reload_state(self) -> None:
+        """Replace the state by the newest snapshot; the reader applies the journal after it."""
+        self._reload = False
+        self._generation += 1
+        self.state.load()
+        log.info("pop state reloaded at journal unit %d", self.state.position.next_unit)
+
+    def _apply_rollback(self) -> None:
+        with self._rollback_lock:
+            cut, self._rollback_to = self._rollback_to, None
+        if cut is None:
+            return
+        self._generation += 1
+        self._term = self._ready_term = None
+        self.state.load(max_phy_end=cut)
+        self._last_appended_end = min(self._last_appended_end, cut)
+        log.warning(
+            "pop state back at journal unit %d (CommitLog offset %d): the log was cut at %d",
+            self.state.position.next_unit,
+            self.state.position.phy_end,
+            cut,
+        )
+
+    # -- reader -----------------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                self._apply_rollback()
+                if self._reload and self._idle.is_set():
+                    self._reload_state()
+                moved = await self._read_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("pop journal read failed; retrying")
+                moved = 0
+            if self._since_snapshot >= self.snapshot_every:
+                with contextlib.suppress(Exception):
+                    await self._snapshot()
+            if not moved:
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrived.wait(), POLL_S * 4)
+
+    async def _read_once(self) -> int:
+        """Fold in (or pass over) the journal units past the state's position; returns how many."""
+        cq = self.queues.find(POP_JOURNAL_TOPIC, 0)
+        if cq is None:
+            return 0
+        state = self.state
+        start = max(state.position.next_unit, cq.min_offset_in_queue)
+        end = cq.max_offset_in_queue
+        if start >= end:
+            return 0
+        units = cq.read_units(start, min(READ_BATCH, end - start))
+        if not units:
+            return 0
+        generation = self._generation
+        wanted = [u for u in units if u.size != BLANK_UNIT_SIZE and u.tags_code > state.seq]
+        raws = await self.commitlog.read([(u.phy_offset, u.size) for u in wanted]) if wanted else []
+        if generation != self._generation:
+            return 0  # the state was replaced while reading: read again from its position
+        bodies = {u.queue_offset: raw for u, raw in zip(wanted, raws, strict=True)}
+        for u in units:
+            raw = bodies.get(u.queue_offset)
+            end_offset = u.phy_offset + u.size
+            if raw:
+                try:
+                    state.apply_record(
+                        decode_record(raw, check_crc=False).body, end_offset, u.queue_offset + 1
+                    )
+                except (StoreError, ValueError) as exc:
+                    log.error(
+                        "pop journal unit %d is not a journal record (%s): passed over", u.queue_offset, exc
+                    )
+                    state.skip_record(end_offset, u.queue_offset + 1)
+            else:
+                state.skip_record(
+                    end_offset if u.size != BLANK_UNIT_SIZE else state.position.phy_end, u.queue_offset + 1
+                )
+        self._since_snapshot += len(units)
+        return len(units)
+
+    # -- snapshots ------------------------------------------------------------------------------------
+    async def _snapshot(self) -> None:
+        """Pause new operations, let the appender drain and the reader catch up with it, save."""
+        self._open.clear()
+        try:
+            await self._idle.wait()
+            deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+            while self.state.position.phy_end < self._last_appended_end:
+                if await self._read_once() == 0:
+                    if time.monotonic() > deadline:
+                        return  # the appended records are not confirmed yet: try later
+                    await asyncio.sleep(POLL_S)
+            await asyncio.to_thread(self.state.snapshot)
+            self.state.retire_legacy()
+            self._since_snapshot = 0
+        finally:
+            self._open.set()
