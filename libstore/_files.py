@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from libstore import durability_hooks
 from libstore.errors import StoreIOError, StoreLockedError
 
 
@@ -45,6 +46,8 @@ def fsync_dir(path: Path) -> None:
             os.close(dfd)
     except OSError as exc:
         raise StoreIOError(f"cannot fsync the folder {path}: {exc.strerror}") from exc
+    if durability_hooks.observer is not None:
+        durability_hooks.observer.folder_synced(Path(path))
 
 
 def read_json(path: Path, what: str) -> Any:

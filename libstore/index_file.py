@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from libstore import _os
+from libstore import _os, durability_hooks
 from libstore.errors import StoreIOError
 from libstore.tags import java_string_hash
 
@@ -118,6 +118,8 @@ class IndexFile:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise StoreIOError(f"cannot create index file {path}: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.created(path, size)  # the folder is not synced: may vanish
         f = cls(path, hash_slot_num, index_num, fd)
         if end_phy_offset > 0:
             f.begin_phy_offset = f.end_phy_offset = end_phy_offset
@@ -141,6 +143,8 @@ class IndexFile:
                 f"{path} is {actual} bytes but IndexFiles of {hash_slot_num} slots and {index_num} "
                 f"entries are {expected}; was the store built with other maxHashSlotNum/maxIndexNum?"
             )
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.opened(path)
         return cls(path, hash_slot_num, index_num, fd)
 
     def _write_header(self) -> None:
@@ -260,6 +264,8 @@ class IndexFile:
             os.fdatasync(self._fd)
         except OSError as exc:
             raise StoreIOError(f"fdatasync of index file {self.file_name} failed: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.synced(self.path)  # slots and entries anywhere in the file
 
     def close(self) -> None:
         if self._closed:
@@ -272,6 +278,8 @@ class IndexFile:
     def destroy(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.removed(self.path)
 
     @property
     def closed(self) -> bool:

@@ -35,7 +35,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from libstore import _os
+from libstore import _os, durability_hooks
 from libstore.errors import DiskFullError, OffsetOutOfRangeError, StoreIOError
 
 if TYPE_CHECKING:
@@ -131,6 +131,10 @@ class MappedFile:
                     f"cannot allocate {file_size} bytes for {path.name}: {exc.strerror}"
                 ) from exc
             raise StoreIOError(f"cannot create {path}: {exc.strerror}") from exc
+        obs = durability_hooks.observer
+        if obs is not None:
+            obs.created(path, file_size)
+            obs.folder_synced(path.parent)
         mf = cls(path, file_size, fd, transient_store_pool=transient_store_pool)
         if warm:
             mf.mlock()
@@ -152,6 +156,8 @@ class MappedFile:
             raise StoreIOError(f"{path} is {actual} bytes, expected {file_size}")
         mf = cls(path, file_size, fd)
         mf.wrote_position = mf.committed_position = mf.flushed_position = file_size
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.opened(path)
         return mf
 
     # -- positions ----------------------------------------------------------------------------
@@ -203,6 +209,8 @@ class MappedFile:
             else:
                 _pwrite_all(self._fd, view[4:], start + 4)
                 _pwrite_all(self._fd, view[:4], start)
+                if durability_hooks.observer is not None:
+                    durability_hooks.observer.written(self.path, start, start + n)
         finally:
             view.release()
         self.wrote_position = start + n
@@ -214,6 +222,8 @@ class MappedFile:
         n = len(data)
         target = self._write_buffer if self._write_buffer is not None else self._mmap
         target[start : start + n] = data
+        if target is self._mmap and durability_hooks.observer is not None:
+            durability_hooks.observer.written(self.path, start, start + n)
         self.wrote_position = start + n
         return start
 
@@ -260,6 +270,8 @@ class MappedFile:
                 raise StoreIOError(f"commit of {self.file_name} failed: {exc.strerror}") from exc
             finally:
                 view.release()
+            if durability_hooks.observer is not None:
+                durability_hooks.observer.written(self.path, committed, write)
             self.committed_position = write
         if self.committed_position >= self.file_size and self._pool is not None:
             self._pool.return_buffer(buf)
@@ -276,8 +288,21 @@ class MappedFile:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 raise StoreIOError(f"fdatasync of {self.file_name} failed: {exc.strerror}") from exc
+            if durability_hooks.observer is not None:  # direct stores (ConsumeQueue units) included
+                durability_hooks.observer.synced(self.path, flushed, value)
             self.flushed_position = value
         return self.flushed_position
+
+    def force(self) -> None:
+        """fdatasync the whole file now, whatever the positions say (recovery: the bytes it
+        keeps may sit only in the page cache, left by a process that was killed before it
+        flushed them). Raises StoreIOError."""
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            raise StoreIOError(f"fdatasync of {self.file_name} failed: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.synced(self.path)
 
     @staticmethod
     def _able(done: int, target: int, least_pages: int, page: int) -> bool:
@@ -322,6 +347,8 @@ class MappedFile:
             os.fdatasync(self._fd)
         except OSError as exc:
             raise StoreIOError(f"cannot truncate {self.file_name} at {position}: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.synced(self.path, position, self.file_size)
         self.set_positions(position)
 
     def close(self) -> None:
@@ -340,9 +367,11 @@ class MappedFile:
         os.close(self._fd)
 
     def destroy(self) -> None:
-        """Close and delete the file."""
+        """Close and delete the file (durable once the caller fsyncs the folder)."""
         self.close()
         self.path.unlink(missing_ok=True)
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.removed(self.path)
 
     @property
     def closed(self) -> bool:

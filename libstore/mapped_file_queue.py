@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from libstore import durability_hooks
 from libstore._files import fsync_dir
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.errors import StoreIOError
@@ -286,6 +287,8 @@ class MappedFileQueue:
                 os.replace(mf.path, target)
             except OSError as exc:
                 raise StoreIOError(f"cannot move {mf.path} to {move_to}: {exc.strerror}") from exc
+            if durability_hooks.observer is not None:
+                durability_hooks.observer.moved(mf.path, target)
             log.warning("moved segment %s to %s: %s", mf.file_name, move_to, why)
             moved.append(target)
         if files:

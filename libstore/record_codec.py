@@ -147,6 +147,17 @@ def properties_to_bytes(properties: Mapping[str, str] | None) -> bytes:
     return raw
 
 
+def _properties_look_written(raw: bytes) -> bool:
+    """The cheap shape check recovery makes (see :func:`check_record`)."""
+    if not raw.endswith(b"\x02") or b"\x00" in raw:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _properties_problem(raw: bytes) -> str | None:
     """Why serialized properties could not have come from :func:`properties_to_bytes` (not
     UTF-8, an entry that is not ``name \\x01 value \\x02``, an empty name), or None."""
@@ -695,18 +706,27 @@ def check_record(
     ``buf`` is any bytes-like object (bytes, bytearray, mmap); ``limit`` the end of the readable
     bytes in it. Checks: room for a header, magic (blank → size 0), TOTALSIZE within ``limit``,
     body CRC (when ``check_crc``), PHYSICALOFFSET equal to ``expected_phy_offset`` (when ≥ 0),
-    and the length recomputed from BODYLEN/TOPICLEN/PROPLEN equal to TOTALSIZE. Never raises on
-    bad bytes: returns ``success`` False instead. The record's offset in the log is taken from
-    its PHYSICALOFFSET field into ``commit_log_offset``.
+    the length recomputed from BODYLEN/TOPICLEN/PROPLEN equal to TOTALSIZE, and (when
+    ``check_crc``) properties that could have been written: UTF-8 ending in ``\\x02`` with no
+    NUL byte. The body CRC covers only the body; the properties check catches the record torn
+    in a power loss whose tail (properties only) reads back as zeros or garbage, which would
+    otherwise pass. Never raises on bad bytes: returns ``success`` False instead. The record's
+    offset in the log is taken from its PHYSICALOFFSET field into ``commit_log_offset``.
     """
-    return _check_record(buf, pos, limit, check_crc, expected_phy_offset, decode_properties)[0]
+    return _check_record(buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_crc)[0]
 
 
 _NO_FIELDS: tuple[Any, ...] = ()
 
 
 def _check_record(
-    buf: Any, pos: int, limit: int, check_crc: bool, expected_phy_offset: int, decode_properties: bool
+    buf: Any,
+    pos: int,
+    limit: int,
+    check_crc: bool,
+    expected_phy_offset: int,
+    decode_properties: bool,
+    check_properties: bool = False,
 ) -> tuple[DispatchRequest, tuple[Any, ...], int, int]:
     """:func:`check_record`, also returning what it unpacked for :func:`decode_record`: the
     fixed header's fields (TOTALSIZE .. BODYLEN), where the body starts and where the
@@ -772,6 +792,8 @@ def _check_record(
     prop_len = _SHORT.unpack_from(buf, p)[0]
     p += 2
     if prop_len < 0 or p + prop_len != end:
+        return DispatchRequest(False, total), _NO_FIELDS, -1, -1
+    if check_properties and prop_len and not _properties_look_written(bytes(buf[p:end])):
         return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     tags = uniq_key = None
     code = 0

@@ -9,7 +9,8 @@
 
 Either way the first bytes that are not a valid record (a torn write, zeros) end the log at E:
 segments past E are deleted, the tail of E's segment is zeroed (so stale records can never be
-mistaken for valid ones later) and the flush/commit watermarks are set to E. When that drops
+mistaken for valid ones later), the segments recovery read are fdatasynced (a killed process may
+have left records only in the page cache) and the flush/commit watermarks are set to E. When that drops
 bytes that are not zeros (a torn last write, or a damaged record in the middle of the log with
 every later record behind it), they are moved to the quarantine folder first
 (libstore.quarantine), and the log generation is bumped before the cut (``before_cut``): a
@@ -139,6 +140,11 @@ def recover_commit_log(
     else:
         queue.truncate_dirty_files(end)
     report.files_deleted = before - len(queue.mapped_files)
+    # What a killed process wrote may sit only in the page cache: make the kept records durable
+    # before the watermarks say they are (SYNC_FLUSH shows consumers only flushed bytes).
+    for mf in queue.mapped_files:
+        if mf.file_from_offset >= start:
+            mf.force()
     queue.flushed_where = end
     queue.committed_where = end
     report.end_offset = end

@@ -22,6 +22,7 @@ import os
 import struct
 from pathlib import Path
 
+from libstore import durability_hooks
 from libstore.errors import StoreIOError
 
 CHECKPOINT_FILE_SIZE = 4096
@@ -41,11 +42,18 @@ class StoreCheckpoint:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(self._fd).st_size < CHECKPOINT_FILE_SIZE:
+            new = os.fstat(self._fd).st_size < CHECKPOINT_FILE_SIZE
+            if new:
                 os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
             raw = os.pread(self._fd, _LAYOUT.size, 0)
         except OSError as exc:
             raise StoreIOError(f"cannot open checkpoint {self.path}: {exc.strerror}") from exc
+        obs = durability_hooks.observer
+        if obs is not None:
+            if new:
+                obs.created(self.path, CHECKPOINT_FILE_SIZE)  # the folder is not synced: may vanish
+            else:
+                obs.opened(self.path)
         (
             self.physic_msg_timestamp,
             self.logics_msg_timestamp,
@@ -82,6 +90,8 @@ class StoreCheckpoint:
             os.fdatasync(self._fd)
         except OSError as exc:
             raise StoreIOError(f"cannot write checkpoint {self.path}: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.synced(self.path, 0, CHECKPOINT_FILE_SIZE)
 
     def shutdown(self) -> None:
         if self._fd >= 0:

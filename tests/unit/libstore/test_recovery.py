@@ -299,3 +299,22 @@ def test_normal_recovery_moves_the_generation_only_when_it_cuts_records(store_co
         assert [p.name for p in rep.quarantined] == [offset_to_file_name(res[90].phy_offset)]
     finally:
         cl.shutdown()
+
+
+def test_a_record_torn_in_its_properties_is_cut(store_config: StoreConfig):
+    """A power loss can keep a record's first sectors and lose its last one: when only the
+    properties lie there, the body CRC still matches. Recovery checks what the properties look
+    like and cuts the torn record instead of keeping it with its keys zeroed out."""
+    cl = CommitLog.open(store_config)
+    res = cl.put_messages([Message("TopicR", b"b" * 200, 0, keys=f"key-{i}", tags="t") for i in range(20)])
+    cl.shutdown()
+    torn = res[19]
+    tail = 12  # the end of its properties, up to the record's end
+    _patch_file(store_config, torn.phy_offset + torn.size - tail, bytes(tail))
+    _crash_marker(store_config)
+    cl = CommitLog.open(store_config)
+    try:
+        assert cl.max_offset == torn.phy_offset
+        assert cl.recovery_report.truncated_at == torn.phy_offset
+    finally:
+        cl.shutdown()
