@@ -157,6 +157,7 @@ class CommitLog:
         self._confirm_cond = threading.Condition()
         self._role = config.broker_role
         self._table_offset = 0  # the queue-offset table covers the log up to here (see set_broker_role)
+        self._master_confirm = 0  # SLAVE: what its master lets consumers see (set_master_confirm)
         self.ha_state: HAState | None = None
         self.generation: LogGeneration | None = None
         self.ha_service = HAService(
@@ -269,8 +270,11 @@ class CommitLog:
             self.ha_state.truncate(report.end_offset)  # the master's entries come back at the handshake
         else:
             self.ha_state.clamp(report.end_offset)
-        # SYNC_MASTER: what the slaves held when the checkpoint was last written.
-        self.ha_service.reset_replicated_offset(min(self.checkpoint.confirm_phy_offset, report.end_offset))
+        # SYNC_MASTER: what the slaves held when the checkpoint was last written; SLAVE: what its
+        # master confirmed, as last heard.
+        confirmed = min(self.checkpoint.confirm_phy_offset, report.end_offset)
+        self.ha_service.reset_replicated_offset(confirmed)
+        self._master_confirm = confirmed
         self.recovery_report = report
         return report
 
@@ -333,7 +337,7 @@ class CommitLog:
             if clean:
                 if self.queue.store_timestamp:
                     self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
-                self.checkpoint.confirm_phy_offset = self.ha_service.replicated_offset
+                self.checkpoint.confirm_phy_offset = self.persisted_confirm
                 self.checkpoint.flush()
                 self.save_queue_offset_snapshot()
         except StoreIOError as exc:
@@ -739,14 +743,33 @@ class CommitLog:
     @property
     def confirm_offset(self) -> int:
         """What consumers may see: flushed under SYNC_FLUSH, readable under ASYNC_FLUSH; under
-        SYNC_MASTER, never past what the slaves hold."""
+        SYNC_MASTER, never past what the slaves hold; on a SLAVE, never past what its master
+        confirmed (:meth:`set_master_confirm`)."""
         if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             confirm = self.flushed_offset
         else:
             confirm = self.max_offset
-        if self._role is BrokerRole.SYNC_MASTER:
+        role = self._role
+        if role is BrokerRole.SYNC_MASTER:
             confirm = min(confirm, self.ha_service.replicated_offset)
+        elif role is BrokerRole.SLAVE:
+            confirm = min(confirm, self._master_confirm)
         return confirm
+
+    def set_master_confirm(self, offset: int) -> None:
+        """SLAVE: the master's confirm offset, as its latest replication frame said (RocketMQ 5's
+        confirmOffset). The slave's own consumers see no further: bytes past it may still be
+        lost with the master (a power loss before its flush) and cut from this log when it
+        comes back. Persisted with the checkpoint, so a restarted slave keeps the bound."""
+        if offset != self._master_confirm:
+            self._master_confirm = offset
+            self._notify_confirm(self.confirm_offset)
+
+    @property
+    def persisted_confirm(self) -> int:
+        """What the checkpoint keeps as confirmPhyOffset: a master's replicated offset (SYNC_MASTER
+        acks), a slave's master confirm offset."""
+        return self._master_confirm if self._role is BrokerRole.SLAVE else self.ha_service.replicated_offset
 
     @property
     def broker_role(self) -> BrokerRole:
@@ -865,6 +888,7 @@ class CommitLog:
                 self.ha_service.reset_replicated_offset(end)
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
                 self._table_offset = end
+                self._master_confirm = self.confirm_offset  # no more than it showed as the master
             self._role = role
         if role is not BrokerRole.SYNC_MASTER:
             self.ha_service.fail_waiters(PutMessageStatus.SLAVE_NOT_AVAILABLE)
@@ -1166,7 +1190,7 @@ class _SnapshotService(ServiceThread):
             return
         try:
             assert cl.checkpoint is not None
-            cl.checkpoint.confirm_phy_offset = cl.ha_service.replicated_offset
+            cl.checkpoint.confirm_phy_offset = cl.persisted_confirm
             cl.checkpoint.flush()
             cl.save_queue_offset_snapshot()
         except StoreIOError as exc:

@@ -11,7 +11,9 @@ forever, until :meth:`stop`. A master that answers NOT_MASTER or cannot be reach
 again among the peers first (a slave follows whichever member was promoted in its place).
 
 The ack is the slave's written log end, as in RocketMQ: a SYNC_MASTER put is acknowledged when
-the slave holds it in its page cache; the slave's own flush policy makes it durable.
+the slave holds it in its page cache; the slave's own flush policy makes it durable. Each frame
+also carries the master's confirm offset, which bounds what the slave's consumers see
+(CommitLog.set_master_confirm, RocketMQ 5's confirmOffset).
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ class ReplicationClient:
                     if self._pending:
                         self._pending = log_.ha_state.extend_to(self._pending, end)
                     await self._ack(call)
+                log_.set_master_confirm(data.master_confirm_offset)
             elif kind == "topics":
                 log_.topic_config.replace_all([convert.topic_from_pb(t) for t in frame.topics.topics])
 

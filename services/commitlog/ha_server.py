@@ -108,6 +108,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
                 loop.call_soon_threadsafe(wake.set)
 
         self.log.add_append_listener(on_append)
+        self.log.add_confirm_listener(on_append)  # the confirm offset goes to the slaves too
         reader = asyncio.create_task(self._read_acks(reports, conn, wake))
         try:
             async for frame in self._frames(conn, welcome.start_offset, wake, reader):
@@ -117,6 +118,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self.log.remove_append_listener(on_append)
+            self.log.remove_confirm_listener(on_append)
             self._streams.pop(conn, None)
             ha.unregister(conn)
 
@@ -175,6 +177,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
         topics_sent = topics.version
         heartbeat_s = cfg.ha_send_heartbeat_interval / 1000.0
         batch = cfg.ha_transfer_batch_size
+        confirm_sent = -1
         while True:
             wake.clear()
             if reader.done() or conn.closed:
@@ -190,14 +193,32 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
                 data, next_offset = log_.read_chunk(offset, top, batch)
                 conn.sent_offset = next_offset  # before the slave can ack it
                 yield ha_pb.MasterFrame(
-                    data=ha_pb.ReplicaData(offset=offset, data=data, master_max_offset=top)
+                    data=ha_pb.ReplicaData(
+                        offset=offset,
+                        data=data,
+                        master_max_offset=top,
+                        master_confirm_offset=log_.confirm_offset,
+                    )
                 )
                 offset = next_offset
+                continue
+            confirm = log_.confirm_offset
+            if confirm != confirm_sent:  # the slaves' acks moved it: tell them
+                confirm_sent = confirm
+                yield ha_pb.MasterFrame(
+                    data=ha_pb.ReplicaData(
+                        offset=offset, master_max_offset=top, master_confirm_offset=confirm
+                    )
+                )
                 continue
             try:
                 await asyncio.wait_for(wake.wait(), heartbeat_s)
             except TimeoutError:
-                yield ha_pb.MasterFrame(data=ha_pb.ReplicaData(offset=offset, master_max_offset=top))
+                yield ha_pb.MasterFrame(
+                    data=ha_pb.ReplicaData(
+                        offset=offset, master_max_offset=top, master_confirm_offset=confirm
+                    )
+                )
 
 
 def add_to_server(servicer: ReplicationServicer, server: grpc.aio.Server) -> list[str]:

@@ -151,13 +151,18 @@ class ServeProcess:
     """One ``mqstore serve`` process."""
 
     def __init__(
-        self, args: list[str], env: Mapping[str, str] | None = None, log: Path | None = None
+        self,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        *,
+        launcher: Sequence[str] = ("-m", "services.cli", "--verbose", "serve"),
     ) -> None:
         self.args = args
         self.log_path = log
         self._log = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "--verbose", "serve", *args],
+            [sys.executable, *launcher, *args],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
             stdout=self._log,

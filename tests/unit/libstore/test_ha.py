@@ -24,6 +24,7 @@ from libstore import (
     CommitLog,
     ConfigError,
     CorruptRecordError,
+    FlushDiskType,
     Message,
     NotMasterError,
     OffsetOutOfRangeError,
@@ -492,3 +493,23 @@ def test_an_append_for_another_master_term_is_fenced(open_log):
         cl.append_messages(_msgs(1), expected_epoch=1)
     assert cl.max_offset == end
     assert cl.append_messages(_msgs(1), expected_epoch=2).results.appended == 1
+
+
+def test_a_slave_shows_no_more_than_its_master_confirmed(open_log, tmp_path: Path):
+    """Under SYNC_FLUSH the master confirms only what it flushed, but streams what it wrote: a
+    slave may hold bytes its master can still lose. The slave's consumers (dispatch, slave
+    reads) see up to the master's confirm offset only, also after the slave restarts."""
+    master = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    first = master.put_messages(_msgs(10))
+    slave_cfg = {"store_path_root_dir": str(tmp_path / "slave"), "broker_role": BrokerRole.SLAVE}
+    slave = open_log(**slave_cfg)
+    _replicate(master, slave)
+    assert slave.max_offset == master.max_offset and slave.confirm_offset == 0  # nothing heard yet
+    slave.set_master_confirm(first[5].phy_offset)
+    assert slave.confirm_offset == first[5].phy_offset
+    assert [r.commit_log_offset for r in slave.iter_records(0)] == [r.phy_offset for r in first[:5]]
+    slave.shutdown()
+    again = open_log(**slave_cfg)
+    assert again.confirm_offset == first[5].phy_offset  # kept in the checkpoint
+    again.start_master_term(BrokerRole.ASYNC_MASTER)  # promoted: its whole log is its own now
+    assert again.confirm_offset == again.max_offset

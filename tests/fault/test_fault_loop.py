@@ -1,0 +1,235 @@
+"""A randomized fault loop over a real broker group (tests/fault/cluster.py) under load.
+
+Producers send through the gateway under SYNC_FLUSH + SYNC_MASTER, a pull group and a pop group
+consume. Each round injects one fault at random, heals, then checks:
+
+* every message acknowledged so far is in the master's log and the slave's, at the offset and
+  queue offset its put reported, and no queue offset was given to two messages;
+* the two CommitLogs hold the same bytes up to their common end.
+
+Faults: SIGKILL and restart of any process; SIGSTOP/SIGCONT of any process; the replication
+stream stalled, slowed or cut (FaultProxy); a simulated power loss of a member (every process
+of the machine killed, unsynced writes rewound by tests/fault/powerloss.py); a failover (the
+master member killed or powered off, its slave promoted, the old master rejoining as slave).
+
+A promotion is only done when the slave holds everything acknowledged, which SYNC_MASTER
+promises unless the slave itself lost power since it last caught up (its acknowledgement
+covered its page cache, as RocketMQ's does): then the master is restarted instead, as an
+operator would.
+
+At the end every consumer group must have seen every acknowledged message, and each queue's
+offsets in the master's log must be 0, 1, 2, ... in log order.
+
+The seed is printed; ``MQSTORE_FAULT_SEED`` replays a run and ``MQSTORE_FAULT_ROUNDS`` sets its
+length (``make soak`` runs hundreds of rounds).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+from services.client import Admin
+from tests.fault.cluster import (
+    SERVICES,
+    FaultCluster,
+    assert_acked_held,
+    assert_same_bytes,
+    queue_offsets_in_log,
+)
+from tests.fault.workload import PopGroup, Producers, PullGroup
+from tests.service.harness import CommitLogAdmin
+
+TOPIC = "Chaos"
+FAULTS = {"kill": 3, "pause": 2, "replication": 2, "power": 2, "failover": 2}
+
+
+class FaultLoop:
+    """One run: the cluster, the load, the random source and what happened (for the report)."""
+
+    def __init__(self, root: Path, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.cluster = FaultCluster(root)
+        self.history: list[str] = []
+        self.lost_power_since_sync: set[str] = set()
+
+    def note(self, text: str) -> None:
+        self.history.append(text)
+
+    # -- faults ---------------------------------------------------------------------------------------
+    def inject(self) -> None:
+        kinds, weights = zip(*FAULTS.items(), strict=True)
+        kind = self.rng.choices(kinds, weights)[0]
+        getattr(self, f"_{kind}")()
+
+    def _any_process(self) -> str:
+        return self.rng.choice(sorted(self.cluster.procs))
+
+    def _kill(self) -> None:
+        key = self._any_process()
+        self.note(f"SIGKILL {key}")
+        self.cluster.restart(key)
+        self.cluster.wait_serving([key])
+
+    def _pause(self) -> None:
+        key = self._any_process()
+        hold = self.rng.uniform(0.3, 2.5)
+        self.note(f"SIGSTOP {key} for {hold:.1f} s")
+        self.cluster.pause(key)
+        time.sleep(hold)
+        self.cluster.cont(key)
+
+    def _replication(self) -> None:
+        master = self.cluster.master()
+        proxy = self.cluster.members[master].proxy
+        how = self.rng.choice(["stall", "slow", "cut", "cut-refuse"])
+        hold = self.rng.uniform(0.3, 2.5)
+        self.note(f"replication from {master}: {how} for {hold:.1f} s")
+        if how == "stall":
+            proxy.stall()
+        elif how == "slow":
+            proxy.slow(self.rng.uniform(0.02, 0.2))
+        else:
+            proxy.cut(refuse=how == "cut-refuse")
+        time.sleep(hold)
+        proxy.resume()
+
+    def _slow_disk(self, name: str) -> str:
+        """Half the time, the member's disk gets slow for a while first: writes pile up, are
+        replicated and are not yet durable when the power goes."""
+        if self.rng.random() < 0.5:
+            return ""
+        sync_ms = self.rng.choice([50, 200, 500])
+        self.cluster.slow_disk(name, sync_ms)
+        time.sleep(self.rng.uniform(0.3, 1.5))
+        return f"slow disk ({sync_ms} ms syncs), then "
+
+    def _power(self) -> None:
+        name = self.rng.choice(sorted(self.cluster.members))
+        slow = self._slow_disk(name)
+        report = self.cluster.power_loss(name, self.rng)
+        self.note(
+            f"{slow}power loss of {name}: {report.sectors_old} sectors rewound, {report.sectors_new} kept, "
+            f"{report.sectors_garbage} garbage, {len(report.names_lost)} names lost, "
+            f"{len(report.names_back)} back"
+        )
+        self.lost_power_since_sync.add(name)
+        self._start_member(name)
+
+    def _failover(self) -> None:
+        master = self.cluster.master()
+        slave = self.cluster.other(master)
+        powered_off = self.rng.random() < 0.5
+        if powered_off:
+            slow = self._slow_disk(master)
+            report = self.cluster.power_loss(master, self.rng)
+            self.lost_power_since_sync.add(master)
+            how = f"{slow}power loss ({report.sectors_old} sectors rewound)"
+        else:
+            for svc in SERVICES:
+                self.cluster.kill(f"{master}-{svc}")
+            how = "SIGKILL"
+        if slave in self.lost_power_since_sync:
+            self.note(f"{master} lost ({how}); {slave} lost power since it last caught up: {master} restarts")
+            self._start_member(master)
+            return
+        with CommitLogAdmin(self.cluster.members[slave].address()) as admin:
+            admin.wait_for(lambda s: not s.master_connected, timeout_s=30, what=f"{slave} to lose its master")
+            state = admin.promote()
+        self.note(f"failover: {master} lost ({how}), {slave} promoted (epoch {state.epoch})")
+        self._start_member(master)
+
+    def _start_member(self, name: str) -> None:
+        for svc in SERVICES:
+            self.cluster.start(name, svc)
+        self.cluster.wait_serving([f"{name}-{svc}" for svc in SERVICES])
+
+    # -- checks ---------------------------------------------------------------------------------------
+    def check(self, producers: Producers) -> tuple[int, int]:
+        """Pause the producers, let the slave catch up, and check (see module docstring);
+        returns (acknowledged messages checked, bytes compared)."""
+        producers.pause()
+        try:
+            end = self.cluster.wait_converged()
+            self.lost_power_since_sync.clear()
+            acked = producers.snapshot()
+            master = self.cluster.master()
+            for name in (master, self.cluster.other(master)):
+                assert_acked_held(self.cluster.members[name].address(), acked)
+            compared = assert_same_bytes(self.cluster.segments("a"), self.cluster.segments("b"), end)
+            return len(acked), compared
+        finally:
+            producers.resume()
+
+
+def _seed() -> int:
+    env = os.environ.get("MQSTORE_FAULT_SEED")
+    return int(env) if env else random.SystemRandom().randrange(1 << 32)
+
+
+def test_fault_loop(tmp_path: Path) -> None:
+    rounds = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "16"))
+    seed = _seed()
+    loop = FaultLoop(tmp_path, seed)
+    cluster = loop.cluster
+    print(f"\nfault loop: seed {seed} ({rounds} rounds); replay with MQSTORE_FAULT_SEED={seed}")
+    producers: Producers | None = None
+    groups: list[PullGroup | PopGroup] = []
+    started = time.monotonic()
+    try:
+        cluster.start_all()
+        with CommitLogAdmin(cluster.members["a"].address()) as a:
+            a.wait_for(lambda s: len(s.slaves) == 1 and s.slaves[0].in_sync, what="the slave in sync")
+        with Admin(cluster.gateway) as admin:
+            admin.create_topic(TOPIC, 4)
+        producers = Producers(cluster.gateway, TOPIC).start()
+        groups = [
+            PullGroup(cluster.gateway, "pullers", TOPIC).start(),
+            PopGroup(cluster.gateway, "poppers", TOPIC).start(),
+        ]
+        for i in range(rounds):
+            time.sleep(loop.rng.uniform(0.2, 1.0))  # load between faults
+            loop.inject()
+            checked, compared = loop.check(producers)
+            print(
+                f"round {i + 1:3d} ({time.monotonic() - started:5.0f} s): {loop.history[-1]}; "
+                f"{checked} acknowledged held, {compared:,} bytes identical"
+            )
+        producers.stop()
+        acked = producers.snapshot()
+        assert len(acked) > 0, f"nothing was acknowledged: {producers.statuses}, {producers.errors} errors"
+        end = cluster.wait_converged()
+        master = cluster.master()
+        placed = assert_acked_held(cluster.members[master].address(), acked)
+        assert len(placed) == len(acked)
+        for (topic, qid), offsets in queue_offsets_in_log(cluster.segments(master), end).items():
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (
+                f"queue offsets of {topic}/{qid} are not consecutive in {master}'s log"
+            )
+        deadline = time.monotonic() + 90
+        for group in groups:
+            while group.missing(set(acked)) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            missing = group.missing(set(acked))
+            assert not missing, (
+                f"group {group.group} never saw {len(missing)} acknowledged messages: {sorted(missing)[:5]}"
+            )
+        print(
+            f"fault loop done in {time.monotonic() - started:.0f} s: {rounds} faults, "
+            f"{len(acked)} acknowledged, statuses {producers.statuses}, {producers.errors} producer errors; "
+            + ", ".join(f"{g.group} saw {g.deliveries} deliveries" for g in groups)
+        )
+    except BaseException:
+        print(f"fault loop FAILED with seed {seed} (MQSTORE_FAULT_SEED={seed}); faults so far:")
+        for line in loop.history:
+            print("  ", line)
+        raise
+    finally:
+        for group in groups:
+            group.stop()
+        if producers is not None:
+            producers.stop()
+        cluster.stop_all()
