@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 PB     := services/pb/manifest.json
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench soak clean
 
 install: $(STAMP) $(PB)
 
@@ -32,6 +32,11 @@ test: lint
 
 bench: install
 	$(BIN)/python -m bench --write-readme
+
+# The fault loop (tests/fault) for hundreds of faults; MQSTORE_FAULT_SEED=<seed> replays a run.
+SOAK_ROUNDS ?= 300
+soak: install
+	MQSTORE_FAULT_ROUNDS=$(SOAK_ROUNDS) $(BIN)/python -m pytest -q -s tests/fault/test_fault_loop.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis services/pb

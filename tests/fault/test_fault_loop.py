@@ -20,8 +20,9 @@ operator would.
 At the end every consumer group must have seen every acknowledged message, and each queue's
 offsets in the master's log must be 0, 1, 2, ... in log order.
 
-The seed is printed; ``MQSTORE_FAULT_SEED`` replays a run and ``MQSTORE_FAULT_ROUNDS`` sets its
-length (``make soak`` runs hundreds of rounds).
+The seed is printed; ``MQSTORE_FAULT_SEED`` replays a run's sequence of faults (their timing
+differs) and ``MQSTORE_FAULT_ROUNDS`` sets its length (30 by default, ~2.5 minutes; ``make soak``
+runs hundreds of rounds).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def _seed() -> int:
 
 
 def test_fault_loop(tmp_path: Path) -> None:
-    rounds = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "16"))
+    rounds = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "30"))
     seed = _seed()
     loop = FaultLoop(tmp_path, seed)
     cluster = loop.cluster
