@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from libstore import durability_hooks
 from libstore._files import StoreLock, fsync_dir
 from libstore.errors import StoreIOError
 from libstore.store_paths import abort_path, lock_path
@@ -30,6 +31,8 @@ class StoreDirectory:
             abort_path(self.root).touch()
         except OSError as exc:
             raise StoreIOError(f"cannot create {abort_path(self.root)}: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.created(abort_path(self.root), 0)
         fsync_dir(self.root)
 
     def mark_clean(self) -> None:
@@ -38,6 +41,8 @@ class StoreDirectory:
             abort_path(self.root).unlink(missing_ok=True)
         except OSError as exc:
             raise StoreIOError(f"cannot remove {abort_path(self.root)}: {exc.strerror}") from exc
+        if durability_hooks.observer is not None:
+            durability_hooks.observer.removed(abort_path(self.root))
         fsync_dir(self.root)
 
     def release(self) -> None:

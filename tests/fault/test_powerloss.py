@@ -75,6 +75,24 @@ def test_names_count_once_their_folder_is_synced(tmp_path: Path, recorder: Durab
     assert report.names_back == [offset_to_file_name(0)]
 
 
+def test_the_abort_marker_is_durable(tmp_path: Path, recorder: DurabilityRecorder):
+    """A power loss right after start must still find the abort marker (else the next start
+    takes normal recovery over a log that was never flushed), and after a clean stop must not."""
+    from libstore.store_directory import StoreDirectory
+
+    root = tmp_path / "data" / "store"
+    directory = StoreDirectory(root)
+    directory.mark_running()
+    directory.release()
+    lose_power(tmp_path / "data", tmp_path / "shadow", Rewind())
+    directory = StoreDirectory(root)
+    assert not directory.last_exit_ok
+    directory.mark_clean()
+    directory.release()
+    lose_power(tmp_path / "data", tmp_path / "shadow", Rewind())
+    assert StoreDirectory(root).last_exit_ok
+
+
 def test_a_slave_cut_stays_cut_through_a_power_loss(tmp_path: Path, recorder: DurabilityRecorder):
     """truncate_to makes the cut durable before the new epochs are written: after a power loss
     the records past it do not come back (they would be taken for the new master's)."""
