@@ -121,15 +121,23 @@ def resume_offset(checkpoint: DispatchCheckpoint, log_min: int, log_max: int) ->
 
 
 def recover_consume_queues(
-    store: ConsumeQueueStore, checkpoint: DispatchCheckpoint, log_min: int, log_max: int
+    store: ConsumeQueueStore,
+    checkpoint: DispatchCheckpoint,
+    log_min: int,
+    log_max: int,
+    last_exit_ok: bool = True,
 ) -> tuple[int, int]:
     """Bring loaded ConsumeQueues in line with a log holding ``[log_min, log_max)``: keep each
-    queue's valid prefix, cut units pointing past the log's end, fix min offsets. Returns
+    queue's valid prefix, cut units pointing past the log's end, and after a crash also every
+    unit for a record at or past the checkpoint (such units were never flushed: a power loss may
+    have torn them, a tags code or an offset half old bytes, and dispatch, which passes over
+    records its queues already hold, would never write them again); fix min offsets. Returns
     (CommitLog offset to resume dispatch from, units cut)."""
     store.recover()
-    cut = store.truncate_dirty(log_max)
+    resume = resume_offset(checkpoint, log_min, log_max)
+    cut = store.truncate_dirty(log_max if last_exit_ok else resume)
     store.correct_min_offsets(log_min)
-    return resume_offset(checkpoint, log_min, log_max), cut
+    return resume, cut
 
 
 def recover_index(

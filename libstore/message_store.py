@@ -150,7 +150,7 @@ class MessageStore:
         log_min, log_max = self.commit_log.min_offset, self.commit_log.max_offset
         report = DerivedRecovery()
         reput_from, report.consume_queue_units_cut = recover_consume_queues(
-            self.consume_queue_store, self._cq_checkpoint, log_min, log_max
+            self.consume_queue_store, self._cq_checkpoint, log_min, log_max, self.commit_log.last_exit_ok
         )
         if self.index_service is not None:
             index_from, report.index_rebuild_from = recover_index(

@@ -86,7 +86,10 @@ class DispatchApp(DerivedStoreApp):
         self.transactions.load()
 
     def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
-        resume, _ = recover_consume_queues(self.queues, self._checkpoint_file(), log_min, log_max)
+        resume, _ = recover_consume_queues(
+            self.queues, self._checkpoint_file(), log_min, log_max, last_exit_ok
+        )
+        self.pop.journal.rollback(log_max)  # no pop snapshot past the log's end is trusted
         return resume
 
     def _dispatchers(self) -> Sequence[CommitLogDispatcher]:

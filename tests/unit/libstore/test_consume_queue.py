@@ -153,3 +153,38 @@ def test_units_with_bad_sizes_end_recovery(tmp_path: Path, size: int):
     cq = _cq(tmp_path)
     assert cq.max_offset_in_queue == 1
     cq.shutdown()
+
+
+def test_after_a_crash_units_past_the_checkpoint_are_rebuilt(tmp_path: Path):
+    """Units past the dispatch checkpoint were never flushed: a power loss may leave one torn
+    (here its tags code half old zeros) with a valid size, and dispatch passes over records its
+    queue already holds. After a crash they are cut and dispatched again from the log."""
+    from libstore.consume_queue_store import ConsumeQueueStore
+    from libstore.dispatch import DispatchCheckpoint, recover_consume_queues
+
+    def opened() -> ConsumeQueueStore:
+        store = ConsumeQueueStore(tmp_path / "consumequeue", 64 * CQ_STORE_UNIT_SIZE)
+        store.load()
+        return store
+
+    store = opened()
+    cq = store.find_or_create("TopicA", 0)
+    for i in range(10):  # messages at CommitLog offsets 1000, 1100, ... 1900
+        assert cq.put_message_position_info(1000 + 100 * i, 100, 0x1_0000_0000 + i, i)
+    store.flush_all()
+    checkpoint = DispatchCheckpoint(tmp_path / "dispatchOffset.json")
+    checkpoint.save(1500)  # dispatched and flushed: the records before 1500
+    store.shutdown()
+    segment = tmp_path / "consumequeue" / "TopicA" / "0" / f"{0:020d}"
+    raw = bytearray(segment.read_bytes())
+    struct.pack_into(">i", raw, 7 * CQ_STORE_UNIT_SIZE + 16, 0)  # unit 7's tags code: low half lost
+    segment.write_bytes(bytes(raw))
+
+    store = opened()
+    resume, cut = recover_consume_queues(store, checkpoint, 0, 2000, last_exit_ok=False)
+    cq = store.find("TopicA", 0)
+    assert (resume, cut, cq.max_offset_in_queue) == (1500, 5, 5)
+    for i in range(5, 10):  # dispatch again from the checkpoint
+        assert cq.put_message_position_info(1000 + 100 * i, 100, 0x1_0000_0000 + i, i)
+    assert [u.tags_code for u in cq.read_units(0, 10)] == [0x1_0000_0000 + i for i in range(10)]
+    store.shutdown()
