@@ -1016,6 +1016,7 @@ class CommitLog:
             offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
         self._queue_offsets = offsets
         self._table_offset = offset
+        self._master_confirm = min(self._master_confirm, offset)  # the new master's frames say more
         self._save_snapshot(self._snapshot_at(offset, offsets))
         self.ha_state.truncate(offset)
 

@@ -44,6 +44,7 @@ def _f(default: Any, key: str, unit: str = "", doc: str = "") -> Any:
 
 
 ENV_PREFIX = "MQSTORE_"
+MAX_BROKER_ID = 1000  # epochs are term * MAX_BROKER_ID + broker id (libstore.ha_state.next_epoch)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,6 +283,10 @@ class StoreConfig:
         if self.transient_store_pool_enable and self.broker_role is BrokerRole.SLAVE:
             raise ConfigError("transient_store_pool_enable is not allowed on a SLAVE (RocketMQ rule)")
         _parse_host(self.store_host)
+        if not 0 <= self.broker_id < MAX_BROKER_ID:
+            raise ConfigError(
+                f"broker_id must be within 0..{MAX_BROKER_ID - 1} (it is part of epoch numbers)"
+            )
         if not self.broker_name or not all(c.isalnum() or c in "-_." for c in self.broker_name):
             raise ConfigError(f"broker_name must be non-empty [A-Za-z0-9._-], got {self.broker_name!r}")
 

@@ -16,6 +16,7 @@ Without an observer (production) each hook is one global lookup and a None check
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -32,10 +33,14 @@ class DurabilityObserver(Protocol):
     def written(self, path: Path, start: int, end: int) -> None:
         """Bytes ``[start, end)`` changed (in the page cache, not yet durable)."""
 
-    def synced(self, path: Path, start: int = 0, end: int = -1) -> None:
-        """An fdatasync of the file completed: everything written so far is durable. ``[start,
-        end)`` (``end`` -1: the whole file) is a range known to have changed since the last one,
-        besides what :meth:`written` reported."""
+    def syncing(self, path: Path, start: int = 0, end: int = -1) -> object:
+        """An fdatasync of the file is about to start: capture what it will make durable (what
+        was written so far; ``[start, end)``, ``end`` -1 for the whole file, is a range known to
+        have changed besides what :meth:`written` reported). Returns a token for :meth:`synced`."""
+
+    def synced(self, token: object) -> None:
+        """That fdatasync completed: what :meth:`syncing` captured is durable (writes made while
+        it ran may or may not be)."""
 
     def removed(self, path: Path) -> None:
         """The file was unlinked; gone for good once its folder is synced."""
@@ -48,6 +53,18 @@ class DurabilityObserver(Protocol):
 
 
 observer: DurabilityObserver | None = None
+
+
+def fdatasync(fd: int, path: Path, start: int = 0, end: int = -1) -> None:
+    """``os.fdatasync(fd)`` of the file at ``path``, reported to the observer (``[start, end)`` as
+    for :meth:`DurabilityObserver.syncing`). Raises OSError."""
+    obs = observer
+    if obs is None:
+        os.fdatasync(fd)
+        return
+    token = obs.syncing(path, start, end)
+    os.fdatasync(fd)
+    obs.synced(token)
 
 
 def install(new: DurabilityObserver | None) -> None:

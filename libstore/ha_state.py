@@ -1,7 +1,8 @@
 """HAState: a store's replication role and master epochs, persisted (``config/haState.json``).
 
 Epochs (the term of one master, as RocketMQ 5's ``EpochFileCache``): each time a store becomes
-the master of its broker group it starts epoch ``e`` at its current CommitLog end; the history
+the master of its broker group it starts epoch ``e`` at its current CommitLog end (the services
+number them :func:`next_epoch`: term * 1000 + broker id, unique per member); the history
 is a list of :class:`EpochEntry` (epoch, start offset), strictly increasing in epoch and
 non-decreasing in start offset. Entry ``i`` covers ``[start_i, start_{i+1})`` and the last one
 runs to the log's end. A slave copies its master's entries as the bytes they describe arrive,
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
-from libstore.config import BrokerRole
+from libstore.config import MAX_BROKER_ID, BrokerRole
 from libstore.errors import ConfigError, StoreIOError
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,15 @@ class EpochEntry:
 
     epoch: int
     start_offset: int
+
+
+def next_epoch(above: int, broker_id: int) -> int:
+    """The epoch a member ``broker_id`` begins after the newest it knows (``above``): the next
+    term, ``term * MAX_BROKER_ID + broker_id`` past ``above``. No two members ever begin the same
+    epoch, so two that each started a term without hearing of the other (a restart during a
+    partition) never take each other's bytes for their own: their histories share nothing past
+    the last common term, and the newer number wins."""
+    return (above // MAX_BROKER_ID + 1) * MAX_BROKER_ID + broker_id
 
 
 def end_of(entries: list[EpochEntry], index: int, max_offset: int) -> int:

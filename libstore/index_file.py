@@ -260,12 +260,10 @@ class IndexFile:
     def flush(self) -> None:
         """Write the header and fdatasync the file. Raises StoreIOError."""
         self._write_header()
-        try:
-            os.fdatasync(self._fd)
+        try:  # the whole file: slots and entries anywhere in it
+            durability_hooks.fdatasync(self._fd, self.path)
         except OSError as exc:
             raise StoreIOError(f"fdatasync of index file {self.file_name} failed: {exc.strerror}") from exc
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.synced(self.path)  # slots and entries anywhere in the file
 
     def close(self) -> None:
         if self._closed:

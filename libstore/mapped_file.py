@@ -284,12 +284,10 @@ class MappedFile:
         value = self.readable_position
         flushed = self.flushed_position
         if value > flushed and (self.is_full() or self._able(flushed, value, least_pages, OS_PAGE_SIZE)):
-            try:
-                os.fdatasync(self._fd)
+            try:  # [flushed, value) includes direct stores (ConsumeQueue units) too
+                durability_hooks.fdatasync(self._fd, self.path, flushed, value)
             except OSError as exc:
                 raise StoreIOError(f"fdatasync of {self.file_name} failed: {exc.strerror}") from exc
-            if durability_hooks.observer is not None:  # direct stores (ConsumeQueue units) included
-                durability_hooks.observer.synced(self.path, flushed, value)
             self.flushed_position = value
         return self.flushed_position
 
@@ -298,11 +296,9 @@ class MappedFile:
         keeps may sit only in the page cache, left by a process that was killed before it
         flushed them). Raises StoreIOError."""
         try:
-            os.fdatasync(self._fd)
+            durability_hooks.fdatasync(self._fd, self.path)
         except OSError as exc:
             raise StoreIOError(f"fdatasync of {self.file_name} failed: {exc.strerror}") from exc
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.synced(self.path)
 
     @staticmethod
     def _able(done: int, target: int, least_pages: int, page: int) -> bool:
@@ -344,11 +340,9 @@ class MappedFile:
             self._write_buffer[position:end] = bytes(end - position)
         try:
             _os.zero_range(self._fd, position, self.file_size - position)
-            os.fdatasync(self._fd)
+            durability_hooks.fdatasync(self._fd, self.path, position, self.file_size)
         except OSError as exc:
             raise StoreIOError(f"cannot truncate {self.file_name} at {position}: {exc.strerror}") from exc
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.synced(self.path, position, self.file_size)
         self.set_positions(position)
 
     def close(self) -> None:

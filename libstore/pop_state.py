@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from libstore._files import atomic_write, read_json
+from libstore._files import atomic_write, fsync_dir, read_json
 from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
 from libstore.errors import InvalidArgumentError, InvalidReceiptHandleError, StoreIOError
 
@@ -187,6 +187,7 @@ class PopState:
         self._lock = threading.RLock()
         self._queues: dict[QueueKey, _Queue] = {}
         self._seq = 0
+        self._issue_floor = 0  # no new record gets a seq at or below it (reserve_seqs_through)
         self._outbox: list[JournalRecord] = []
         self.position = JournalPosition()
 
@@ -283,9 +284,9 @@ class PopState:
             entry["s"] = sets
         if acks:
             entry["a"] = acks
-        self._seq += 1
-        body = json.dumps({"seq": self._seq, "e": [entry]}, separators=(",", ":")).encode()
-        self._outbox.append(JournalRecord(self._seq, body))
+        seq = self._next_seq()
+        body = json.dumps({"seq": seq, "e": [entry]}, separators=(",", ":")).encode()
+        self._outbox.append(JournalRecord(seq, body))
 
     def take_records(self) -> list[JournalRecord]:
         """The journal records made since the last call, in order (the caller appends them)."""
@@ -343,9 +344,14 @@ class PopState:
             self._committed(key, q)
 
     def snapshot(self) -> Path:
-        """Save the state at its journal position, durably; keeps the newest ``SNAPSHOTS_KEPT``.
-        Call it only when every record made has been appended and folded in (the position then
-        covers the whole state). Raises StoreIOError."""
+        """Save the state at its journal position, durably (:meth:`snapshot_bytes` then
+        :meth:`write_snapshot`). Raises StoreIOError."""
+        return self.write_snapshot(*self.snapshot_bytes())
+
+    def snapshot_bytes(self) -> tuple[int, bytes]:
+        """The state as a snapshot: (CommitLog offset it stands at, file contents). Take it only
+        when every record made has been appended and folded in (the position then covers the
+        whole state). Raises StoreIOError when records are still waiting to be appended."""
         with self._lock:
             if self._outbox:
                 raise StoreIOError("pop state has journal records not yet appended; not a snapshot point")
@@ -361,11 +367,38 @@ class PopState:
                 "phyEnd": pos.phy_end,
                 "queues": queues,
             }
-        path = self.root / f"{SNAPSHOT_PREFIX}{pos.phy_end:020d}.json"
-        atomic_write(path, json.dumps(data, separators=(",", ":")).encode())
+        return pos.phy_end, json.dumps(data, separators=(",", ":")).encode()
+
+    def write_snapshot(self, phy_end: int, data: bytes) -> Path:
+        """Write a snapshot made by :meth:`snapshot_bytes`, durably, and keep the newest
+        ``SNAPSHOTS_KEPT``. Raises StoreIOError."""
+        path = self.root / f"{SNAPSHOT_PREFIX}{phy_end:020d}.json"
+        atomic_write(path, data)
         for old in self._snapshot_files()[:-SNAPSHOTS_KEPT]:
             old.unlink(missing_ok=True)
         return path
+
+    def discard_snapshots_after(self, phy_end: int) -> int:
+        """Delete the snapshots taken past CommitLog offset ``phy_end`` (the log was cut there:
+        they hold records it no longer has); returns how many."""
+        gone = [f for f in self._snapshot_files() if _snapshot_end(f) > phy_end]
+        for f in gone:
+            f.unlink(missing_ok=True)
+        if gone:
+            fsync_dir(self.root)
+        return len(gone)
+
+    def reserve_seqs_through(self, seq: int) -> None:
+        """Never hand out a sequence number at or below ``seq``: numbers already given to records
+        that may be in the log although this state does not hold them (an append that failed
+        after all). Records read from the log are still folded in by their own numbers."""
+        with self._lock:
+            self._issue_floor = max(self._issue_floor, seq)
+
+    def _next_seq(self) -> int:
+        """A new sequence number (lock held): past every one the state holds or reserved."""
+        self._seq = max(self._seq, self._issue_floor) + 1
+        return self._seq
 
     # -- queries ------------------------------------------------------------------------------------
     def _queue(self, key: QueueKey, min_offset: int) -> _Queue:
@@ -452,11 +485,10 @@ class PopState:
                 if len(out) >= max_count:
                     break
                 e = q.inflight[offset]
-                self._seq += 1
                 dead = e.attempt >= max_attempts
                 if not dead:
                     e.attempt += 1
-                e.visible_at, e.seq = now_ms + invisible_ms, self._seq
+                e.visible_at, e.seq = now_ms + invisible_ms, self._next_seq()
                 sets.append(e.row(offset))
                 out.append(self._popped(topic, queue_id, offset, e, dead=dead))
             if fifo and q.inflight:
@@ -475,9 +507,8 @@ class PopState:
                     q.pop_offset = unit.queue_offset + 1
                     if unit.size == BLANK_UNIT_SIZE or not matches_code(unit.tags_code):
                         continue
-                    self._seq += 1
                     e = Inflight(
-                        unit.phy_offset, unit.size, unit.tags_code, 1, now_ms + invisible_ms, self._seq
+                        unit.phy_offset, unit.size, unit.tags_code, 1, now_ms + invisible_ms, self._next_seq()
                     )
                     q.inflight[unit.queue_offset] = e
                     sets.append(e.row(unit.queue_offset))
@@ -564,8 +595,7 @@ class PopState:
             q, e = self._live(key, handle, now_ms)
             if e is None:
                 raise InvalidReceiptHandleError("the message was already acked")
-            self._seq += 1
-            e.visible_at, e.seq = now_ms + invisible_ms, self._seq
+            e.visible_at, e.seq = now_ms + invisible_ms, self._next_seq()
             self._log(key, q, [e.row(handle.queue_offset)])
             return self._popped(topic, handle.queue_id, handle.queue_offset, e).handle
 

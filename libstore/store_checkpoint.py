@@ -87,11 +87,9 @@ class StoreCheckpoint:
         )
         try:
             os.pwrite(self._fd, raw, 0)
-            os.fdatasync(self._fd)
+            durability_hooks.fdatasync(self._fd, self.path, 0, CHECKPOINT_FILE_SIZE)
         except OSError as exc:
             raise StoreIOError(f"cannot write checkpoint {self.path}: {exc.strerror}") from exc
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.synced(self.path, 0, CHECKPOINT_FILE_SIZE)
 
     def shutdown(self) -> None:
         if self._fd >= 0:

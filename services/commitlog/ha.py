@@ -9,8 +9,9 @@ Start: the role is the one saved by the last switch, else the configured one.
 * A master first asks its peers (``--ha-peers``: the other members' CommitLogService endpoints)
   whether one of them is a master of a newer epoch; if so it was replaced while it was away, and
   it rejoins as that master's SLAVE (the handshake cuts the tail its successor never had). Else
-  it begins a new epoch (1 + the newest it or a reachable peer knows) at its recovered end and
-  serves slaves on its HA endpoint. The new epoch is what keeps a crash honest: a slave may
+  it begins a new epoch (the next term past the newest it or a reachable peer knows, numbered
+  with its broker id: libstore.ha_state.next_epoch) at its recovered end and serves slaves on
+  its HA endpoint. The new epoch is what keeps a crash honest: a slave may
   hold bytes this store wrote but never fsynced and lost; had the store kept its epoch, the
   handshake would take those bytes for the ones it writes next at the same offsets.
 
@@ -22,7 +23,7 @@ SYNC_MASTER it cannot acknowledge anything meanwhile because its slave is gone.
 
 Switches (CommitLogService Promote/Demote, ``mqstore ha promote|demote``):
 * promote (a SLAVE): stop replicating, refill the de-duplication window from the log, start
-  epoch ``max(known epochs) + 1`` at the log's end (persisted before any write), take the role
+  the next epoch past every known one at the log's end (persisted before any write), take the role
   (by default the old master's: SYNC_MASTER or ASYNC_MASTER). Refused while the old master is
   still connected or answers as master, or while another slave holds more of the log (newer
   epoch, then more bytes: it may hold acknowledged messages this one lacks), unless forced
@@ -44,6 +45,7 @@ import grpc
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from libstore import BrokerRole, ConfigError, InvalidArgumentError, RoleSwitchError, StoreError
+from libstore.ha_state import next_epoch
 from services._common.remote import open_channel
 from services._common.telemetry import meter
 from services.commitlog.client import RemoteCommitLog
@@ -178,7 +180,8 @@ class HAController:
             else:
                 # A new term at the recovered end: bytes a slave received before a crash that
                 # this store then lost are never mistaken for what it writes from now on.
-                epoch = 1 + max([self.log.ha_state.last_epoch, *(st.epoch for st in peers)])
+                known = max([self.log.ha_state.last_epoch, *(st.epoch for st in peers)])
+                epoch = next_epoch(known, self.config.broker_id)
                 await asyncio.to_thread(self.log.start_master_term, self.log.broker_role, epoch)
         self._task = asyncio.get_running_loop().create_task(self._housekeeping(), name="ha-housekeeping")
 
@@ -236,7 +239,8 @@ class HAController:
         return [s for s in states if s is not None]
 
     def _newer_master(self, peers: list[commitlog_pb.HAState]) -> commitlog_pb.HAState | None:
-        """Among ``peers``, a master of a newer epoch than ours (ties: the lower broker id wins)."""
+        """Among ``peers``, a master of a newer epoch than ours (equal epochs, possible only for epochs
+        begun before they carried the broker id: the lower broker id wins)."""
         assert self.log.ha_state is not None
         ours = self.log.ha_state.last_epoch
         best = None
@@ -332,8 +336,9 @@ class HAController:
             if role is None:
                 old = client.master_role if client is not None else ""
                 role = BrokerRole(old) if old in ("ASYNC_MASTER", "SYNC_MASTER") else BrokerRole.ASYNC_MASTER
-            epoch = 1 + max(
-                [ha_state.last_epoch, client.master_epoch if client else 0, *(st.epoch for st in peers)]
+            epoch = next_epoch(
+                max([ha_state.last_epoch, client.master_epoch if client else 0, *(st.epoch for st in peers)]),
+                self.config.broker_id,
             )
             await self._stop_client()
             self.port.forget_recent()

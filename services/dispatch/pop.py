@@ -191,7 +191,7 @@ class PopService:
                 out.append(None)
             except StoreError as exc:
                 out.append(exc)
-        await self.journal.commit()  # raises: none of them counts as acked
+        await self.journal.commit(durable=True)  # raises: none of them counts as acked
         return out
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:

@@ -8,21 +8,29 @@ class is the rest of the loop (see the PopState module docstring for the record 
   CommitLog append for many operations, in the order they were made), then resolves each
   waiter once its records are appended and as durable as the log's policy makes any put
   (flushed under SYNC_FLUSH, held by a slave under SYNC_MASTER). An operation answers its
-  caller only then, so an ack the client saw succeed survives a failover. The appends carry the
-  master term the state was read under (``expected_epoch``): a store that stopped being that
-  master refuses them.
+  caller only then. An ack must be as durable as a put (flushed under SYNC_FLUSH, held by a
+  slave under SYNC_MASTER) before it is answered, so an ack the client saw succeed survives a
+  failover: a put status short of PUT_OK (SLAVE_NOT_AVAILABLE, a flush or slave timeout) fails
+  it (the records are in the log all the same), and an ack that changes nothing (a retry)
+  waits until the records before it are that durable. Receives, changes of invisible time and
+  dead-letter finishes are answered on any status (losing one only means a delivery comes
+  again), so consumption goes on while a SYNC_MASTER has no slave. The appends carry the master term the
+  state was read under (``expected_epoch``): a store that stopped being that master refuses them.
 * **Reading** (every replica's dispatch): a reader task follows the journal topic's
   ConsumeQueue (``rmq_sys_pop_journal`` queue 0; tags code = the record's seq) and folds each
   record into the state (:meth:`PopState.apply_record`); on the master most are its own, which
   the state already holds, and are passed over by their tags code without a read.
-* **Terms**: before serving an operation the journal learns the current master term (epoch and
-  the CommitLog offset it starts at) and waits until the state folded in every record before
-  that offset (a promoted slave first catches up with what its old master wrote). A slave's
-  dispatch refuses operations (NotMasterError).
+* **Terms**: before serving, the journal learns the master term and waits until the state
+  folded in every record the log held at that moment (a promoted slave first catches up with
+  what its old master wrote; a restarted dispatch with what it wrote before it died), so a new
+  record's seq is past every seq in the log. A slave's dispatch refuses operations
+  (NotMasterError).
 * **Failures**: an append that fails leaves the state ahead of the log; the state is then
-  reloaded (newest snapshot + the journal after it) and the operations fail
-  (ServiceNotAvailableError, or NotMasterError): clients retry. When the log is cut under the
-  dispatch service, the state goes back to a snapshot taken before the cut (:meth:`rollback`).
+  reloaded (newest snapshot + the journal after it; seqs handed out before are never reused)
+  and the operations fail (ServiceNotAvailableError, or NotMasterError): clients retry. When the
+  log is cut under the dispatch service (or found shorter at start), the state goes back to a
+  snapshot taken before the cut and the snapshots past it are deleted (:meth:`rollback`).
+  Any replacement of the state voids what was made from the old one (a generation number).
 * **Snapshots** every ``snapshot_every`` records folded or passed over, and at close: new
   operations wait while the appender drains and the reader catches up, so the snapshot holds
   exactly the journal up to its position.
@@ -57,16 +65,27 @@ SNAPSHOT_EVERY = 10_000
 
 
 class _Pending:
-    __slots__ = ("future", "records")
+    __slots__ = ("durable", "epoch", "future", "generation", "records")
 
-    def __init__(self, records: list[JournalRecord], future: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        records: list[JournalRecord],
+        future: asyncio.Future[None],
+        epoch: int,
+        generation: int,
+        durable: bool,
+    ) -> None:
         self.records = records
         self.future = future
+        self.epoch = epoch
+        self.generation = generation
+        self.durable = durable
 
 
 class PopJournal:
     """The journal of ``state`` through ``commitlog``, read back from ``queues`` (see module
-    docstring). ``reput_offset()`` gives how far the dispatch service applied the log."""
+    docstring). ``reput_offset()`` gives how far the dispatch service applied the log (it
+    applies confirmed bytes only)."""
 
     def __init__(
         self,
@@ -89,13 +108,14 @@ class PopJournal:
         self._open = asyncio.Event()  # cleared while a snapshot is taken
         self._open.set()
         self._arrived = asyncio.Event()
-        self._term: tuple[int, int] | None = None  # (epoch, start offset) the state serves under
-        self._ready_term: tuple[int, int] | None = None
-        self._reload = False
+        self._term: tuple[int, int] | None = None  # (epoch, start): the state serves this master term
+        self._reload = False  # the state is ahead of the log (an append failed): reload it
         self._rollback_lock = threading.Lock()
         self._rollback_to: int | None = None
-        self._generation = 0  # bumped whenever the state is replaced: in-flight reads are void
+        self._generation = 0  # bumped whenever the state is replaced: what came from the old one is void
+        self._issued_seq = 0  # the highest seq handed to the appender by this process
         self._last_appended_end = 0
+        self._undurable_end = 0  # end of the records appended with a put status short of PUT_OK
         self._since_snapshot = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -120,9 +140,7 @@ class PopJournal:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        for p in self._pending:
-            if not p.future.done():
-                p.future.set_exception(ServiceNotAvailableError("the dispatch service is stopping"))
+        self._fail(self._pending, ServiceNotAvailableError("the dispatch service is stopping"))
         self._pending = []
 
     def wake(self) -> None:
@@ -130,32 +148,36 @@ class PopJournal:
         self._arrived.set()
 
     def rollback(self, log_end: int) -> None:
-        """The log was cut at ``log_end`` (any thread): the state goes back to a snapshot taken
-        at or before it, before the next operation or read."""
+        """The log was cut at ``log_end``, or ends there at start (any thread): the state goes
+        back to a snapshot taken at or before it, before the next operation or read."""
         with self._rollback_lock:
             self._rollback_to = log_end if self._rollback_to is None else min(self._rollback_to, log_end)
 
     # -- serving ----------------------------------------------------------------------------------
     async def ready(self) -> None:
         """Wait until operations may change the state: this store is the master, the state
-        holds every record written before its term began, no snapshot is being taken. Raises
-        NotMasterError on a slave, ServiceNotAvailableError when the state does not catch up
-        within ``CATCH_UP_TIMEOUT_S``."""
-        self._apply_rollback()
-        if self._reload:
-            self._reload_state()
-        await self._open.wait()
-        if self._term is None or self._ready_term != self._term:
+        holds every record the log held when its term was checked, no snapshot is being taken.
+        Raises NotMasterError on a slave, ServiceNotAvailableError when the state does not
+        catch up within ``CATCH_UP_TIMEOUT_S``."""
+        while True:
+            self._apply_rollback()
+            if self._reload:
+                self._reload_state()
+            await self._open.wait()
+            if self._term is not None and not self._reload and self._rollback_to is None:
+                return
             offsets = await self.commitlog.offsets()
             if offsets.broker_role == "SLAVE":
-                self._term = self._ready_term = None
                 raise NotMasterError("this dispatch service follows a SLAVE: pop from the master")
-            self._term = (offsets.epoch, offsets.epoch_start)
-            await self._catch_up(max(offsets.epoch_start, 0))
-            self._ready_term = self._term
-            await self._open.wait()
+            generation = self._generation
+            await self._catch_up(offsets.max_offset)
+            if generation == self._generation and not self._reload and self._rollback_to is None:
+                self._term = (offsets.epoch, offsets.epoch_start)
+                return
+            # the state was replaced while catching up: check again
 
     async def _catch_up(self, offset: int) -> None:
+        """Wait until the state folded in every journal record before CommitLog ``offset``."""
         deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
         while True:
             self._apply_rollback()
@@ -171,17 +193,38 @@ class PopJournal:
                 )
             await asyncio.sleep(POLL_S)
 
-    async def commit(self) -> None:
+    async def commit(self, *, durable: bool = False) -> None:
         """Append the records the state made since the last call and wait until they are in
-        the log. Raises NotMasterError or ServiceNotAvailableError (the state is reloaded)."""
+        the log; with ``durable`` (an ack), until they are as durable as a put with PUT_OK, and
+        when there are none, until the records before are. Raises NotMasterError or
+        ServiceNotAvailableError."""
         records = self.state.take_records()
         if not records:
+            if durable:
+                await self._wait_durable()
             return
+        self._issued_seq = max(self._issued_seq, records[-1].seq)
+        if self._term is None or self._reload:
+            raise ServiceNotAvailableError("the pop state is being reloaded from the log; retry")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(records, future))
+        self._pending.append(_Pending(records, future, self._term[0], self._generation, durable))
         self._idle.clear()
         self._work.set()
         await future
+
+    async def _wait_durable(self) -> None:
+        """Wait until the records appended short of PUT_OK are confirmed (dispatch reads only
+        confirmed bytes: flushed under SYNC_FLUSH, on a slave under SYNC_MASTER)."""
+        end = self._undurable_end
+        if not end:
+            return
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while self.reput_offset() < end:
+            if time.monotonic() > deadline:
+                raise ServiceNotAvailableError("earlier acks are not replicated yet; retry")
+            await asyncio.sleep(POLL_S)
+        if self._undurable_end == end:
+            self._undurable_end = 0
 
     # -- appender -----------------------------------------------------------------------------------
     async def _append_loop(self) -> None:
@@ -196,19 +239,27 @@ class PopJournal:
             if not self._pending:
                 self._idle.set()
 
+    @staticmethod
+    def _fail(batch: list[_Pending], error: BaseException) -> None:
+        for p in batch:
+            if not p.future.done():
+                p.future.set_exception(error)
+
     async def _append(self, batch: list[_Pending]) -> None:
-        records = [r for p in batch for r in p.records]
+        live = [p for p in batch if p.generation == self._generation]
+        self._fail(
+            [p for p in batch if p.generation != self._generation],
+            ServiceNotAvailableError("the pop state was reloaded from the log meanwhile; retry"),
+        )
+        if not live:
+            return
+        records = [r for p in live for r in p.records]
         messages = [Message(POP_JOURNAL_TOPIC, r.body, 0, properties={POP_SEQ: str(r.seq)}) for r in records]
-        epoch = self._term[0] if self._term is not None else 0
         error: StoreError | None = None
         try:
-            results = await self.commitlog.append(messages, expected_epoch=epoch)
+            results = await self.commitlog.append(messages, expected_epoch=live[0].epoch)
             if results.appended < len(messages):
                 error = ServiceNotAvailableError(f"pop state not journaled: {results.failed_status.name}")
-            elif results.appended:
-                self._last_appended_end = results.phy_offsets[-1] + results.sizes[-1]
-                if results.status is not PutMessageStatus.PUT_OK:
-                    log.warning("pop journal records appended with %s", results.status.name)
         except NotMasterError as exc:
             error = exc
         except StoreError as exc:
@@ -217,15 +268,27 @@ class PopJournal:
             error = ServiceNotAvailableError(f"pop state not journaled: {exc}")
         if error is not None:
             log.warning("pop journal append failed (%s); reloading the pop state from the log", error)
-            self._term = self._ready_term = None
+            self._term = None
             self._reload = True
-            for p in [*batch, *self._pending]:
-                if not p.future.done():
-                    p.future.set_exception(error)
+            self._fail([*live, *self._pending], error)
             self._pending = []
             return
-        for p in batch:
-            if not p.future.done():
+        end = results.phy_offsets[-1] + results.sizes[-1]
+        self._last_appended_end = end
+        if results.status is PutMessageStatus.PUT_OK:
+            self._undurable_end = 0  # durable up to here, what came before included
+            short = None
+        else:
+            self._undurable_end = end
+            short = ServiceNotAvailableError(
+                f"ack journaled with {results.status.name}, not durable yet; retry"
+            )
+        for p in live:
+            if p.future.done():
+                continue
+            if p.durable and short is not None:
+                p.future.set_exception(short)
+            else:
                 p.future.set_result(None)
 
     def _reload_state(self) -> None:
@@ -233,6 +296,7 @@ class PopJournal:
         self._reload = False
         self._generation += 1
         self.state.load()
+        self.state.reserve_seqs_through(self._issued_seq)  # failed appends may have landed after all
         log.info("pop state reloaded at journal unit %d", self.state.position.next_unit)
 
     def _apply_rollback(self) -> None:
@@ -241,14 +305,19 @@ class PopJournal:
         if cut is None:
             return
         self._generation += 1
-        self._term = self._ready_term = None
+        self._term = None
+        self._reload = False
+        dropped = self.state.discard_snapshots_after(cut)
         self.state.load(max_phy_end=cut)
         self._last_appended_end = min(self._last_appended_end, cut)
+        self._undurable_end = 0
         log.warning(
-            "pop state back at journal unit %d (CommitLog offset %d): the log was cut at %d",
+            "pop state back at journal unit %d (CommitLog offset %d): the log ends at %d "
+            "(%d later snapshots dropped)",
             self.state.position.next_unit,
             self.state.position.phy_end,
             cut,
+            dropped,
         )
 
     # -- reader -----------------------------------------------------------------------------------
@@ -288,8 +357,8 @@ class PopJournal:
         generation = self._generation
         wanted = [u for u in units if u.size != BLANK_UNIT_SIZE and u.tags_code > state.seq]
         raws = await self.commitlog.read([(u.phy_offset, u.size) for u in wanted]) if wanted else []
-        if generation != self._generation:
-            return 0  # the state was replaced while reading: read again from its position
+        if generation != self._generation or self._rollback_to is not None:
+            return 0  # the state was replaced (or is about to be) while reading
         bodies = {u.queue_offset: raw for u, raw in zip(wanted, raws, strict=True)}
         for u in units:
             raw = bodies.get(u.queue_offset)
@@ -313,7 +382,9 @@ class PopJournal:
 
     # -- snapshots ------------------------------------------------------------------------------------
     async def _snapshot(self) -> None:
-        """Pause new operations, let the appender drain and the reader catch up with it, save."""
+        """Pause new operations, let the appender drain and the reader catch up with it, save.
+        Nothing is saved while the state waits to be reloaded or rolled back, and a snapshot
+        whose state was replaced while it was written is deleted again."""
         self._open.clear()
         try:
             await self._idle.wait()
@@ -323,7 +394,14 @@ class PopJournal:
                     if time.monotonic() > deadline:
                         return  # the appended records are not confirmed yet: try later
                     await asyncio.sleep(POLL_S)
-            await asyncio.to_thread(self.state.snapshot)
+            if self._reload or self._rollback_to is not None:
+                return
+            generation = self._generation
+            phy_end, data = self.state.snapshot_bytes()
+            path = await asyncio.to_thread(self.state.write_snapshot, phy_end, data)
+            if generation != self._generation:  # replaced meanwhile: this one may describe a cut log
+                path.unlink(missing_ok=True)
+                return
             self.state.retire_legacy()
             self._since_snapshot = 0
         finally:

@@ -5,9 +5,10 @@ loss is simulated one level up, at the store's own file code (libstore.durabilit
 
 * :class:`DurabilityRecorder`, installed in each process of a member (tests/fault/serve.py),
   keeps a *shadow* of every file the store reports: the contents the disk is sure to hold. Each
-  write marks its range dirty; each fdatasync copies the dirty ranges (and the range the caller
-  names) from the file into the shadow; a new file's name, or a removal, counts once its folder
-  is fsynced. The shadows live under the member's shadow folder, so they outlive the processes.
+  write marks its range dirty; each fdatasync captures the dirty ranges (and the range the
+  caller names) as the file holds them when it starts, and copies them into the shadow once it
+  returns (what is written meanwhile stays dirty); a new file's name, or a removal, counts once
+  its folder is fsynced. The shadows live under the member's shadow folder, so they outlive the processes.
 * :func:`lose_power`, run by the test after SIGKILLing every process of a member, rewinds the
   member's files: each 512-byte sector that differs from the shadow keeps the new bytes (the
   kernel wrote them back before the loss) or goes back to the durable ones, at random; a sector
@@ -103,26 +104,40 @@ class DurabilityRecorder:
             self._slow = (now, ms)
         return ms
 
-    def synced(self, path: Path, start: int = 0, end: int = -1) -> None:
+    def syncing(self, path: Path, start: int = 0, end: int = -1) -> object:
+        """Capture, before the fdatasync starts, the bytes it will make durable: what was written
+        so far (writes made while it runs stay dirty for the next one)."""
         shadow = self._shadow(path)
         if shadow is None:
+            return None
+        with self._lock:
+            ranges = self._dirty.pop(Path(path), [])
+            size = os.path.getsize(path)
+            if end < 0:
+                end = size
+            if end > start:
+                ranges.append((start, end))
+            if not shadow.exists():  # a file the recorder had not seen: all of it counts now
+                ranges = [(0, size)]
+            with open(path, "rb") as src:
+                captured = []
+                for a, b in _merge(ranges):
+                    src.seek(a)
+                    captured.append((a, src.read(b - a)))
+        return (path, shadow, captured)
+
+    def synced(self, token: object) -> None:
+        if token is None:
             return
+        path, shadow, captured = token  # type: ignore[misc]
         if path.parent.name == "commitlog" and (delay := self._slow_sync_ms()):
             time.sleep(delay / 1000)  # a slow disk: durable only once this returns
         with self._lock:
-            ranges = self._dirty.pop(Path(path), [])
-            if end < 0:
-                end = os.path.getsize(path)
-            if end > start:
-                ranges.append((start, end))
             if not shadow.exists():
                 shadow.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, shadow)
-                return
-            with open(path, "rb") as src, open(shadow, "r+b") as dst:
-                for a, b in _merge(ranges):
-                    src.seek(a)
-                    data = src.read(b - a)
+                shadow.touch()
+            with open(shadow, "r+b") as dst:
+                for a, data in captured:
                     dst.seek(a)
                     dst.write(data)
 

@@ -17,7 +17,8 @@ promises unless the slave itself lost power since it last caught up (its acknowl
 covered its page cache, as RocketMQ's does): then the master is restarted instead, as an
 operator would.
 
-At the end every consumer group must have seen every acknowledged message, and each queue's
+At the end every consumer group must have seen every acknowledged message, the pop group must
+never have been given a message again after the store confirmed its ack, and each queue's
 offsets in the master's log must be 0, 1, 2, ... in log order.
 
 The seed is printed; ``MQSTORE_FAULT_SEED`` replays a run's sequence of faults (their timing
@@ -196,7 +197,8 @@ def test_fault_loop(tmp_path: Path) -> None:
             loop.inject()
             checked, compared = loop.check(producers)
             print(
-                f"round {i + 1:3d} ({time.monotonic() - started:5.0f} s): {loop.history[-1]}; "
+                f"round {i + 1:3d} ({time.monotonic() - started:5.0f} s, {time.strftime('%H:%M:%S')}): "
+                f"{loop.history[-1]}; "
                 f"{checked} acknowledged held, {compared:,} bytes identical"
             )
         producers.stop()
@@ -210,6 +212,11 @@ def test_fault_loop(tmp_path: Path) -> None:
             assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (
                 f"queue offsets of {topic}/{qid} are not consecutive in {master}'s log"
             )
+        pop = next(g for g in groups if isinstance(g, PopGroup))
+        assert not pop.after_ack, (
+            f"{len(pop.after_ack)} deliveries after a confirmed ack: {pop.after_ack[:5]}"
+        )
+        assert pop.acked, "the pop group acknowledged nothing"
         deadline = time.monotonic() + 90
         for group in groups:
             while group.missing(set(acked)) and time.monotonic() < deadline:

@@ -162,7 +162,14 @@ class PullGroup(_Group):
 
 class PopGroup(_Group):
     """A simple consumer of the RocketMQ 5 protocol (ReceiveMessage, then AckMessage for each
-    message), on our own generated stubs of apache.rocketmq.v2."""
+    message), on our own generated stubs of apache.rocketmq.v2. ``after_ack`` lists the stored
+    messages ((queue id, queue offset)) delivered again after an ack the store confirmed: the
+    pop state (journaled in the CommitLog) must never let that happen, failovers included."""
+
+    def __init__(self, gateway: str, group: str, topic: str) -> None:
+        super().__init__(gateway, group, topic)
+        self.acked: dict[tuple[int, int], tuple[str, float]] = {}  # slot -> (message id, when)
+        self.after_ack: list[tuple[int, int, str, int, str, float]] = []
 
     def _consume(self) -> None:
         channel = grpc.insecure_channel(self.gateway)
@@ -191,6 +198,22 @@ class PopGroup(_Group):
                 if not messages:
                     continue
                 self._record([k for m in messages for k in m.system_properties.keys])
+                slots = [(m.system_properties.queue_id, m.system_properties.queue_offset) for m in messages]
+                now = time.time()
+                with self._lock:
+                    for slot, m in zip(slots, messages, strict=True):
+                        if slot in self.acked:
+                            acked_id, acked_at = self.acked[slot]
+                            sp = m.system_properties
+                            self.after_ack.append(
+                                (
+                                    *slot,
+                                    sp.message_id,
+                                    sp.delivery_attempt,
+                                    acked_id,
+                                    round(now - acked_at, 1),
+                                )
+                            )
                 entries = [
                     service.AckMessageEntry(
                         message_id=m.system_properties.message_id,
@@ -198,8 +221,13 @@ class PopGroup(_Group):
                     )
                     for m in messages
                 ]
-                stub.AckMessage(
+                answer = stub.AckMessage(
                     service.AckMessageRequest(group=group, topic=topic, entries=entries), timeout=10
                 )
+                now = time.time()
+                with self._lock:
+                    for slot, m, e in zip(slots, messages, answer.entries, strict=False):
+                        if e.status.code == Code.OK:
+                            self.acked[slot] = (m.system_properties.message_id, now)
         finally:
             channel.close()

@@ -135,8 +135,8 @@ def test_slave_is_byte_identical_after_load(tmp_path: Path):
         end = _caught_up(cluster.address("a"), cluster.address("b"))
         with CommitLogAdmin(cluster.address("b")) as slave:
             state = slave.state()
-            assert state.broker_role == "SLAVE" and state.master_connected and state.epoch == 1
-            assert [(e.epoch, e.start_offset) for e in state.epochs] == [(1, 0)]
+            assert state.broker_role == "SLAVE" and state.master_connected and state.epoch == 1000
+            assert [(e.epoch, e.start_offset) for e in state.epochs] == [(1000, 0)]  # term 1, broker 0
         with CommitLogAdmin(cluster.address("a")) as master:
             (seen,) = master.state().slaves
             assert seen.ack_offset == end and seen.lag_bytes == 0 and seen.in_sync
@@ -178,8 +178,10 @@ def test_sync_master_survives_kills_and_a_role_switch(tmp_path: Path):
             b.wait_for(lambda s: not s.master_connected, what="b to notice the master is gone")
             promoted = b.promote("ASYNC_MASTER")
             assert promoted.broker_role == "ASYNC_MASTER"
-            # Epoch 1 at the first start, a new one at each of the 5 restarts, one for the promotion.
-            assert [e.epoch for e in promoted.epochs] == list(range(1, 8)) and promoted.epoch == 7
+            # Term 1 at the first start, a new one at each of the 5 restarts (broker 0), one for the
+            # promotion (broker 1): epoch = term * 1000 + broker id.
+            assert [e.epoch for e in promoted.epochs] == [1000, 2000, 3000, 4000, 5000, 6000, 7001]
+            assert promoted.epoch == 7001
             switch_offset = promoted.epochs[-1].start_offset
             history = [(e.epoch, e.start_offset) for e in promoted.epochs]
         load.wait_acked(500, timeout_s=60)  # producing goes on, on the new master
@@ -187,7 +189,7 @@ def test_sync_master_survives_kills_and_a_role_switch(tmp_path: Path):
         cluster.start_commitlog("a")  # configured SYNC_MASTER: finds the newer master, rejoins as SLAVE
         with CommitLogAdmin(cluster.address("a")) as a:
             state = a.wait_for(
-                lambda s: s.broker_role == "SLAVE" and s.master_connected and s.epoch == 7,
+                lambda s: s.broker_role == "SLAVE" and s.master_connected and s.epoch == 7001,
                 timeout_s=60,
                 what="the old master to rejoin as a slave",
             )
@@ -302,12 +304,12 @@ def test_forced_promotion_fences_the_old_master(tmp_path: Path):
                 b.promote()  # still connected to its master: a switch needs --force
             assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
             promoted = b.promote(force=True)
-            assert promoted.broker_role == "ASYNC_MASTER" and promoted.epoch == 2
+            assert promoted.broker_role == "ASYNC_MASTER" and promoted.epoch == 2001
             switch_offset = promoted.epochs[-1].start_offset
         cluster.signal("a-commitlog", signal.SIGCONT)
         with CommitLogAdmin(cluster.address("a")) as a:
             a.wait_for(
-                lambda s: s.broker_role == "SLAVE" and s.master_connected and s.epoch == 2,
+                lambda s: s.broker_role == "SLAVE" and s.master_connected and s.epoch == 2001,
                 timeout_s=30,
                 what="the old master to see the newer epoch and step down",
             )

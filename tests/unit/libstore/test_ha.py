@@ -513,3 +513,19 @@ def test_a_slave_shows_no_more_than_its_master_confirmed(open_log, tmp_path: Pat
     assert again.confirm_offset == first[5].phy_offset  # kept in the checkpoint
     again.start_master_term(BrokerRole.ASYNC_MASTER)  # promoted: its whole log is its own now
     assert again.confirm_offset == again.max_offset
+
+
+def test_epochs_begun_by_different_members_never_collide():
+    """A master restarting during a partition and the slave promoted meanwhile each begin a term
+    past the newest they know; numbered with their broker ids, the two never share an epoch, so
+    the handshake that follows cannot take one's bytes for the other's."""
+    from libstore.ha_state import next_epoch
+
+    assert next_epoch(0, 0) == 1000 and next_epoch(1000, 1) == 2001 and next_epoch(2001, 0) == 3000
+    restarted, promoted = next_epoch(1000, 0), next_epoch(1000, 1)  # neither heard of the other
+    assert restarted != promoted and min(restarted, promoted) > 1000
+    old = [E(1000, 0)]
+    # Both began at the same offset 500 with other bytes: only term 1000 is shared.
+    assert find_consistent_point([*old, E(restarted, 500)], 900, [*old, E(promoted, 500)], 800) == 500
+    with pytest.raises(ConfigError):
+        StoreConfig(broker_id=1000)

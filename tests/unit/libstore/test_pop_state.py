@@ -266,12 +266,17 @@ def test_a_cut_journal_goes_back_to_a_snapshot_before_the_cut(tmp_path: Path) ->
     del log.bodies[cut_units:]
     successor = _open(tmp_path / "other", log=log)
     successor.ack("g", "t", first[1].handle, T0 + 3)
-    s.load(max_phy_end=log.end_of(cut_units - 1))
+    cut_end = log.end_of(cut_units - 1)
+    assert s.discard_snapshots_after(cut_end) == 1  # the one taken past the cut describes lost records
+    s.load(max_phy_end=cut_end)
     assert s.position.next_unit == cut_units
     log.replay_into(s)
     assert s.consumer_offset("g", "t", 0) == 0  # 0 in flight again, 1 acked by the successor
     again = _pop(s, q, T0 + 1001)
     assert [(p.queue_offset, p.attempt) for p in again][:2] == [(0, 2), (2, 1)]
+    s.snapshot()
+    restarted = _open(tmp_path, log=log)  # the newest snapshot now: the one after the cut
+    assert restarted.position == s.position and restarted.seq == s.seq
 
 
 def test_state_of_an_older_version_is_imported(tmp_path: Path) -> None:
