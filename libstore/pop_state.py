@@ -29,7 +29,9 @@ holds the same pop state as its master, and a promoted slave does not deliver ac
 again. ``seq`` numbers the records (and the deliveries) and only grows; a record whose ``seq``
 is not past the state's is already in it (the master applied it when it made it), so applying
 the log twice changes nothing. The writer appends the records in the order this class made
-them, one writer at a time, so the log's order is the ``seq`` order.
+them, one writer at a time, and starts only once the state holds the whole log, so the log's
+order is the ``seq`` order; numbers given to records whose append failed are never handed out
+again (:meth:`reserve_seqs_through`).
 
 Snapshots (:meth:`snapshot`) save the state with where it stands in the journal: the next
 journal unit to read and the CommitLog offset just past the last record folded in; the newest
@@ -223,10 +225,14 @@ class PopState:
 
     def _read_snapshot(self, path: Path) -> None:
         data = read_json(path, "pop snapshot")
+        self._take_snapshot_data(data, path)
+        self.position = JournalPosition(int(data.get("nextUnit", 0)), int(data.get("phyEnd", 0)))
+
+    def _take_snapshot_data(self, data: dict[str, object], path: Path) -> None:
+        """Queues and seq from a parsed snapshot (either version). Raises StoreIOError."""
         try:
-            self._seq = int(data.get("seq", 0))
-            self.position = JournalPosition(int(data.get("nextUnit", 0)), int(data.get("phyEnd", 0)))
-            for row in data.get("queues", []):
+            self._seq = int(data.get("seq", 0))  # type: ignore[call-overload]
+            for row in data.get("queues", []):  # type: ignore[attr-defined]
                 group, topic, qid, pop_offset, inflight = row
                 q = _Queue(int(pop_offset))
                 for e in inflight:
@@ -242,17 +248,7 @@ class PopState:
         legacy_snap = self.root / LEGACY_SNAPSHOT_NAME
         data = read_json(legacy_snap, "pop snapshot")
         if data is not None:
-            try:
-                self._seq = int(data.get("seq", 0))
-                for row in data.get("queues", []):
-                    group, topic, qid, pop_offset, inflight = row
-                    q = _Queue(int(pop_offset))
-                    for e in inflight:
-                        offset, entry = Inflight.from_row(e)
-                        q.inflight[offset] = entry
-                    self._queues[(str(group), str(topic), int(qid))] = q
-            except (ValueError, TypeError, AttributeError) as exc:
-                raise StoreIOError(f"pop snapshot {legacy_snap} is not valid: {exc}") from exc
+            self._take_snapshot_data(data, legacy_snap)
         journal = self.root / LEGACY_JOURNAL_NAME
         if journal.exists():
             for line in journal.read_bytes().split(b"\n"):

@@ -24,7 +24,8 @@ class is the rest of the loop (see the PopState module docstring for the record 
   folded in every record the log held at that moment (a promoted slave first catches up with
   what its old master wrote; a restarted dispatch with what it wrote before it died), so a new
   record's seq is past every seq in the log. A slave's dispatch refuses operations
-  (NotMasterError).
+  (NotMasterError). (A dispatch restarted under a SYNC_MASTER that has no slave waits until
+  one returns: what its predecessor journaled since is not confirmed, so not yet readable.)
 * **Failures**: an append that fails leaves the state ahead of the log; the state is then
   reloaded (newest snapshot + the journal after it; seqs handed out before are never reused)
   and the operations fail (ServiceNotAvailableError, or NotMasterError): clients retry. When the
