@@ -10,6 +10,7 @@ from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import (
+    AuthenticationError,
     ConfigError,
     CorruptRecordError,
     DiskFullError,
@@ -21,6 +22,7 @@ from libstore.errors import (
     NotMasterError,
     OffsetOutOfRangeError,
     OSPageCacheBusyError,
+    PermissionDeniedError,
     PropertiesSizeExceededError,
     QueueIdOutOfRangeError,
     RoleSwitchError,
@@ -50,6 +52,7 @@ from libstore.topic_config import TopicConfig, TopicConfigManager, TopicMessageT
 __all__ = [
     "AppendMessageStatus",
     "AppendResult",
+    "AuthenticationError",
     "BoundaryType",
     "BrokerRole",
     "CommitLog",
@@ -77,6 +80,7 @@ __all__ = [
     "NotMasterError",
     "OSPageCacheBusyError",
     "OffsetOutOfRangeError",
+    "PermissionDeniedError",
     "PropertiesSizeExceededError",
     "PutMessageResult",
     "PutMessageResults",

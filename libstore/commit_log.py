@@ -68,6 +68,11 @@ from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import Message, MessageRecord
 from libstore.message_id import encode_host
+from libstore.producer_input import (
+    PRODUCER_SYS_FLAGS,
+    check_producer_properties,
+    check_producer_topic,
+)
 from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
@@ -473,7 +478,9 @@ class CommitLog:
     def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:
         """Validate client-encoded records for this store (see RecordEncoder.adopt_records);
         records with QUEUEID -1 are placed round robin over their topic's write queues, and
-        ``born_host`` (8 encoded bytes) fills a 0.0.0.0:0 BORNHOST.
+        ``born_host`` (8 encoded bytes) fills a 0.0.0.0:0 BORNHOST. Only producers send records,
+        so what they may not put is refused (libstore.producer_input: system topics, the store's
+        properties) and SYSFLAG is masked to the producer's bits.
 
         Raises MessageIllegalError (or a subclass) or TopicNotFoundError; nothing is written.
         """
@@ -485,6 +492,9 @@ class CommitLog:
             self._topic_config.write_queue_nums,
             choose_queue=self._next_queue,
             born_host=born_host,
+            check_topic=check_producer_topic,
+            check_properties=check_producer_properties,
+            sys_flag_mask=PRODUCER_SYS_FLAGS,
         )
 
     def _next_queue(self, topic: str) -> int:

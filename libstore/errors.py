@@ -91,6 +91,21 @@ class InvalidReceiptHandleError(InvalidArgumentError):
     reason = "INVALID_RECEIPT_HANDLE"
 
 
+class AuthenticationError(StoreError):
+    """The caller could not be identified: no credentials, a signature that does not verify,
+    an unknown access key or a date outside the allowed clock skew (gRPC UNAUTHENTICATED).
+    The message never tells an unknown key from a wrong signature."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(StoreError):
+    """The caller is known but lacks the permission for this resource or operation (RocketMQ
+    NO_PERMISSION, gRPC PERMISSION_DENIED). Nothing was written."""
+
+    reason = "NO_PERMISSION"
+
+
 class TopicNotFoundError(StoreError):
     """The topic does not exist and auto-creation is disabled."""
 

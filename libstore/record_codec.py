@@ -41,7 +41,7 @@ import functools
 import itertools
 import re
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from libstore.errors import (
@@ -482,6 +482,9 @@ class RecordEncoder:
         *,
         choose_queue: Callable[[str], int] | None = None,
         born_host: bytes = b"",
+        check_topic: Callable[[str], None] | None = None,
+        check_properties: Callable[[Iterable[str]], None] | None = None,
+        sys_flag_mask: int = -1,
     ) -> EncodedBatch:
         """Validate records a client encoded and make them this store's, without decoding them
         into messages (the records form of Produce: RocketMQ's layout with PHYSICALOFFSET,
@@ -494,7 +497,10 @@ class RecordEncoder:
         ``name \\x01 value \\x02`` entries with non-empty names). QUEUEID -1 takes ``choose_queue(topic)``;
         a 0.0.0.0:0 BORNHOST takes ``born_host`` (8 encoded bytes, when given); STOREHOST becomes
         this store's and a zero BORNTIMESTAMP ``now_ms``; offsets are left for the put lock. The
-        decoded requests are kept in the batch (``requests``) for dispatch. Raises
+        decoded requests are kept in the batch (``requests``) for dispatch. What a producer may
+        put (libstore.producer_input): ``check_topic`` is called once per topic and
+        ``check_properties`` with each record's property names (both raise to refuse), and
+        SYSFLAG is masked in place to ``sys_flag_mask`` (the host-layout bits stay). Raises
         MessageIllegalError (or a subclass) naming the first bad record; nothing is kept.
         """
         if len(self.store_host) != len(STORE_HOST_PLACEHOLDER):
@@ -519,7 +525,16 @@ class RecordEncoder:
                 problem = _properties_problem(bytes(buf[props_at : pos + size]))
                 if problem:
                     raise MessageIllegalError(f"record {index}: {problem}")
+                if check_properties is not None:
+                    try:
+                        check_properties(bytes_to_properties(buf[props_at : pos + size]))
+                    except MessageIllegalError as exc:
+                        raise type(exc)(f"record {index}: {exc}") from None
             sys_flag = req.sys_flag
+            masked = sys_flag & (sys_flag_mask | _HOST_V6_FLAGS)
+            if masked != sys_flag:
+                _INT.pack_into(buf, pos + SYS_FLAG_POSITION, masked)
+                req.sys_flag = sys_flag = masked
             if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG:
                 raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")
             topic = req.topic
@@ -530,6 +545,8 @@ class RecordEncoder:
             if queue_limit is None:
                 try:
                     self._topic_prefix(topic)  # validates the name
+                    if check_topic is not None:
+                        check_topic(topic)
                 except MessageIllegalError as exc:
                     raise type(exc)(f"record {index}: {exc}") from None
                 queue_limit = limits[topic] = queue_nums(topic) if queue_nums else 0x7FFFFFFF
@@ -834,6 +851,22 @@ def _check_record(
         scheduled,
     )
     return req, fields, body_at, p
+
+
+def record_topics(raw: bytes | bytearray | memoryview) -> set[str]:
+    """The topics of a run of records (the records form of Produce), read from their headers
+    without checking CRCs, so a gateway can authorize a batch before the store validates it
+    (:meth:`RecordEncoder.adopt_records`). Raises MessageIllegalError for bytes that do not
+    split into whole records."""
+    topics: set[str] = set()
+    pos, limit = 0, len(raw)
+    while pos < limit:
+        req, _, _, _ = _check_record(raw, pos, limit, False, -1, False)
+        if not req.success or req.msg_size <= 0:
+            raise MessageIllegalError(f"bytes at {pos} are not a CommitLog record")
+        topics.add(req.topic)
+        pos += req.msg_size
+    return topics
 
 
 def decode_record(

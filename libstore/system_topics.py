@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from libstore.errors import MessageIllegalError
 from libstore.message import Message, MessageConst, MessageRecord
+from libstore.subscription_group import DLQ_GROUP_TOPIC_PREFIX
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -88,6 +89,7 @@ _MAX_CODE = (1 << 63) - 1
 
 
 def is_system_topic(topic: str) -> bool:
+    """Whether ``topic`` is one of the :data:`SYSTEM_TOPICS` this store writes."""
     return topic in SYSTEM_TOPICS
 
 
@@ -111,3 +113,28 @@ def system_tags_code(topic: str, properties: Mapping[bytes, bytes], store_timest
 
 def _number(raw: bytes | None) -> int:
     return min(int(raw), _MAX_CODE) if raw and raw.isdigit() and len(raw) <= 19 else 0
+
+
+# Topics only the store writes (RocketMQ's TopicValidator system topics and every rmq_sys_ /
+# RMQ_SYS_ name): a client may neither produce to them nor read them except as an admin.
+_RESERVED_TOPICS = frozenset(
+    {"SCHEDULE_TOPIC_XXXX", "TBW102", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT"}
+)
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+
+
+def is_reserved_topic(topic: str) -> bool:
+    """Whether ``topic`` is one the store keeps for itself (wider than :data:`SYSTEM_TOPICS`,
+    the ones it writes today): any ``rmq_sys_`` name (either case:
+    RocketMQ's ``RMQ_SYS_TRANS_HALF_TOPIC`` and mqstore's ``rmq_sys_pop_journal`` alike) and
+    RocketMQ's other reserved names (TopicValidator: ``SCHEDULE_TOPIC_XXXX``, ``TBW102``...)."""
+    return topic[:8].lower() == "rmq_sys_" or topic in _RESERVED_TOPICS
+
+
+def group_of_topic(topic: str) -> str | None:
+    """The consumer group a ``%RETRY%<group>`` or ``%DLQ%<group>`` topic belongs to (None for
+    any other topic): the store writes these for the group, and only the group reads them."""
+    for prefix in (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX):
+        if topic.startswith(prefix):
+            return topic[len(prefix) :]
+    return None

@@ -81,8 +81,27 @@ class _Errors:
 
 
 @app.callback()
-def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO")] = False) -> None:
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log at INFO")] = False,
+    access_key: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_ACCESS_KEY", help="account of the gateway's --acl-file: sign calls with it"
+        ),
+    ] = "",
+    secret_key: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_SECRET_KEY",
+            help="its secret (prefer the MQSTORE_SECRET_KEY variable: arguments show in ps)",
+        ),
+    ] = "",
+) -> None:
     """mqstore: a RocketMQ-style message store."""
+    if bool(access_key) != bool(secret_key):
+        raise _fail("give both --access-key and --secret-key (or MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY)")
+    if access_key:  # the clients of this process sign with them (services.credentials.Credentials.from_env)
+        os.environ["MQSTORE_ACCESS_KEY"], os.environ["MQSTORE_SECRET_KEY"] = access_key, secret_key
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )
@@ -155,7 +174,8 @@ def serve(
         Path | None,
         typer.Option(
             envvar="MQSTORE_ACL_FILE",
-            help="gateway: plain_acl.yml accounts; the RocketMQ 5 protocol then requires signed calls",
+            help="gateway: plain_acl.yml accounts; both client protocols (RocketMQ 5 and mqstore's "
+            "own API) then require signed calls",
         ),
     ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="store key=value (repeatable)")] = None,

@@ -10,6 +10,10 @@
   processing); a new consumer of the group resumes from them.
 * :class:`Admin` covers topics, queries, consumer progress and store stats.
 
+With ``credentials`` (services.credentials.Credentials, an account of the gateway's accounts
+file; by default from MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY when both are set), every call
+is signed; a gateway run with ``--acl-file`` refuses unsigned calls.
+
 Failures raise libstore's StoreError classes (TopicNotFoundError, MessageIllegalError, ...),
 mapped from the gRPC status as the services map them.
 """
@@ -22,6 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -42,6 +47,7 @@ from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
+from services.credentials import Credentials, SignedGatewayStub
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
@@ -89,10 +95,15 @@ class OutgoingMessage:
 
 
 class _Connection:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credentials: Credentials | None = None) -> None:
+        credentials = credentials or Credentials.from_env()
         self.address = address
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self.stub = gateway_grpc.GatewayStub(self.channel)
+        self.stub: Any = (
+            SignedGatewayStub(self.channel, credentials)
+            if credentials is not None
+            else gateway_grpc.GatewayStub(self.channel)
+        )
 
     def close(self) -> None:
         self.channel.close()
@@ -122,8 +133,9 @@ class Producer:
         timeout_s: float = 10.0,
         retries: int = 5,
         encode_records: bool = True,
+        credentials: Credentials | None = None,
     ) -> None:
-        self._conn = _Connection(address)
+        self._conn = _Connection(address, credentials)
         self.timeout_s = timeout_s
         self.retries = retries
         self.encode_records = encode_records
@@ -230,8 +242,9 @@ class PullConsumer:
         hold_ms: int = 2000,
         queues: Sequence[int] | None = None,
         timeout_s: float = 10.0,
+        credentials: Credentials | None = None,
     ) -> None:
-        self._conn = _Connection(address)
+        self._conn = _Connection(address, credentials)
         self.group = group
         self.topic = topic
         self.tag_expression = tag_expression
@@ -349,8 +362,14 @@ class PullConsumer:
 class Admin:
     """Topics, queries, progress and stats through the gateway."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0) -> None:
-        self._conn = _Connection(address)
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        timeout_s: float = 10.0,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self._conn = _Connection(address, credentials)
         self.timeout_s = timeout_s
 
     def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:

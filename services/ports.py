@@ -237,18 +237,17 @@ class DispatchPort(Protocol):
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig: ...
 
-    async def end_transaction(
-        self, transaction_id: str, message_id: str, commit: bool, topic: str = ""
-    ) -> None:
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool, topic: str) -> None:
         """COMMIT (the half message becomes visible in its topic) or ROLLBACK; OK when
-        already resolved. Raises InvalidArgumentError for an unknown transaction, or one of
-        another message or (when ``topic`` is given) another topic."""
+        already resolved. Raises InvalidArgumentError for an empty topic, an unknown
+        transaction, or one of another message or another topic."""
         ...
 
     async def claim_transaction_checks(
         self, topics: Sequence[str], max_count: int = 64
     ) -> list[TransactionCheck]:
-        """Half messages of ``topics`` due for a check-back (each claim counts one check)."""
+        """Half messages of ``topics`` due for a check-back (each claim counts one check); none
+        for an empty ``topics``."""
         ...
 
 

@@ -48,7 +48,8 @@ from services.commitlog.servicer import add_to_server as add_commitlog
 from services.dispatch.app import DispatchApp
 from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
-from services.gateway.rocketmq.acl import AccessControl
+from services.gateway.acl import AccessControl
+from services.gateway.caller import OwnApiAuthInterceptor
 from services.gateway.rocketmq.messaging import MessagingServicer
 from services.gateway.rocketmq.messaging import add_to_server as add_messaging
 from services.gateway.servicer import GatewayServicer
@@ -89,7 +90,7 @@ class ServeOptions:
     ha_peers: tuple[str, ...] = ()
     advertise: str = ""
     ha_advertise: str = ""
-    acl_file: Path | None = None  # gateway: plain_acl.yml-style accounts for the RocketMQ 5 protocol
+    acl_file: Path | None = None  # gateway: plain_acl.yml-style accounts for both client protocols
 
     @property
     def address(self) -> str:
@@ -182,8 +183,16 @@ class Suite:
         self, commitlog: CommitLogPort, dispatch: DispatchPort, index: IndexPort, cfg: StoreConfig
     ) -> None:
         """The gateway's server: mqstore.v1.Gateway and apache.rocketmq.v2.MessagingService on one
-        port, both advertising the same endpoint."""
+        port, both advertising the same endpoint, both under the same accounts file when one is
+        given (and both open, said loudly, when not)."""
         endpoints = [self.options.advertise or _advertised(self.options.address)]
+        acl = AccessControl.load(self.options.acl_file) if self.options.acl_file else None
+        if acl is None:
+            log.warning(
+                "gateway: no --acl-file: ANY client that reaches %s may produce, consume and "
+                "administer (both protocols). Keep it on a trusted network or give it accounts.",
+                self.options.address,
+            )
         gateway = GatewayServicer(
             commitlog,
             dispatch,
@@ -191,8 +200,8 @@ class Suite:
             endpoints=endpoints,
             max_pull_batch=cfg.max_pull_batch_size,
             max_hold_ms=cfg.long_polling_hold_time,
+            acl=acl,
         )
-        acl = AccessControl.load(self.options.acl_file) if self.options.acl_file else None
         messaging = MessagingServicer(
             commitlog,
             dispatch,
@@ -206,7 +215,9 @@ class Suite:
         )
         self.messaging = messaging
         self.server = await start_grpc_server(
-            self.options.address, lambda s: add_gateway(gateway, s) + add_messaging(messaging, s)
+            self.options.address,
+            lambda s: add_gateway(gateway, s) + add_messaging(messaging, s),
+            interceptors=[OwnApiAuthInterceptor(acl)] if acl is not None else (),
         )
 
     def _remote_group(self, cfg: StoreConfig) -> tuple[CommitLogPort, DispatchPort, IndexPort]:

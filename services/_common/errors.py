@@ -18,6 +18,8 @@ Client side, :func:`store_error_from_rpc` maps a failed call back to the same St
     OSPageCacheBusy, DiskFull       RESOURCE_EXHAUSTED
     ServiceNotAvailable, StoreIO    UNAVAILABLE
     CorruptRecordError              DATA_LOSS
+    AuthenticationError             UNAUTHENTICATED
+    PermissionDeniedError           PERMISSION_DENIED
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
     (E.NotMasterError, grpc.StatusCode.FAILED_PRECONDITION),
     (E.OSPageCacheBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (E.DiskFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (E.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
+    (E.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (E.MessageIllegalError, grpc.StatusCode.INVALID_ARGUMENT),
     (E.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (E.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -68,6 +72,8 @@ _BY_CODE: dict[grpc.StatusCode, type[E.StoreError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: E.ServiceNotAvailableError,
     grpc.StatusCode.UNAVAILABLE: E.ServiceNotAvailableError,
     grpc.StatusCode.DATA_LOSS: E.CorruptRecordError,
+    grpc.StatusCode.UNAUTHENTICATED: E.AuthenticationError,
+    grpc.StatusCode.PERMISSION_DENIED: E.PermissionDeniedError,
 }
 
 

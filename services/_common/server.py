@@ -7,7 +7,7 @@ Bind to port 0 to let the OS choose; :attr:`GrpcServer.port` tells which it chos
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -58,11 +58,13 @@ class GrpcServer:
 async def start_grpc_server(
     address: str,
     add_servicers: Callable[[grpc.aio.Server], list[str]],
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> GrpcServer:
     """Create, populate (``add_servicers`` registers servicers and returns their full service
     names), bind ``address`` ("host:port", port 0 for any) and start a server. Health starts
-    NOT_SERVING: the owner switches it on when recovery is done."""
-    server = grpc.aio.server(interceptors=server_interceptors(), options=CHANNEL_OPTIONS)
+    NOT_SERVING: the owner switches it on when recovery is done. ``interceptors`` run inside
+    the tracing and error-mapping ones (so what they raise is mapped like a servicer's error)."""
+    server = grpc.aio.server(interceptors=[*server_interceptors(), *interceptors], options=CHANNEL_OPTIONS)
     names = add_servicers(server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -173,9 +173,7 @@ class RemoteDispatch:
             await call(self.stub.GetSubscriptionGroup, request, idempotent=True, timeout_s=self.timeout_s)
         )
 
-    async def end_transaction(
-        self, transaction_id: str, message_id: str, commit: bool, topic: str = ""
-    ) -> None:
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool, topic: str) -> None:
         request = dispatch_pb.EndTransactionRequest(
             transaction_id=transaction_id, message_id=message_id, commit=commit, topic=topic
         )

@@ -205,9 +205,7 @@ class LocalDispatch:
     async def get_group(self, group: str) -> SubscriptionGroupConfig:
         return await self.pop_service.get_group(group)
 
-    async def end_transaction(
-        self, transaction_id: str, message_id: str, commit: bool, topic: str = ""
-    ) -> None:
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool, topic: str) -> None:
         await self.transactions.end(transaction_id, message_id, commit, topic)
 
     async def claim_transaction_checks(

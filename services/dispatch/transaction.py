@@ -154,14 +154,17 @@ class TransactionService:
             if not lock.locked() and self._locks.get(half_offset) is lock:
                 del self._locks[half_offset]
 
-    async def end(self, transaction_id: str, message_id: str, commit: bool, topic: str = "") -> None:
-        """Commit or roll back the transaction ``transaction_id`` of message ``message_id`` (sent
-        to ``topic``, when given). Raises InvalidArgumentError for an id that names no half
-        message of that message and topic; ServiceNotAvailableError when an append failed (the
-        transaction stays open). Ending a resolved transaction does nothing."""
+    async def end(self, transaction_id: str, message_id: str, commit: bool, topic: str) -> None:
+        """Commit or roll back the transaction ``transaction_id`` of message ``message_id`` sent
+        to ``topic`` (required: the caller was authorized for that topic, so the half message
+        must be of it). Raises InvalidArgumentError for an empty topic or message id, or an id
+        that names no half message of that message and topic; ServiceNotAvailableError when an
+        append failed (the transaction stays open). Ending a resolved transaction does nothing."""
         tid = TransactionId.decode(transaction_id)
         if not message_id:
             raise InvalidArgumentError("the message id of the transaction is required")
+        if not topic:
+            raise InvalidArgumentError("the topic of the transaction is required")
         async with self._resolving(tid.half_offset):
             if self._resolved(tid.half_offset):
                 return
@@ -182,7 +185,7 @@ class TransactionService:
             half.topic != HALF_TOPIC
             or half.queue_offset != tid.half_offset
             or uniq != message_id
-            or (topic and half.properties.get(MessageConst.REAL_TOPIC) != topic)
+            or half.properties.get(MessageConst.REAL_TOPIC) != topic
         ):
             raise InvalidArgumentError(f"transaction {transaction_id} is not message {message_id}'s")
         with self._tracer.start_as_current_span("dispatch.end_transaction") as span:
@@ -207,16 +210,19 @@ class TransactionService:
 
     # -- check-back -----------------------------------------------------------------------------
     async def claim_checks(self, topics: Collection[str], max_count: int = 64) -> list[TransactionCheck]:
-        """Up to ``max_count`` unresolved half messages of ``topics`` (empty: any topic) whose
-        check is due now; each claim counts as one check. Half messages past the check limit
-        are dropped here."""
+        """Up to ``max_count`` unresolved half messages of ``topics`` whose check is due now;
+        each claim counts as one check. Half messages past the check limit are dropped here.
+        No topics, no checks: a caller claims for the topics its producers publish (a check
+        carries the whole message, so it goes only where that topic's producers are)."""
+        if not topics:
+            return []
         self._scan()
         now = self.clock()
         due = [
             (off, h)
             for off, h in self.pending.items()
             if (h.next_check_ms or h.store_ms + self.timeout_ms) <= now
-            and (not topics or h.real_topic is None or h.real_topic in topics or h.checks >= self.check_max)
+            and (h.real_topic is None or h.real_topic in topics or h.checks >= self.check_max)
         ]
         out: list[TransactionCheck] = []
         changed = False
@@ -248,7 +254,7 @@ class TransactionService:
                             uniq = rec.properties.get(MessageConst.UNIQ_KEY, "")
                             await self._resolve(off, "DISCARD", uniq)
                     continue
-                if topics and h.real_topic not in topics:
+                if h.real_topic not in topics:
                     continue
                 if len(out) >= max_count:
                     break

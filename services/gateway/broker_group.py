@@ -371,9 +371,7 @@ class GroupDispatch:
         return await self.group.on_reader(lambda m: m.dispatch.get_group(group))
 
     # Half messages are ended and checked on the master (the slaves' copies are never served).
-    async def end_transaction(
-        self, transaction_id: str, message_id: str, commit: bool, topic: str = ""
-    ) -> None:
+    async def end_transaction(self, transaction_id: str, message_id: str, commit: bool, topic: str) -> None:
         await self.group.on_master(
             lambda m: m.dispatch.end_transaction(transaction_id, message_id, commit, topic)
         )

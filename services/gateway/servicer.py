@@ -9,6 +9,13 @@
   (one message per queue, the first stored at or after it).
 * Admin: topics, consumer progress, store stats, route.
 
+Access control (``acl`` given): every call was authenticated by
+services.gateway.caller.OwnApiAuthInterceptor; each method then requires what it touches
+(services.gateway.acl): PUB on every topic it produces to, SUB on the topic and the group it
+consumes as or reads progress of, an admin account for CreateTopic, UpsertSubscriptionGroup and
+GetStoreStats; ListTopics lists what the account may use. Whatever the ACL, producers never
+write system topics, the store's own properties or its SYSFLAG bits (libstore.producer_input).
+
 Bad input raises libstore errors, mapped to gRPC codes by the server interceptor.
 """
 
@@ -31,12 +38,17 @@ from libstore import (
     decode_record,
 )
 from libstore.consume_queue import BoundaryType, CqUnit
+from libstore.errors import AuthenticationError
 from libstore.get_message import UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
+from libstore.producer_input import check_producer_properties, check_producer_topic, producer_sys_flag
+from libstore.record_codec import record_topics
 from libstore.results import GetMessageStatus
 from services._common import convert
 from services._common.telemetry import tracer
 from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
+from services.gateway.acl import PUB, SUB, AccessControl, Account
+from services.gateway.caller import current_account
 from services.ports import CommitLogPort, DispatchPort, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
@@ -68,7 +80,8 @@ class TopicCache:
 
 
 class GatewayServicer(gateway_grpc.GatewayServicer):
-    """The gateway over its ports. ``endpoints`` are the addresses clients should use."""
+    """The gateway over its ports. ``endpoints`` are the addresses clients should use; with
+    ``acl``, calls are authorized per method (module doc)."""
 
     def __init__(
         self,
@@ -79,7 +92,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         endpoints: list[str],
         max_pull_batch: int = 1024,
         max_hold_ms: int = 30_000,
+        acl: AccessControl | None = None,
     ) -> None:
+        self.acl = acl
         self.commitlog = commitlog
         self.dispatch = dispatch
         self.index = index
@@ -89,6 +104,30 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
         self._tracer = tracer("mqstore.gateway")
+
+    # -- access control ---------------------------------------------------------------------------
+    def _caller(self) -> Account | None:
+        """The authenticated account (None with the ACL off). Raises AuthenticationError when
+        the ACL is on and the call was not authenticated (the interceptor is missing)."""
+        if self.acl is None:
+            return None
+        account = current_account()
+        if account is None:
+            raise AuthenticationError("calls must be signed")
+        return account
+
+    def _allow(self, perm: int, topic: str = "", group: str = "") -> None:
+        """Require ``perm`` (PUB, SUB, PUB|SUB for either) on ``topic`` and consumption as
+        ``group``. Raises PermissionDeniedError."""
+        account = self._caller()
+        if account is not None:
+            AccessControl.authorize(account, perm, topic, group)
+
+    def _admin(self, operation: str) -> None:
+        """Require an admin account. Raises PermissionDeniedError."""
+        account = self._caller()
+        if account is not None:
+            AccessControl.require_admin(account, operation)
 
     # -- produce ----------------------------------------------------------------------------------
     async def Produce(
@@ -102,6 +141,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         n = len(messages)
         if n > MAX_PRODUCE_BATCH:
             raise InvalidArgumentError(f"a produce carries at most {MAX_PRODUCE_BATCH} messages, got {n}")
+        for topic in {m.topic for m in messages}:
+            check_producer_topic(topic)
+            self._allow(PUB, topic)
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.messages", n)
             self._prepare(messages, context.peer())
@@ -111,7 +153,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     async def _produce_records(self, raw: bytes, peer: str) -> gateway_pb.ProduceResponse:
         """Client-encoded records go to the commitlog as they are, with the caller's address for
-        records that left BORNHOST empty; it validates them and places those with QUEUEID -1."""
+        records that left BORNHOST empty; it validates them and places those with QUEUEID -1.
+        The topics are read from the record headers here, to authorize the batch first."""
+        for topic in record_topics(raw):
+            check_producer_topic(topic)
+            self._allow(PUB, topic)
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.bytes", len(raw))
             results = await self.commitlog.append_records(raw, convert.peer_text(peer))
@@ -122,10 +168,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     def _prepare(self, messages: Sequence[common_pb.Message], peer: str) -> None:
         """Complete the protobuf messages in place, for the commitlog to encode as they are:
         TAGS/KEYS fields into properties, a UNIQ_KEY where missing, the caller's address as born
-        host. A queue id of -1 stays: the commitlog places it round robin."""
+        host. A queue id of -1 stays: the commitlog places it round robin. Refuses (before
+        anything is changed) the store's own properties; masks SYSFLAG to the producer's bits."""
+        for m in messages:
+            check_producer_properties(m.properties)
         peer_host = ""
         uniq = self._uniq
         for m in messages:
+            m.sys_flag = producer_sys_flag(m.sys_flag)
             props = m.properties
             if m.tags:
                 props[MessageConst.TAGS] = m.tags
@@ -161,6 +211,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             )
         if request.offset < -1 or request.wait_ms < 0:
             raise InvalidArgumentError("offset must be >= 0 (or -1: the committed offset) and wait_ms >= 0")
+        self._allow(SUB, request.topic, request.group)
         await self._readable(request.topic, request.queue_id)
         with self._tracer.start_as_current_span("gateway.pull") as span:
             offset = request.offset
@@ -212,6 +263,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def CommitOffset(
         self, request: dispatch_pb.CommitOffsetRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb.CommitOffsetResponse:
+        if not request.group:
+            raise InvalidArgumentError("group must be non-empty")
+        self._allow(SUB, request.topic, request.group)
         await self._readable(request.topic, request.queue_id)
         await self.dispatch.commit_offset(request.group, request.topic, request.queue_id, request.offset)
         return dispatch_pb.CommitOffsetResponse()
@@ -219,6 +273,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def QueryOffset(
         self, request: dispatch_pb.QueryOffsetRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb.QueryOffsetResponse:
+        if not request.group:
+            raise InvalidArgumentError("group must be non-empty")
+        self._allow(SUB, request.topic, request.group)
         await self._readable(request.topic, request.queue_id)
         offset = await self.dispatch.query_offset(request.group, request.topic, request.queue_id)
         return dispatch_pb.QueryOffsetResponse(offset=offset)
@@ -235,9 +292,13 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             span.set_attribute("mqstore.query", which or "")
             if which == "msg_id":
                 records = await self._by_msg_id(request.msg_id)
+                for record in records:  # the topic is known once the record is read
+                    self._allow(SUB, record.topic)
             elif which == "key":
+                self._allow(SUB, request.topic)
                 records = await self._by_key(request, max_count)
             elif which == "timestamp_ms":
+                self._allow(SUB, request.topic)
                 records = await self._by_time(request.topic, request.timestamp_ms)
             else:
                 raise InvalidArgumentError("query by key, msg_id or timestamp_ms")
@@ -292,6 +353,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def CreateTopic(
         self, request: gateway_pb.CreateTopicRequest, context: grpc.aio.ServicerContext
     ) -> common_pb.TopicConfig:
+        self._admin("create or update topics")
         config = await self.commitlog.upsert_topic(convert.topic_from_pb(request.config))
         self.topics.forget(config.topic_name)
         return convert.topic_to_pb(config)
@@ -299,20 +361,24 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def UpsertSubscriptionGroup(
         self, request: dispatch_pb.SubscriptionGroup, context: grpc.aio.ServicerContext
     ) -> dispatch_pb.SubscriptionGroup:
+        self._admin("create or update subscription groups")
         return group_to_pb(await self.dispatch.upsert_group(group_from_pb(request)))
 
     async def ListTopics(
         self, request: commitlog_pb.ListTopicsRequest, context: grpc.aio.ServicerContext
     ) -> commitlog_pb.ListTopicsResponse:
-        return commitlog_pb.ListTopicsResponse(
-            topics=[convert.topic_to_pb(t) for t in await self.commitlog.list_topics()]
-        )
+        account = self._caller()
+        topics = await self.commitlog.list_topics()
+        if account is not None:  # only what the account may use
+            topics = [t for t in topics if account.may(PUB | SUB, t.topic_name)]
+        return commitlog_pb.ListTopicsResponse(topics=[convert.topic_to_pb(t) for t in topics])
 
     async def GetConsumerProgress(
         self, request: dispatch_pb.GetConsumerProgressRequest, context: grpc.aio.ServicerContext
     ) -> dispatch_pb.ConsumerProgress:
         if not request.group:
             raise InvalidArgumentError("group must be non-empty")
+        self._allow(SUB, request.topic, request.group)
         config = await self.topics.get(request.topic)
         if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
@@ -322,6 +388,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def GetQueueOffsets(
         self, request: gateway_pb.GetQueueOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb.GetQueueOffsetsResponse:
+        self._allow(PUB | SUB, request.topic)
         config = await self.topics.get(request.topic)
         if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
@@ -343,6 +410,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def GetStoreStats(
         self, request: gateway_pb.GetStoreStatsRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb.StoreStats:
+        self._admin("read store statistics")
         offsets = await self.commitlog.offsets()
         dispatch = await self.dispatch.status()
         index = await self.index.status()
@@ -367,6 +435,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def GetRoute(
         self, request: gateway_pb.GetRouteRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb.Route:
+        self._allow(PUB | SUB, request.topic)
         config = await self.topics.get(request.topic)
         if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")

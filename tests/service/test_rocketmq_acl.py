@@ -15,6 +15,7 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from services.client import Admin
+from services.credentials import Credentials
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
@@ -36,6 +37,7 @@ accounts:
     secretKey: ops-secret
     admin: true
 """
+OPS = Credentials("ops", "ops-secret")
 
 
 @pytest.fixture(scope="module", params=["embedded", "split"])
@@ -77,7 +79,7 @@ def _signed(ak: str, sk: str, date_time: str | None = None) -> list[tuple[str, s
 
 def test_official_client_with_keys_is_served_and_refused_without(secured: str, tmp_path: Path) -> None:
     addr = secured
-    with Admin(addr) as admin:
+    with Admin(addr, credentials=OPS) as admin:
         admin.create_topic("Secure", 2)
     ok = run_driver(
         "send",
@@ -137,7 +139,7 @@ def test_official_client_with_keys_is_served_and_refused_without(secured: str, t
 
 def test_status_codes_for_each_refusal(secured: str) -> None:
     addr = secured
-    with Admin(addr) as admin:
+    with Admin(addr, credentials=OPS) as admin:
         admin.create_topic("Secure", 2)
     topic = definition.Resource(name="Secure")
     message = definition.Message(

@@ -22,9 +22,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from libstore import errors as E
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.producer_input import STORE_PROPERTIES
 from libstore.results import PutMessageStatus
 from libstore.scheduled_message import MAX_DELAY_MS
-from libstore.system_topics import TIMER_DELIVER_MS
+from libstore.system_topics import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
 from libstore.topic_config import TopicMessageType
 from libstore.transaction_message import TRANSACTION_CHECK_TIMES
 from services._common.convert import host_text
@@ -37,41 +38,48 @@ MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_MESSAGE_GROUP_BYTES = 64
 
-SYSTEM_PROPERTY_NAMES = frozenset(
-    {
-        MessageConst.KEYS,
-        MessageConst.TAGS,
-        MessageConst.WAIT,
-        MessageConst.DELAY,
-        MessageConst.RETRY_TOPIC,
-        MessageConst.REAL_TOPIC,
-        MessageConst.REAL_QID,
-        MessageConst.TRAN_MSG,
-        MessageConst.UNIQ_KEY,
-        MessageConst.RECONSUME_TIME,
-        MessageConst.MAX_RECONSUME_TIMES,
-        MessageConst.TRANSACTION_ID,
-        SHARDING_KEY,
-        TIMER_DELIVER_MS,
-        PRODUCER_GROUP,
-        TRANSACTION_CHECK_TIMES,
-        "MIN_OFFSET",
-        "MAX_OFFSET",
-        "ORIGIN_MESSAGE_ID",
-        MessageConst.DLQ_ORIGIN_TOPIC,
-        MessageConst.DLQ_ORIGIN_MESSAGE_ID,
-        "CONSUME_START_TIME",
-        "CHECK_IMMUNITY_TIME_IN_SECONDS",
-        "TIMER_OUT_MS",
-        "TIMER_ENQUEUE_MS",
-        "TIMER_DEQUEUE_MS",
-        "TIMER_ROLL_TIMES",
-        "TIMER_DEL_UNIQKEY",
-        "INNER_NUM",
-        "INNER_BASE",
-        "TRACE_ON",
-        "TRACE_CONTEXT",
-    }
+SYSTEM_PROPERTY_NAMES = (
+    frozenset(
+        {
+            MessageConst.KEYS,
+            MessageConst.TAGS,
+            MessageConst.WAIT,
+            MessageConst.DELAY,
+            MessageConst.RETRY_TOPIC,
+            MessageConst.REAL_TOPIC,
+            MessageConst.REAL_QID,
+            MessageConst.TRAN_MSG,
+            MessageConst.UNIQ_KEY,
+            MessageConst.RECONSUME_TIME,
+            MessageConst.MAX_RECONSUME_TIMES,
+            MessageConst.TRANSACTION_ID,
+            SHARDING_KEY,
+            TIMER_DELIVER_MS,
+            PRODUCER_GROUP,
+            TRANSACTION_CHECK_TIMES,
+            "MIN_OFFSET",
+            "MAX_OFFSET",
+            "ORIGIN_MESSAGE_ID",
+            MessageConst.DLQ_ORIGIN_TOPIC,
+            MessageConst.DLQ_ORIGIN_MESSAGE_ID,
+            "CONSUME_START_TIME",
+            "CHECK_IMMUNITY_TIME_IN_SECONDS",
+            "TIMER_OUT_MS",
+            "TIMER_ENQUEUE_MS",
+            "TIMER_DEQUEUE_MS",
+            "TIMER_ROLL_TIMES",
+            "TIMER_DEL_UNIQKEY",
+            "INNER_NUM",
+            "INNER_BASE",
+            "TRACE_ON",
+            "TRACE_CONTEXT",
+            # Scheduling goes through delivery_timestamp on this protocol: a user property may not
+            # delay a message of a NORMAL topic behind the topic type's back.
+            TIMER_DELAY_SEC,
+            TIMER_DELAY_MS,
+        }
+    )
+    | STORE_PROPERTIES
 )
 
 ACCEPT_TYPES = {
@@ -128,6 +136,8 @@ def code_of_error(exc: Exception) -> int:
     if isinstance(exc, V2Error):
         return exc.code
     for cls, code in (
+        (E.AuthenticationError, Code.UNAUTHORIZED),
+        (E.PermissionDeniedError, Code.FORBIDDEN),
         (E.InvalidReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
         (E.TopicNotFoundError, Code.TOPIC_NOT_FOUND),
         (E.PropertiesSizeExceededError, Code.MESSAGE_PROPERTIES_TOO_LARGE),

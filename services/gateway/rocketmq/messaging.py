@@ -41,8 +41,10 @@ from typing import Any, TypeVar
 import grpc
 
 from libstore import InvalidArgumentError, StoreError
+from libstore.errors import AuthenticationError, MessageIllegalError, PermissionDeniedError
 from libstore.message import MessageConst
 from libstore.message_filter import TagFilter
+from libstore.producer_input import check_producer_topic
 from libstore.record_codec import decode_record
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import HALF_TOPIC
@@ -50,13 +52,14 @@ from libstore.topic_config import TopicConfig
 from libstore.transaction_message import TransactionId, half_message
 from services._common import convert as common_convert
 from services._common.telemetry import tracer
+from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.rocketmq import convert
-from services.gateway.rocketmq.acl import PUB, SUB, AccessControl, AclError
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
 from services.gateway.servicer import TopicCache
+from services.gateway.signature import authenticate_v2
 from services.ports import CommitLogPort, DispatchPort, TransactionCheck
 
 log = logging.getLogger(__name__)
@@ -174,18 +177,24 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
 
     def _authorize(
         self, context: grpc.aio.ServicerContext, perm: int = 0, topic: str = "", group: str = ""
-    ) -> None:
-        """With ACL on: the caller's key must be valid and hold ``perm`` (acl.PUB/SUB, both:
-        either) on ``topic`` (and consume as ``group``). Raises V2Error UNAUTHORIZED/FORBIDDEN."""
+    ) -> Account | None:
+        """With ACL on: the call must be signed by a known key (within the clock-skew window)
+        holding ``perm`` (acl.PUB/SUB, both: either) on ``topic`` and consuming as ``group``;
+        returns its account (None with the ACL off). Raises V2Error UNAUTHORIZED/FORBIDDEN."""
         if self.acl is None:
-            return
+            return None
         metadata = {
-            k: v if isinstance(v, str) else v.decode() for k, v in context.invocation_metadata() or ()
+            k: v if isinstance(v, str) else v.decode("latin-1")
+            for k, v in context.invocation_metadata() or ()
         }
         try:
-            self.acl.check(metadata, perm, topic, group)
-        except AclError as exc:
-            raise V2Error(Code.FORBIDDEN if exc.forbidden else Code.UNAUTHORIZED, str(exc)) from None
+            account = authenticate_v2(self.acl, metadata)
+            AccessControl.authorize(account, perm, topic, group)
+        except AuthenticationError as exc:
+            raise V2Error(Code.UNAUTHORIZED, str(exc)) from None
+        except PermissionDeniedError as exc:
+            raise V2Error(Code.FORBIDDEN, str(exc)) from None
+        return account
 
     def _may(self, context: grpc.aio.ServicerContext, perm: int, topic: str) -> bool:
         try:
@@ -287,8 +296,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def NotifyClientTermination(
         self, request: service.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
     ) -> service.NotifyClientTerminationResponse:
-        self._authorize(context)
-        self.sessions.drop(_metadata(context, "x-mq-client-id"))
+        account = self._authorize(context)
+        self.sessions.drop(_metadata(context, "x-mq-client-id"), account.access_key if account else "")
         return service.NotifyClientTerminationResponse(status=convert.status())
 
     async def Telemetry(
@@ -298,11 +307,11 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         if not client_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "x-mq-client-id metadata is required")
         try:
-            self._authorize(context)
+            account = self._authorize(context)
         except V2Error as exc:
             yield service.TelemetryCommand(status=convert.status(exc.code, str(exc)))
             return
-        session = self.sessions.open(client_id)
+        session = self.sessions.open(client_id, account.access_key if account else "")
         session.may_publish = lambda topic, ctx=context: self._may(ctx, PUB, topic)
         self._ensure_check_loop()
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
@@ -376,6 +385,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             now = _now_ms()
             configs: dict[str, TopicConfig] = {}
             for name in {m.topic.name for m in request.messages}:
+                try:
+                    check_producer_topic(name)
+                except MessageIllegalError as exc:
+                    raise V2Error(Code.ILLEGAL_TOPIC, str(exc)) from None
                 self._authorize(context, PUB, name)
                 config = configs[name] = await self._topic(name)
                 if not config.writeable:
@@ -583,6 +596,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     ) -> service.EndTransactionResponse:
         if not request.transaction_id:
             raise V2Error(Code.INVALID_TRANSACTION_ID, "transaction id is empty")
+        if not request.topic.name:
+            raise V2Error(Code.ILLEGAL_TOPIC, "the transaction's topic is empty")
         self._authorize(context, PUB, request.topic.name)
         if request.resolution not in (definition.COMMIT, definition.ROLLBACK):
             raise V2Error(Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK")

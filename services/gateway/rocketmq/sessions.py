@@ -20,9 +20,11 @@ from typing import Any
 @dataclass(eq=False)
 class ClientSession:
     """One open Telemetry stream. ``outbox`` holds server-to-client commands (None ends it);
-    ``topics``: what a producer publishes (empty for consumers)."""
+    ``topics``: what a producer publishes (empty for consumers); ``owner``: the access key that
+    opened it ("" with the ACL off)."""
 
     client_id: str
+    owner: str = ""
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     topics: set[str] = field(default_factory=set)
     may_publish: Callable[[str], bool] = field(default=lambda topic: True)  # the stream's ACL check
@@ -34,8 +36,9 @@ class ClientSessions:
     def __init__(self) -> None:
         self._by_client: dict[str, list[ClientSession]] = {}
 
-    def open(self, client_id: str) -> ClientSession:
-        session = ClientSession(client_id)
+    def open(self, client_id: str, owner: str = "") -> ClientSession:
+        """A new session of ``client_id``, opened by access key ``owner``."""
+        session = ClientSession(client_id, owner)
         self._by_client.setdefault(client_id, []).append(session)
         return session
 
@@ -46,10 +49,18 @@ class ClientSessions:
         if not streams:
             self._by_client.pop(session.client_id, None)
 
-    def drop(self, client_id: str) -> None:
-        """The client said it terminates: end its streams."""
-        for session in self._by_client.pop(client_id, []):
+    def drop(self, client_id: str, owner: str = "") -> int:
+        """The client said it terminates: end its streams that access key ``owner`` opened (a
+        client id is only a name: another account's streams of the same id stay). Returns how
+        many ended."""
+        streams = self._by_client.get(client_id, [])
+        ended = [s for s in streams if s.owner == owner]
+        for session in ended:
+            streams.remove(session)
             session.outbox.put_nowait(None)
+        if not streams:
+            self._by_client.pop(client_id, None)
+        return len(ended)
 
     def has_client(self, client_id: str) -> bool:
         """Whether the client has a Telemetry stream open here."""
