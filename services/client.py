@@ -10,6 +10,11 @@
   processing); a new consumer of the group resumes from them.
 * :class:`Admin` covers topics, queries, consumer progress and store stats.
 
+TLS: every class takes ``tls=`` (a :class:`services._common.tls.TlsConfig`, e.g.
+``TlsConfig.load(ca="ca.pem")``, or ``TlsConfig.from_env()`` for MQSTORE_TLS_*): the gateway's
+certificate is verified against its CA, and its certificate, if any, is presented as the client
+certificate. None (the default) is plaintext.
+
 Failures raise libstore's StoreError classes (TopicNotFoundError, MessageIllegalError, ...),
 mapped from the gRPC status as the services map them.
 """
@@ -42,6 +47,7 @@ from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
+from services._common.tls import TlsConfig
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
@@ -89,9 +95,13 @@ class OutgoingMessage:
 
 
 class _Connection:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None = None) -> None:
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if tls is None:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            options = [*CHANNEL_OPTIONS, *tls.channel_options()]
+            self.channel = grpc.secure_channel(address, tls.channel_credentials(), options=options)
         self.stub = gateway_grpc.GatewayStub(self.channel)
 
     def close(self) -> None:
@@ -122,8 +132,9 @@ class Producer:
         timeout_s: float = 10.0,
         retries: int = 5,
         encode_records: bool = True,
+        tls: TlsConfig | None = None,
     ) -> None:
-        self._conn = _Connection(address)
+        self._conn = _Connection(address, tls)
         self.timeout_s = timeout_s
         self.retries = retries
         self.encode_records = encode_records
@@ -230,8 +241,9 @@ class PullConsumer:
         hold_ms: int = 2000,
         queues: Sequence[int] | None = None,
         timeout_s: float = 10.0,
+        tls: TlsConfig | None = None,
     ) -> None:
-        self._conn = _Connection(address)
+        self._conn = _Connection(address, tls)
         self.group = group
         self.topic = topic
         self.tag_expression = tag_expression
@@ -349,8 +361,10 @@ class PullConsumer:
 class Admin:
     """Topics, queries, progress and stats through the gateway."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0) -> None:
-        self._conn = _Connection(address)
+    def __init__(
+        self, address: str = DEFAULT_ADDRESS, *, timeout_s: float = 10.0, tls: TlsConfig | None = None
+    ) -> None:
+        self._conn = _Connection(address, tls)
         self.timeout_s = timeout_s
 
     def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:
