@@ -263,3 +263,39 @@ def test_internal_ports_without_mutual_tls_warn_at_start(
         suites.start(_commitlog_options(tmp_path / "plain", None))
     warned = [r.getMessage() for r in caplog.records if "SECURITY" in r.getMessage()]
     assert len(warned) == 1 and "without TLS" in warned[0] and "trusted network" in warned[0]
+
+
+# -- the official RocketMQ 5 client against a TLS gateway -----------------------------------------
+def test_official_rocketmq_client_over_tls_trusting_the_ca_through_grpc_roots(
+    suites: InProcessSuites, tmp_path: Path, pki: Pki
+) -> None:
+    """rocketmq-python-client 5.1.2 has a TLS switch (tls_enable) but no setting for roots or a
+    client certificate: it trusts gRPC's default roots, which GRPC_DEFAULT_SSL_ROOTS_FILE_PATH
+    replaces. Without that variable it refuses our CA; it cannot present a client certificate."""
+    from tests.rocketmq.harness import run_driver
+
+    gateway = _gateway(suites, tmp_path / "data", pki.server()).address
+    with Admin(gateway, tls=pki.client(cert=False)) as admin:
+        admin.create_topic("RmqTls", 2)
+    roots = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(pki.ca)}
+    specs = [{"body": f"tls-{i}", "tag": "t"} for i in range(3)]
+    args = {"endpoint": gateway, "topic": "RmqTls", "tls": True, "request_timeout": 3}
+    sent = run_driver("send", {**args, "messages": specs}, tmp_path / "p", env_extra=roots)
+    assert len(sent["ids"]) == 3 and not sent["errors"]
+    got = run_driver(
+        "simple",
+        {**args, "group": "tls-readers", "expect": 3, "timeout_s": 20},
+        tmp_path / "c",
+        env_extra=roots,
+    )
+    assert sorted(m["body"] for m in got["messages"]) == ["tls-0", "tls-1", "tls-2"]
+    # Plaintext (the client's default) and TLS without our CA among the roots both fail: the
+    # driver reports the send's error, or fails as a whole when the client's startup is refused.
+    for name, extra, env in (("plaintext", {"tls": False}, roots), ("no-roots", {}, {})):
+        one = {**args, **extra, "messages": specs[:1], "request_timeout": 2}
+        try:
+            failed = run_driver("send", one, tmp_path / name, timeout_s=60, env_extra=env)
+        except AssertionError as exc:
+            assert "client driver failed" in str(exc), exc
+            continue
+        assert not failed["ids"] and failed["errors"], name
