@@ -176,6 +176,30 @@ def test_ha_port_refuses_slaves_without_a_ca_certificate(
     assert [s.broker_id for s in master.ha.state().slaves] == [1]
 
 
+def test_slave_finds_its_master_through_peers_over_mutual_tls(
+    suites: InProcessSuites, tmp_path: Path, pki: Pki
+) -> None:
+    """The HA controller's peer calls (role discovery, fencing) use the process's certificate: a
+    SLAVE given only --ha-peers finds its master by asking it over mutual TLS, then follows it."""
+    master_options = _commitlog_options(tmp_path / "a", pki.server())
+    slave_options = _commitlog_options(tmp_path / "b", pki.server(), brokerRole="SLAVE", brokerId=1)
+    master_options.ha_peers = (slave_options.address,)
+    slave_options.ha_peers = (master_options.address,)
+    master = suites.start(master_options)
+    with _channel(master.address, pki.client()) as channel:
+        commitlog_grpc.CommitLogServiceStub(channel).Append(
+            commitlog_pb.AppendRequest(messages=[common_pb.Message(topic="T", queue_id=0, body=b"peer")])
+        )
+    assert master.commit_log is not None
+    slave = suites.start(slave_options)  # raises ConfigError when no peer answers as the master
+    assert slave.ha is not None and slave.commit_log is not None
+    assert slave.ha.state().master_address == master_options.ha_address
+    deadline = time.monotonic() + 20
+    while slave.commit_log.max_offset < master.commit_log.max_offset and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert slave.commit_log.max_offset == master.commit_log.max_offset > 0
+
+
 # -- (d) a TLS gateway and its clients ------------------------------------------------------------
 def _gateway(suites: InProcessSuites, root: Path, tls: TlsConfig) -> Suite:
     suite = suites.start(
