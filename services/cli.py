@@ -14,6 +14,11 @@ store or connection failure exit code 1; never a traceback.
 Options of ``serve`` also come from MQSTORE_* environment variables (MQSTORE_ROLE,
 MQSTORE_DATA_DIR, MQSTORE_LISTEN, ...); store keys from ``--set key=value``, MQSTORE_<FIELD> and
 ``--config`` (a broker.conf), in that order of precedence.
+
+TLS (services._common.tls): ``serve --tls-cert/--tls-key/--tls-ca`` (MQSTORE_TLS_CERT/KEY/CA);
+the client commands take the same files before the command name (``mqstore --tls-ca ca.pem
+topic list``) or from the same variables: the CA to verify the server, and a client certificate
+for ports that require one (``ha`` commands under mutual TLS, a ``--tls-client-auth`` gateway).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import grpc
 import typer
@@ -35,6 +40,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from libstore import BrokerRole, ConfigError, FlushDiskType, ServiceNotAvailableError, StoreConfig, StoreError
+from services._common.tls import TlsConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
 topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
@@ -96,6 +102,18 @@ def _root(
             help="its secret (prefer the MQSTORE_SECRET_KEY variable: arguments show in ps)",
         ),
     ] = "",
+    tls_ca: Annotated[
+        Path | None, typer.Option(envvar="MQSTORE_TLS_CA", help="clients: CA (PEM) to verify the server")
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(envvar="MQSTORE_TLS_CERT", help="clients: client certificate (PEM)")
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(envvar="MQSTORE_TLS_KEY", help="clients: client certificate's key (PEM)")
+    ] = None,
+    tls_server_name: Annotated[
+        str, typer.Option(envvar="MQSTORE_TLS_SERVER_NAME", help="clients: name in the server's cert")
+    ] = "",
 ) -> None:
     """mqstore: a RocketMQ-style message store."""
     if bool(access_key) != bool(secret_key):
@@ -105,6 +123,18 @@ def _root(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
     )
+    _TLS_ARGS.update(cert=tls_cert, key=tls_key, ca=tls_ca, server_name=tls_server_name)
+
+
+_TLS_ARGS: dict[str, Any] = {}  # the root's --tls-* options, for the client commands
+
+
+def _client_tls() -> TlsConfig | None:
+    """The client commands' TLS settings (root options / MQSTORE_TLS_*); None: plaintext."""
+    try:
+        return TlsConfig.load(**_TLS_ARGS)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
 
 
 # -- serve ----------------------------------------------------------------------------------------
@@ -162,6 +192,34 @@ def serve(
     ha_advertise: Annotated[
         str, typer.Option(envvar="MQSTORE_HA_ADVERTISE", help="the HA endpoint as slaves reach it")
     ] = "",
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(envvar="MQSTORE_TLS_CERT", help="PEM certificate chain: every port serves TLS"),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option(envvar="MQSTORE_TLS_KEY", help="PEM key of --tls-cert")
+    ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MQSTORE_TLS_CA",
+            help="PEM CA: internal ports require client certs it signed; channels verify peers with it",
+        ),
+    ] = None,
+    tls_client_auth: Annotated[
+        bool,
+        typer.Option(envvar="MQSTORE_TLS_CLIENT_AUTH", help="gateway: require client certificates too"),
+    ] = False,
+    tls_server_name: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_TLS_SERVER_NAME", help="name expected in peers' certificates instead of the host"
+        ),
+    ] = "",
+    health_listen: Annotated[
+        str,
+        typer.Option(envvar="MQSTORE_HEALTH_LISTEN", help="plaintext port serving only gRPC health (probes)"),
+    ] = "",
     master_role: Annotated[
         BrokerRole | None,
         typer.Option(
@@ -209,6 +267,19 @@ def serve(
     bad = [p for p in peers if not _is_host_port(p)]
     if bad:
         raise _fail(f"--ha-peers takes host:port,host:port..., got {bad[0]!r}")
+    if health_listen and not _is_host_port(health_listen):
+        raise _fail(f"--health-listen takes host:port, got {health_listen!r}")
+    try:
+        tls = TlsConfig.load(
+            tls_cert or _TLS_ARGS.get("cert"),
+            tls_key or _TLS_ARGS.get("key"),
+            tls_ca or _TLS_ARGS.get("ca"),
+            client_auth=tls_client_auth,
+            server_name=tls_server_name,
+            server=True,
+        )
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
     options = ServeOptions(
         role=role,
         data_dir=data,
@@ -222,6 +293,8 @@ def serve(
         ha_listen=ha_listen,
         ha_peers=peers,
         advertise=advertise,
+        tls=tls,
+        health_listen=health_listen,
         ha_advertise=ha_advertise,
         acl_file=acl_file,
     )
@@ -286,7 +359,7 @@ def produce(
     first_id = last_id = ""
     failed = 0
     t0 = time.perf_counter()
-    with _Errors(address), Producer(address) as producer, _progress(total) as (bar, task):
+    with _Errors(address), Producer(address, tls=_client_tls()) as producer, _progress(total) as (bar, task):
         pending = []
 
         def settle(fut) -> None:
@@ -365,7 +438,10 @@ def consume(
     t0 = time.perf_counter()
     last = time.monotonic()
     try:
-        with _Errors(address), PullConsumer(address, group, topic, tag_expression=tags) as consumer:
+        with (
+            _Errors(address),
+            PullConsumer(address, group, topic, tag_expression=tags, tls=_client_tls()) as consumer,
+        ):
             while True:
                 batch = consumer.poll(timeout_ms=500)
                 for rec in batch:
@@ -415,7 +491,7 @@ def query(
         raise _fail("give exactly one of --key, --id, --time")
     if (key is not None or at is not None) and not topic:
         raise _fail("--topic is required with --key and --time")
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         if key is not None:
             views = admin.query_by_key(topic, key)
         elif msg_id is not None:
@@ -445,7 +521,7 @@ def topic_create(
     """Create or update a topic."""
     from services.client import Admin
 
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         t = admin.create_topic(topic, queues, message_type=message_type)
     console.print(f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {t.message_type.value}")
 
@@ -464,7 +540,7 @@ def group_create(
     """Create or update a consumer group (RocketMQ 5 clients: retries and FIFO)."""
     from services.client import Admin
 
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         g = admin.upsert_group(group, retry_max_times=retry_max_times, orderly=fifo)
     kind = "FIFO" if g.consume_message_orderly else "concurrent"
     console.print(f"group {g.group_name}: {kind}, retry max times {g.retry_max_times}")
@@ -475,7 +551,7 @@ def topic_list(address: AddressOpt = DEFAULT_GATEWAY) -> None:
     """List topics."""
     from services.client import Admin
 
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         topics = admin.list_topics()
     table = Table("topic", "read queues", "write queues", "perm", "type")
     for t in topics:
@@ -494,7 +570,7 @@ def progress(
     """Committed offset and lag per queue of a consumer group."""
     from services.client import Admin
 
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         p = admin.consumer_progress(group, topic)
     table = Table("queue", "committed", "min", "max", "lag", title=f"{group} on {topic}: lag {p.total_lag:,}")
     for q in p.queues:
@@ -509,7 +585,7 @@ def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
     """Store statistics: log offsets, dispatch progress, disk."""
     from services.client import Admin
 
-    with _Errors(address), Admin(address) as admin:
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         s = admin.store_stats()
     table = Table("stat", "value")
     for name, value in (
@@ -551,7 +627,7 @@ def _ha_call(address: str, method: str, *args: object):  # type: ignore[no-untyp
     from services.commitlog.client import RemoteCommitLog
 
     async def run():  # type: ignore[no-untyped-def]
-        channel = open_channel(address)
+        channel = open_channel(address, _client_tls())
         try:
             return await getattr(RemoteCommitLog(channel, timeout_s=15.0), method)(*args)
         finally:

@@ -14,6 +14,11 @@ With ``credentials`` (services.credentials.Credentials, an account of the gatewa
 file; by default from MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY when both are set), every call
 is signed; a gateway run with ``--acl-file`` refuses unsigned calls.
 
+TLS: every class takes ``tls=`` (a :class:`services._common.tls.TlsConfig`, e.g.
+``TlsConfig.load(ca="ca.pem")``, or ``TlsConfig.from_env()`` for MQSTORE_TLS_*): the gateway's
+certificate is verified against its CA, and its certificate, if any, is presented as the client
+certificate. None (the default) is plaintext.
+
 Failures raise libstore's StoreError classes (TopicNotFoundError, MessageIllegalError, ...),
 mapped from the gRPC status as the services map them.
 """
@@ -47,6 +52,7 @@ from services._common import convert
 from services._common.errors import store_error_from_rpc
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
+from services._common.tls import TlsConfig
 from services.credentials import Credentials, SignedGatewayStub
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
@@ -95,10 +101,16 @@ class OutgoingMessage:
 
 
 class _Connection:
-    def __init__(self, address: str, credentials: Credentials | None = None) -> None:
+    def __init__(
+        self, address: str, tls: TlsConfig | None = None, credentials: Credentials | None = None
+    ) -> None:
         credentials = credentials or Credentials.from_env()
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if tls is None:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            options = [*CHANNEL_OPTIONS, *tls.channel_options()]
+            self.channel = grpc.secure_channel(address, tls.channel_credentials(), options=options)
         self.stub: Any = (
             SignedGatewayStub(self.channel, credentials)
             if credentials is not None
@@ -133,9 +145,10 @@ class Producer:
         timeout_s: float = 10.0,
         retries: int = 5,
         encode_records: bool = True,
+        tls: TlsConfig | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self._conn = _Connection(address, credentials)
+        self._conn = _Connection(address, tls, credentials)
         self.timeout_s = timeout_s
         self.retries = retries
         self.encode_records = encode_records
@@ -242,9 +255,10 @@ class PullConsumer:
         hold_ms: int = 2000,
         queues: Sequence[int] | None = None,
         timeout_s: float = 10.0,
+        tls: TlsConfig | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self._conn = _Connection(address, credentials)
+        self._conn = _Connection(address, tls, credentials)
         self.group = group
         self.topic = topic
         self.tag_expression = tag_expression
@@ -367,9 +381,10 @@ class Admin:
         address: str = DEFAULT_ADDRESS,
         *,
         timeout_s: float = 10.0,
+        tls: TlsConfig | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self._conn = _Connection(address, credentials)
+        self._conn = _Connection(address, tls, credentials)
         self.timeout_s = timeout_s
 
     def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:

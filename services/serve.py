@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from libstore import CommitLog, ConfigError, StoreConfig
 from services._common.remote import open_channel
 from services._common.server import GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
+from services._common.tls import TlsConfig
 from services.commitlog.dedup_window import DedupWindow
 from services.commitlog.ha import HAController
 from services.commitlog.ha_server import add_to_server as add_replication
@@ -91,6 +92,8 @@ class ServeOptions:
     advertise: str = ""
     ha_advertise: str = ""
     acl_file: Path | None = None  # gateway: plain_acl.yml-style accounts for both client protocols
+    tls: TlsConfig | None = None  # every port TLS; internal ports (and channels) mutual TLS with a CA
+    health_listen: str = ""  # a plaintext health-only port (probes that cannot speak TLS)
 
     @property
     def address(self) -> str:
@@ -141,6 +144,7 @@ class Suite:
     async def start(self) -> None:
         role = self.options.role
         configure_tracing("mqstore" if role == "embedded" else f"mqstore-{role}")
+        self._warn_unauthenticated()
         data = Path(self.options.data_dir)
         if role == "embedded":
             commitlog = await self._start_commitlog(data / "commitlog")
@@ -154,7 +158,7 @@ class Suite:
             port = await self._start_commitlog(data)
             assert self.ha is not None
             servicer = CommitLogServicer(port, self.ha)
-            self.server = await start_grpc_server(self.options.address, lambda s: add_commitlog(servicer, s))
+            self.server = await self._listen(self.options.address, lambda s: add_commitlog(servicer, s))
             await self.server.set_serving(True)
         elif role in ("dispatch", "index"):
             remote = self._remote_commitlog()
@@ -162,15 +166,11 @@ class Suite:
             if role == "dispatch":
                 assert self.dispatch_app is not None
                 servicer = DispatchServicer(self.dispatch_app.port)
-                self.server = await start_grpc_server(
-                    self.options.address, lambda s: add_dispatch(servicer, s)
-                )
+                self.server = await self._listen(self.options.address, lambda s: add_dispatch(servicer, s))
             else:
                 assert self.index_app is not None
                 index_servicer = IndexServicer(self.index_app.port)
-                self.server = await start_grpc_server(
-                    self.options.address, lambda s: add_index(index_servicer, s)
-                )
+                self.server = await self._listen(self.options.address, lambda s: add_index(index_servicer, s))
             self._ready_task = asyncio.create_task(self._serving_when_caught_up())
         else:  # gateway
             cfg = store_config(self.options, data)
@@ -214,9 +214,10 @@ class Suite:
             renew_max_ms=cfg.renew_max_time,
         )
         self.messaging = messaging
-        self.server = await start_grpc_server(
+        self.server = await self._listen(
             self.options.address,
             lambda s: add_gateway(gateway, s) + add_messaging(messaging, s),
+            internal=False,
             interceptors=[OwnApiAuthInterceptor(acl)] if acl is not None else (),
         )
 
@@ -240,7 +241,8 @@ class Suite:
             )
         members = []
         for cl, dp, ix in zip(*lists, strict=True):
-            channels = [open_channel(cl), open_channel(dp), open_channel(ix)]
+            tls = self.options.tls
+            channels = [open_channel(cl, tls), open_channel(dp, tls), open_channel(ix, tls)]
             self._channels += channels
             members.append(
                 Member(
@@ -264,7 +266,7 @@ class Suite:
     def _remote_commitlog(self) -> CommitLogPort:
         from services.commitlog.client import RemoteCommitLog
 
-        channel = open_channel(self.options.commitlog)
+        channel = open_channel(self.options.commitlog, self.options.tls)
         self._channels.append(channel)
         return RemoteCommitLog(channel)
 
@@ -283,11 +285,14 @@ class Suite:
                 ha_address=options.ha_advertise or _advertised(ha_listen),
                 commitlog_address=options.advertise or _advertised(options.address),
                 peers=options.ha_peers,
+                tls=options.tls,
             )
             await self.ha.start()  # settles the role (and the epoch) before any slave connects
             if ha_listen:
                 replication = self.ha.replication
-                self.ha_server = await start_grpc_server(ha_listen, lambda s: add_replication(replication, s))
+                self.ha_server = await self._listen(
+                    ha_listen, lambda s: add_replication(replication, s), health=False
+                )
                 await self.ha_server.set_serving(True)
         except BaseException:
             await self._stop_commitlog()
@@ -300,6 +305,47 @@ class Suite:
             f", replication on {ha_listen}" if ha_listen else "",
         )
         return self.commitlog_port
+
+    async def _listen(
+        self,
+        address: str,
+        add_servicers: Callable[[grpc.aio.Server], list[str]],
+        *,
+        internal: bool = True,
+        health: bool = True,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> GrpcServer:
+        """A server on ``address`` with this process's TLS settings: an internal port (commitlog,
+        dispatch, index, HA) requires client certificates whenever a CA is configured, the
+        gateway port only with ``client_auth``. ``health``: also the plaintext health port, if set."""
+        tls = self.options.tls
+        verify = tls is not None and (tls.verifies_peers if internal else tls.client_auth)
+        return await start_grpc_server(
+            address,
+            add_servicers,
+            tls=tls,
+            require_client_auth=verify,
+            health_address=self.options.health_listen if health else "",
+            interceptors=interceptors,
+        )
+
+    def _warn_unauthenticated(self) -> None:
+        """Say loudly when internal RPCs (append, demote, replication) are open to anyone who connects."""
+        options = self.options
+        internal = [options.address] if options.role in ("commitlog", "dispatch", "index") else []
+        if options.role in ("embedded", "commitlog") and options.ha_address:
+            internal.append(options.ha_address)
+        if not internal or (options.tls is not None and options.tls.verifies_peers):
+            return
+        why = "without TLS" if options.tls is None else "with TLS but without --tls-ca (no client certs)"
+        log.warning(
+            "SECURITY: %s serves internal RPCs on %s %s: anyone who can connect can append, read, "
+            "replicate or switch roles. Keep these ports on a trusted network, or set --tls-cert, "
+            "--tls-key and --tls-ca for mutual TLS.",
+            options.role,
+            ", ".join(internal),
+            why,
+        )
 
     async def _stop_commitlog(self) -> None:
         if self.ha is not None:

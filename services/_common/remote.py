@@ -14,15 +14,24 @@ from services._common.errors import store_error_from_rpc
 from services._common.retry import retrying
 from services._common.server import CHANNEL_OPTIONS
 from services._common.telemetry import client_interceptors
+from services._common.tls import TlsConfig
 
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """An insecure channel to ``address`` ("host:port") with tracing interceptors."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+def open_channel(address: str, tls: TlsConfig | None = None) -> grpc.aio.Channel:
+    """A channel to ``address`` ("host:port") with tracing interceptors: TLS with ``tls``'s CA
+    and client certificate (see :mod:`services._common.tls`), plaintext when ``tls`` is None."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+    return grpc.aio.secure_channel(
+        address,
+        tls.channel_credentials(),
+        options=[*CHANNEL_OPTIONS, *tls.channel_options()],
+        interceptors=client_interceptors(),
+    )
 
 
 async def call(

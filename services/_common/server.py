@@ -2,7 +2,10 @@
 interceptors, the standard health service (SERVING once the caller says so; ``mqstore.Liveness``
 SERVING from the start, for liveness probes) and reflection.
 
-Bind to port 0 to let the OS choose; :attr:`GrpcServer.port` tells which it chose.
+Bind to port 0 to let the OS choose; :attr:`GrpcServer.port` tells which it chose. With a
+:class:`~services._common.tls.TlsConfig` the port serves TLS only (optionally requiring client
+certificates); ``health_address`` adds a plaintext port that serves nothing but the health
+service, for probes that cannot speak TLS (Kubernetes' gRPC probes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services._common.telemetry import server_interceptors
+from services._common.tls import TlsConfig
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Health service name that is SERVING while the process answers (liveness/startup probes); the
@@ -36,6 +40,8 @@ class GrpcServer:
     health: HealthServicer
     service_names: list[str]
     host: str
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
 
     @property
     def address(self) -> str:
@@ -53,17 +59,29 @@ class GrpcServer:
         """NOT_SERVING, then stop taking calls and let running ones finish within ``grace_s``."""
         await self.set_serving(False)
         await self.server.stop(grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
 
 
 async def start_grpc_server(
     address: str,
     add_servicers: Callable[[grpc.aio.Server], list[str]],
+    *,
+    tls: TlsConfig | None = None,
+    require_client_auth: bool = False,
+    health_address: str = "",
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> GrpcServer:
     """Create, populate (``add_servicers`` registers servicers and returns their full service
     names), bind ``address`` ("host:port", port 0 for any) and start a server. Health starts
-    NOT_SERVING: the owner switches it on when recovery is done. ``interceptors`` run inside
-    the tracing and error-mapping ones (so what they raise is mapped like a servicer's error)."""
+    NOT_SERVING: the owner switches it on when recovery is done.
+
+    ``tls``: serve TLS with its certificate (plaintext when None); ``require_client_auth``: refuse
+    handshakes without a client certificate signed by its CA. ``health_address`` ("" for none): a
+    second, plaintext server with only the health service (same statuses). ``interceptors`` run
+    inside the tracing and error-mapping ones (what they raise is mapped like a servicer's
+    error). Raises OSError when an address cannot be bound, ConfigError for TLS settings that
+    cannot serve."""
     server = grpc.aio.server(interceptors=[*server_interceptors(), *interceptors], options=CHANNEL_OPTIONS)
     names = add_servicers(server)
     health = HealthServicer()
@@ -72,11 +90,24 @@ async def start_grpc_server(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     host, _, _ = address.rpartition(":")
-    port = server.add_insecure_port(address)
+    if tls is not None:
+        credentials = tls.server_credentials(require_client_auth=require_client_auth)
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot bind {address}")
+    health_server = None
+    health_port = 0
+    if health_address:
+        health_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
+        health_port = health_server.add_insecure_port(health_address)
+        if health_port == 0:
+            raise OSError(f"cannot bind {health_address}")
+        await health_server.start()
     await server.start()
-    running = GrpcServer(server, port, health, names, host or "127.0.0.1")
+    running = GrpcServer(server, port, health, names, host or "127.0.0.1", health_server, health_port)
     await running.set_serving(False)
     # Liveness (Kubernetes liveness and startup probes): SERVING as long as the process answers,
     # while the overall status ("") stays NOT_SERVING until recovery and catch-up are done.

@@ -48,6 +48,7 @@ from libstore import BrokerRole, ConfigError, InvalidArgumentError, RoleSwitchEr
 from libstore.ha_state import next_epoch
 from services._common.remote import open_channel
 from services._common.telemetry import meter
+from services._common.tls import TlsConfig
 from services.commitlog.client import RemoteCommitLog
 from services.commitlog.ha_client import ReplicationClient
 from services.commitlog.ha_server import ReplicationServicer
@@ -126,6 +127,8 @@ class HAController:
 
     ``ha_address`` is this store's replication endpoint as peers reach it; ``commitlog_address``
     its CommitLogService endpoint; ``peers`` the other members' CommitLogService endpoints.
+    ``tls``: channels to peers and to the master (replication) use TLS with this process's
+    client certificate.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class HAController:
         ha_address: str,
         commitlog_address: str,
         peers: Sequence[str] = (),
+        tls: TlsConfig | None = None,
     ) -> None:
         self.port = port
         self.log = port.log
@@ -142,6 +146,7 @@ class HAController:
         self.ha_address = ha_address
         self.commitlog_address = commitlog_address
         self.peers = [p for p in peers if p and p != commitlog_address]
+        self.tls = tls
         self.replication = ReplicationServicer(self.log)
         self.client: ReplicationClient | None = None
         self._switch = asyncio.Lock()
@@ -229,7 +234,7 @@ class HAController:
         async def one(address: str) -> commitlog_pb.HAState | None:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = open_channel(address)
+                channel = self._channels[address] = open_channel(address, self.tls)
             try:
                 return await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).ha_state()
             except (StoreError, grpc.RpcError):
@@ -270,6 +275,7 @@ class HAController:
             on_cut=self.port.forget_recent,
             min_epoch=min_epoch,
             discover=self._discover_master if self.peers else None,
+            tls=self.tls,
         )
         self.client.start()
 
@@ -354,7 +360,9 @@ class HAController:
             )
         for st in live_masters:  # forced: tell the old master to follow us
             with contextlib.suppress(StoreError, grpc.RpcError):
-                channel = self._channels.get(st.commitlog_address) or open_channel(st.commitlog_address)
+                channel = self._channels.get(st.commitlog_address) or open_channel(
+                    st.commitlog_address, self.tls
+                )
                 self._channels[st.commitlog_address] = channel
                 await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, entry.epoch)
         return self.state()

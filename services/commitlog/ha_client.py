@@ -32,6 +32,7 @@ from libstore.ha_state import EpochEntry
 from services._common import convert
 from services._common.remote import open_channel, reraise_mapped
 from services._common.telemetry import tracer
+from services._common.tls import TlsConfig
 from services.proto import commitlog_pb, ha_grpc, ha_pb
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,9 @@ class ReplicationClient:
     it). ``min_epoch``: refuse a master whose epoch is older (a demoted store must not follow a
     stale master). ``commitlog_address`` is this store's CommitLogService endpoint, told to
     the master for its status page. ``discover`` (optional) finds the group's current master's
-    HA endpoint when the one followed answers NOT_MASTER (it was demoted).
+    HA endpoint when the one followed answers NOT_MASTER (it was demoted). ``tls``: the
+    stream is TLS with this process's client certificate (a master with a CA refuses slaves
+    without one signed by it).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class ReplicationClient:
         on_cut: Callable[[], None] | None = None,
         min_epoch: int = 0,
         discover: Callable[[], Awaitable[str]] | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.log = commit_log
         self.config = commit_log.config
@@ -68,6 +72,7 @@ class ReplicationClient:
         self.on_cut = on_cut
         self.min_epoch = min_epoch
         self.discover = discover
+        self.tls = tls
         self._pending: list[EpochEntry] = []
         self._welcomed = False
         self.connected = False
@@ -121,7 +126,7 @@ class ReplicationClient:
             raise
 
     async def _session(self) -> None:
-        channel = open_channel(self.master_address)
+        channel = open_channel(self.master_address, self.tls)
         call = ha_grpc.HAServiceStub(channel).Replicate()
         heartbeat: asyncio.Task[None] | None = None
         self.sessions += 1

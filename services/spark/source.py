@@ -20,6 +20,11 @@ Options (keys are case-insensitive):
   at most this many messages. ``maxRecordsPerTrigger`` (stream): admission control, spread over
   the queues by their backlog; ``trigger(availableNow=True)`` honours it.
 * ``pullBatchSize`` (default 1024): messages per Pull call.
+* TLS to the gateway (services._common.tls): ``tls.ca`` (PEM CA to verify the gateway; the
+  system's roots when only a client certificate is given), ``tls.cert`` and ``tls.key`` (a client
+  certificate, for a gateway started with ``--tls-client-auth``), ``tls.serverName`` (the name
+  expected in the gateway's certificate instead of the endpoint's host). Paths, read where the
+  channels are opened: the files must exist on the driver and on every executor.
 
 Rows (services.spark.rows.MESSAGE_SCHEMA): topic, queue_id, queue_offset, commitlog_offset, msg_id
 (the producer's UNIQ_KEY, else the offset message id), tags, keys, properties, body,
@@ -67,8 +72,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from libstore import ConfigError
 from libstore.message import MessageConst
 from libstore.record_codec import decode_record
+from services._common.tls import TlsConfig
 from services.spark.rows import MESSAGE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
 log = logging.getLogger(__name__)
@@ -109,18 +116,49 @@ class QueueRange(InputPartition):
     end: int
 
 
+@dataclass(frozen=True)
+class TlsOptions:
+    """The ``tls.*`` options (PEM paths; see module docstring), loaded where channels are opened:
+    only paths travel to the executors, never key material."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str = ""
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> TlsOptions:
+        """The options' TLS settings, checked now (OptionError for a bad or missing file)."""
+        tls = cls(
+            _opt(options, "tls.ca"),
+            _opt(options, "tls.cert"),
+            _opt(options, "tls.key"),
+            _opt(options, "tls.serverName", "") or "",
+        )
+        tls.load()
+        return tls
+
+    def load(self) -> TlsConfig | None:
+        """The TlsConfig for the client classes (None: plaintext). Raises OptionError."""
+        try:
+            return TlsConfig.load(self.cert, self.key, self.ca, server_name=self.server_name)
+        except ConfigError as exc:
+            raise OptionError(f"tls options: {exc}") from None
+
+
 class _Store:
     """The gateway calls a reader needs (opened where used; see module docstring)."""
 
-    def __init__(self, endpoint: str, topic: str) -> None:
+    def __init__(self, endpoint: str, topic: str, tls: TlsOptions | None = None) -> None:
         self.endpoint = endpoint
         self.topic = topic
+        self.tls = tls or TlsOptions()
 
     def queue_offsets(self, timestamp_ms: int = 0) -> dict[int, tuple[int, int, int]]:
         """queue id -> (min, max, offset at ``timestamp_ms``)."""
         from services.client import Admin
 
-        with Admin(self.endpoint) as admin:
+        with Admin(self.endpoint, tls=self.tls.load()) as admin:
             return {
                 q.queue_id: (q.min_offset, q.max_offset, q.offset_at_time)
                 for q in admin.queue_offsets(self.topic, timestamp_ms)
@@ -131,7 +169,9 @@ class _Store:
         from services.client import PullConsumer
 
         builder = BatchBuilder()
-        with PullConsumer(self.endpoint, READER_GROUP, p.topic, queues=[p.queue_id]) as consumer:
+        with PullConsumer(
+            self.endpoint, READER_GROUP, p.topic, queues=[p.queue_id], tls=self.tls.load()
+        ) as consumer:
             offset = p.start
             while offset < p.end:
                 raws, nxt = consumer.fetch_raw(p.queue_id, offset, min(pull_batch, p.end - offset))
@@ -207,7 +247,9 @@ def _store_of(options: Mapping[str, str]) -> _Store:
     topic = _opt(options, "topic")
     if not topic:
         raise OptionError("option topic is required")
-    return _Store(_opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT, topic)
+    return _Store(
+        _opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT, topic, TlsOptions.of(options)
+    )
 
 
 class BatchReader(DataSourceReader):
@@ -313,6 +355,7 @@ class Writer(DataSourceWriter):
         self.endpoint = _opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT
         self.topic = _opt(options, "topic") or ""
         self.batch = _int_opt(options, "writeBatchSize", 256)
+        self.tls = TlsOptions.of(options)
 
     def write(self, iterator: Iterator[Any]) -> WriteResult:
         from pyspark import TaskContext
@@ -321,7 +364,7 @@ class Writer(DataSourceWriter):
 
         sent = 0
         pending: list[OutgoingMessage] = []
-        with Producer(self.endpoint) as producer:
+        with Producer(self.endpoint, tls=self.tls.load()) as producer:
 
             def flush() -> None:
                 nonlocal sent

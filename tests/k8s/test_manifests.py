@@ -131,11 +131,16 @@ def test_containers_run_what_mqstore_serve_accepts(overlay: Rendered) -> None:
             assert ports["ha"] == int(env["MQSTORE_HA_LISTEN"].rpartition(":")[2]) == port + 1
             assert env["MQSTORE_BROKER_ID"] == "1"  # pod 1 starts as SLAVE, as --master-role says
             assert env["MQSTORE_MASTER_ROLE"] in ("SYNC_MASTER", "ASYNC_MASTER")
-        # Probes: gRPC health on the service port; liveness/startup on the always-SERVING
-        # liveness service, readiness on the overall status (SERVING after recovery/catch-up).
+        # Probes: gRPC health on the service port (on the plaintext health-only port when the
+        # service port speaks TLS, which the kubelet's gRPC probes cannot); liveness/startup on
+        # the always-SERVING liveness service, readiness on the overall status.
+        probe_port = port
+        if "MQSTORE_HEALTH_LISTEN" in env:
+            probe_port = int(env["MQSTORE_HEALTH_LISTEN"].rpartition(":")[2])
+            assert ports["health"] == probe_port != port
         for probe in ("startupProbe", "livenessProbe"):
-            assert c[probe]["grpc"] == {"port": port, "service": LIVENESS_SERVICE}
-        assert c["readinessProbe"]["grpc"] == {"port": port}
+            assert c[probe]["grpc"] == {"port": probe_port, "service": LIVENESS_SERVICE}
+        assert c["readinessProbe"]["grpc"] == {"port": probe_port}
         # Every address a container dials names a pod of a StatefulSet through its headless
         # Service (pod <sts>-<n>.<serviceName>), on a port that pod listens on.
         for key in ADDRESS_KEYS:
@@ -199,6 +204,73 @@ def test_network_policies_keep_internal_ports_internal(overlay: Rendered) -> Non
         assert _sources(policies, g, "dispatch", 10921) == {"gateway"}
         assert _sources(policies, g, "index", 10931) == {"gateway"}
         assert _sources(policies, g, "gateway", 8081) == {"*"}  # clients from anywhere
+
+
+TLS_FILES = {"MQSTORE_TLS_CERT": "tls.crt", "MQSTORE_TLS_KEY": "tls.key", "MQSTORE_TLS_CA": "ca.crt"}
+
+
+def _tls_secret(workload: dict[str, Any], c: dict[str, Any], env: dict[str, str]) -> str | None:
+    """The Secret the container's MQSTORE_TLS_* files come from (None: TLS off); asserts the
+    three variables point into one read-only mount of that Secret, at its standard keys."""
+    if not any(k in env for k in TLS_FILES):
+        return None
+    folders = {env[k].rpartition("/")[0] for k in TLS_FILES}
+    assert len(folders) == 1 and all(env[k].rpartition("/")[2] == f for k, f in TLS_FILES.items())
+    folder = folders.pop()
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == folder]
+    assert mount.get("readOnly") is True
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    secret = volumes[mount["name"]]["secret"]
+    assert secret.get("defaultMode", 0o644) & 0o007 == 0  # the key is not world-readable
+    assert workload["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 10001
+    return str(secret["secretName"])
+
+
+def test_prod_turns_tls_on_everywhere_and_dev_stays_plaintext(overlay: Rendered) -> None:
+    name, objs = overlay
+    for workload, c in _mqstore_containers(objs):
+        env = _env(c, objs)
+        secret = _tls_secret(workload, c, env)
+        if name == "dev":
+            assert secret is None
+            continue
+        group = env["BROKER_GROUP"]
+        assert secret == f"{group}-tls", f"{workload['metadata']['name']} mounts {secret}"
+        # With the CA set, every internal port requires client certificates and every channel
+        # presents the pod's; the gateway does not demand clients' certificates.
+        assert env.get("MQSTORE_TLS_CLIENT_AUTH", "false") == "false"
+        assert "MQSTORE_TLS_SERVER_NAME" not in env  # certificates name the addresses dialled
+
+
+def _matches(pattern: str, host: str) -> bool:
+    if pattern.startswith("*."):
+        return host.partition(".")[2] == pattern[2:] and "." not in host.partition(".")[0]
+    return pattern == host
+
+
+def test_cert_manager_overlay_certifies_every_address_dialled() -> None:
+    objs = render(K8S / "overlays" / "prod-cert-manager")
+    certs = {o["spec"]["secretName"]: o["spec"] for o in objs if o["kind"] == "Certificate"}
+    issuers = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "Issuer"}
+    for obj in objs:
+        assert obj["metadata"].get("namespace") == "mqstore" or obj["kind"] == "Namespace"
+        if not obj["apiVersion"].startswith("cert-manager.io/"):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    assert certs["mqstore-ca"]["isCA"] is True
+    assert issuers["mqstore-ca"]["ca"]["secretName"] == "mqstore-ca"
+    for workload, c in _mqstore_containers(objs):
+        env = _env(c, objs)
+        secret = _tls_secret(workload, c, env)
+        assert secret is not None and secret in certs
+        spec = certs[secret]
+        assert spec["issuerRef"]["name"] == "mqstore-ca"
+        assert {"server auth", "client auth"} <= set(spec["usages"])
+        assert "127.0.0.1" in spec["ipAddresses"]  # `mqstore ha ...` inside the pod
+        dialled = [a for k in ADDRESS_KEYS for a in filter(None, env.get(k, "").split(","))]
+        dialled += [env[k] for k in ("MQSTORE_ADVERTISE", "MQSTORE_HA_ADVERTISE") if k in env]
+        for address in dialled:
+            host = address.rpartition(":")[0].replace(".ns.", ".mqstore.")
+            assert any(_matches(n, host) for n in spec["dnsNames"]), f"{secret} does not name {host}"
 
 
 def test_dockerfile_builds_a_non_root_image_running_mqstore_serve() -> None:

@@ -35,6 +35,12 @@ def _config(args: dict[str, Any]) -> ClientConfiguration:
     return ClientConfiguration(args["endpoint"], creds, request_timeout=args.get("request_timeout", 3))
 
 
+def _tls(args: dict[str, Any]) -> bool:
+    """``"tls": true``: the client's TLS switch. It trusts gRPC's default roots only, which the
+    GRPC_DEFAULT_SSL_ROOTS_FILE_PATH variable (set by the test) points at a custom CA."""
+    return bool(args.get("tls"))
+
+
 def _message(topic: str, spec: dict[str, Any]) -> Message:
     m = Message()
     m.topic = topic
@@ -77,7 +83,7 @@ def _collect(futures: list[Any], ids: list[str], errors: list[str]) -> None:
 
 
 def send(args: dict[str, Any]) -> dict[str, Any]:
-    producer = Producer(_config(args), (args["topic"],))
+    producer = Producer(_config(args), (args["topic"],), tls_enable=_tls(args))
     producer.startup()
     ids, errors = [], []
     try:
@@ -106,6 +112,7 @@ def simple(args: dict[str, Any]) -> dict[str, Any]:
         args["group"],
         {args["topic"]: FilterExpression(args.get("expr", "*"))},
         args.get("await_s", 5),
+        tls_enable=_tls(args),
     )
     consumer.startup()
     got: list[dict[str, Any]] = []

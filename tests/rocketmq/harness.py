@@ -12,11 +12,15 @@ from typing import Any
 DRIVER = Path(__file__).with_name("client_driver.py")
 
 
-def start_driver(scenario: str, args: dict[str, Any], home: Path) -> subprocess.Popen[str]:
-    """Start a driver process (HOME is ``home``: the client writes its logs under ~/logs)."""
+def start_driver(
+    scenario: str, args: dict[str, Any], home: Path, env_extra: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start a driver process (HOME is ``home``: the client writes its logs under ~/logs;
+    ``env_extra``: more environment variables)."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HOME"] = str(home)
+    env.update(env_extra or {})
     return subprocess.Popen(
         [sys.executable, str(DRIVER), scenario, json.dumps(args)],
         env=env,
@@ -41,5 +45,11 @@ def finish_driver(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> dict
     return json.loads(lines[-1])
 
 
-def run_driver(scenario: str, args: dict[str, Any], home: Path, timeout_s: float = 120.0) -> dict[str, Any]:
-    return finish_driver(start_driver(scenario, args, home), timeout_s)
+def run_driver(
+    scenario: str,
+    args: dict[str, Any],
+    home: Path,
+    timeout_s: float = 120.0,
+    env_extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return finish_driver(start_driver(scenario, args, home, env_extra), timeout_s)

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from services._common.tls import TlsConfig
 from services.client import Admin, PullConsumer
 from services.serve import ServeOptions, Suite
 
@@ -200,9 +201,13 @@ class SplitCluster:
         store: Mapping[str, Any] | None = None,
         flush: str = "ASYNC_FLUSH",
         gateway_args: Sequence[str] = (),
+        common_args: Sequence[str] = (),
+        tls: TlsConfig | None = None,
     ) -> None:
         self.root = root
         self.gateway_args = list(gateway_args)
+        self.common_args = list(common_args)  # every role (e.g. --tls-cert ...)
+        self.tls = tls  # what wait_serving's health checks connect with
         self.ports = {role: free_port() for role in ("commitlog", "dispatch", "index", "gateway")}
         self.store = {**SMALL_STORE, **(store or {})}
         self.flush = flush
@@ -234,6 +239,7 @@ class SplitCluster:
         ]
         for key, value in self.store.items():
             args += ["--set", f"{key}={value}"]
+        args += self.common_args
         if role == "gateway":
             args += self.gateway_args
         proc = ServeProcess(args, log=self.root / f"{role}.log")
@@ -249,7 +255,7 @@ class SplitCluster:
     def wait_serving(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         for role in ("commitlog", "dispatch", "index", "gateway"):
-            with Admin(self.address(role)) as admin:
+            with Admin(self.address(role), tls=self.tls) as admin:
                 try:
                     admin.wait_until_serving(max(1.0, deadline - time.monotonic()))
                 except Exception as exc:
