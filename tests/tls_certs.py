@@ -16,6 +16,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from services._common.tls import TlsConfig
 
+APP_CN = "billing-app"
+
 
 @dataclass(frozen=True)
 class Pki:
@@ -28,6 +30,8 @@ class Pki:
     other_ca: Path
     other_cert: Path
     other_key: Path
+    app_cert: Path  # signed by ``ca`` for common name APP_CN (an application's client certificate)
+    app_key: Path
 
     def server(self, *, client_auth: bool = False) -> TlsConfig:
         """The settings every trusted process runs with (certificate, key, CA)."""
@@ -44,6 +48,12 @@ class Pki:
     def stranger(self) -> TlsConfig:
         """A client that trusts the right CA but presents a certificate of the other CA."""
         tls = TlsConfig.load(self.other_cert, self.other_key, self.ca)
+        assert tls is not None
+        return tls
+
+    def app(self) -> TlsConfig:
+        """A client trusting the CA and presenting the application certificate (CN APP_CN)."""
+        tls = TlsConfig.load(self.app_cert, self.app_key, self.ca)
         assert tls is not None
         return tls
 
@@ -136,4 +146,5 @@ def make_pki(folder: Path) -> Pki:
     cert, key = _leaf(ca, ca_key, "mqstore", folder, "mqstore")
     other, other_key, other_path = _ca("unrelated CA", folder, "other-ca")
     other_cert, other_leaf_key = _leaf(other, other_key, "mqstore", folder, "other")
-    return Pki(ca_path, cert, key, other_path, other_cert, other_leaf_key)
+    app_cert, app_key = _leaf(ca, ca_key, APP_CN, folder, "app")
+    return Pki(ca_path, cert, key, other_path, other_cert, other_leaf_key, app_cert, app_key)

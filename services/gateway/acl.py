@@ -12,11 +12,14 @@ RocketMQ 5's MessagingService and mqstore's own Gateway API alike::
         defaultGroupPerm: DENY       # for groups not listed: DENY or SUB
         topicPerms: [Orders=PUB|SUB, Audit=SUB]
         groupPerms: [billing=SUB]
+        certificateCommonName: app1  # optional: own-API calls over mutual TLS with this CN
 
 Signatures (:mod:`services.gateway.signature`): RocketMQ 5 calls carry ``MQv2-HMAC-SHA1`` over
 the date header; own-API calls carry ``MQSTORE-HMAC-SHA256`` over the date, the method and a
 SHA-256 of the request bytes. Either is accepted only while its date lies within the clock-skew
-window, and a refusal never tells an unknown key from a wrong signature.
+window, and a refusal never tells an unknown key from a wrong signature. With the gateway
+requiring client certificates (``--tls-client-auth``), an unsigned own-API call whose verified
+certificate's common name is an account's ``certificateCommonName`` acts as that account.
 
 Dates: mqstore's clients sign UTC. RocketMQ's official clients sign their *local* time with a
 ``Z`` suffix (spec sheet rocketmq-grpc-v2 §2), so a v2 date is compared with UTC and with the
@@ -61,6 +64,7 @@ class Account:
     default_group_perm: int = 0
     topic_perms: Mapping[str, int] = field(default_factory=dict)
     group_perms: Mapping[str, int] = field(default_factory=dict)
+    certificate_cn: str = ""
 
     def may_group(self, group: str) -> bool:
         """Whether this account may consume as ``group``."""
@@ -128,6 +132,7 @@ class AccessControl:
         if clock_skew_s <= 0:
             raise ConfigError(f"clockSkewSeconds must be positive, got {clock_skew_s}")
         self.accounts = {a.access_key: a for a in accounts}
+        self.by_certificate = {a.certificate_cn: a for a in accounts if a.certificate_cn}
         self.clock_skew_s = clock_skew_s
         self.client_utc_offsets = client_utc_offsets
 
@@ -157,10 +162,14 @@ class AccessControl:
                     default_group_perm=_perm(raw.get("defaultGroupPerm", "DENY"), where),
                     topic_perms=_perm_list(raw.get("topicPerms"), where),
                     group_perms=_perm_list(raw.get("groupPerms"), where),
+                    certificate_cn=str(raw.get("certificateCommonName") or ""),
                 )
             )
         if len({a.access_key for a in accounts}) != len(accounts):
             raise ConfigError(f"ACL file {path} lists an access key twice")
+        names = [a.certificate_cn for a in accounts if a.certificate_cn]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"ACL file {path} maps one certificateCommonName to two accounts")
         try:
             skew = int(data.get("clockSkewSeconds", DEFAULT_CLOCK_SKEW_S))
         except (TypeError, ValueError):
@@ -177,6 +186,10 @@ class AccessControl:
     def account(self, access_key: str) -> Account | None:
         """The account of ``access_key``, or None."""
         return self.accounts.get(access_key)
+
+    def account_of_certificate(self, common_name: str) -> Account | None:
+        """The account mapped to a verified client certificate's common name, or None."""
+        return self.by_certificate.get(common_name) if common_name else None
 
     @staticmethod
     def authorize(account: Account, perm: int = 0, topic: str = "", group: str = "") -> None:

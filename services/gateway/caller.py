@@ -4,8 +4,11 @@
 The own API's signature covers a SHA-256 of the request bytes as received
 (services.gateway.signature), so the interceptor wraps the method's request deserializer to
 hash the bytes on their way in; the servicer then asks :func:`current_account` and checks the
-permission its request needs (services.gateway.acl). A call that does not authenticate ends
-with UNAUTHENTICATED before the servicer sees it: nothing is read or written for it.
+permission its request needs (services.gateway.acl). An unsigned call over mutual TLS (the
+gateway run with ``--tls-client-auth``) authenticates by its verified certificate instead, when
+the certificate's common name is mapped to an account (``certificateCommonName``). A call that
+does not authenticate ends with UNAUTHENTICATED before the servicer sees it: nothing is read or
+written for it.
 """
 
 from __future__ import annotations
@@ -63,7 +66,11 @@ class OwnApiAuthInterceptor(grpc.aio.ServerInterceptor):
         acl = self.acl
 
         async def authenticated(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            account = authenticate_own(acl, metadata, method, seen[0] if seen else request_digest(b""))
+            account = None
+            if "authorization" not in metadata:
+                account = acl.account_of_certificate(_certificate_cn(context))
+            if account is None:
+                account = authenticate_own(acl, metadata, method, seen[0] if seen else request_digest(b""))
             token = _CALLER.set(account)
             try:
                 return await inner(request, context)
@@ -71,6 +78,13 @@ class OwnApiAuthInterceptor(grpc.aio.ServerInterceptor):
                 _CALLER.reset(token)
 
         return grpc.unary_unary_rpc_method_handler(authenticated, hashing, handler.response_serializer)
+
+
+def _certificate_cn(context: grpc.aio.ServicerContext) -> str:
+    """The common name of the client certificate the TLS handshake verified ("" without one:
+    gRPC reports peer certificates only when the server required and checked them)."""
+    names = context.auth_context().get("x509_common_name") or []
+    return names[0].decode("utf-8", "replace") if len(names) == 1 else ""
 
 
 async def _unsupported(request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -25,6 +25,9 @@ Options (keys are case-insensitive):
   certificate, for a gateway started with ``--tls-client-auth``), ``tls.serverName`` (the name
   expected in the gateway's certificate instead of the endpoint's host). Paths, read where the
   channels are opened: the files must exist on the driver and on every executor.
+* ``accessKey`` / ``secretKey``: an account of the gateway's ``--acl-file``; every call is then
+  signed. A reader needs SUB on the topic and on group ``mqstore-spark`` (its pulls name explicit
+  offsets and never commit); a writer PUB on the topic.
 
 Rows (services.spark.rows.MESSAGE_SCHEMA): topic, queue_id, queue_offset, commitlog_offset, msg_id
 (the producer's UNIQ_KEY, else the offset message id), tags, keys, properties, body,
@@ -76,6 +79,7 @@ from libstore import ConfigError
 from libstore.message import MessageConst
 from libstore.record_codec import decode_record
 from services._common.tls import TlsConfig
+from services.credentials import Credentials
 from services.spark.rows import MESSAGE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
 log = logging.getLogger(__name__)
@@ -149,16 +153,23 @@ class TlsOptions:
 class _Store:
     """The gateway calls a reader needs (opened where used; see module docstring)."""
 
-    def __init__(self, endpoint: str, topic: str, tls: TlsOptions | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        topic: str,
+        tls: TlsOptions | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.topic = topic
         self.tls = tls or TlsOptions()
+        self.credentials = credentials
 
     def queue_offsets(self, timestamp_ms: int = 0) -> dict[int, tuple[int, int, int]]:
         """queue id -> (min, max, offset at ``timestamp_ms``)."""
         from services.client import Admin
 
-        with Admin(self.endpoint, tls=self.tls.load()) as admin:
+        with Admin(self.endpoint, tls=self.tls.load(), credentials=self.credentials) as admin:
             return {
                 q.queue_id: (q.min_offset, q.max_offset, q.offset_at_time)
                 for q in admin.queue_offsets(self.topic, timestamp_ms)
@@ -170,7 +181,12 @@ class _Store:
 
         builder = BatchBuilder()
         with PullConsumer(
-            self.endpoint, READER_GROUP, p.topic, queues=[p.queue_id], tls=self.tls.load()
+            self.endpoint,
+            READER_GROUP,
+            p.topic,
+            queues=[p.queue_id],
+            tls=self.tls.load(),
+            credentials=self.credentials,
         ) as consumer:
             offset = p.start
             while offset < p.end:
@@ -248,8 +264,19 @@ def _store_of(options: Mapping[str, str]) -> _Store:
     if not topic:
         raise OptionError("option topic is required")
     return _Store(
-        _opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT, topic, TlsOptions.of(options)
+        _opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT,
+        topic,
+        TlsOptions.of(options),
+        _credentials_of(options),
     )
+
+
+def _credentials_of(options: Mapping[str, str]) -> Credentials | None:
+    """The ``accessKey``/``secretKey`` options (both or neither). Raises OptionError."""
+    ak, sk = _opt(options, "accessKey"), _opt(options, "secretKey")
+    if bool(ak) != bool(sk):
+        raise OptionError("options accessKey and secretKey go together")
+    return Credentials(ak, sk) if ak and sk else None
 
 
 class BatchReader(DataSourceReader):
@@ -356,6 +383,7 @@ class Writer(DataSourceWriter):
         self.topic = _opt(options, "topic") or ""
         self.batch = _int_opt(options, "writeBatchSize", 256)
         self.tls = TlsOptions.of(options)
+        self.credentials = _credentials_of(options)
 
     def write(self, iterator: Iterator[Any]) -> WriteResult:
         from pyspark import TaskContext
@@ -364,7 +392,7 @@ class Writer(DataSourceWriter):
 
         sent = 0
         pending: list[OutgoingMessage] = []
-        with Producer(self.endpoint, tls=self.tls.load()) as producer:
+        with Producer(self.endpoint, tls=self.tls.load(), credentials=self.credentials) as producer:
 
             def flush() -> None:
                 nonlocal sent

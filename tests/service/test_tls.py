@@ -15,14 +15,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libstore import ServiceNotAvailableError
+from libstore import AuthenticationError, PermissionDeniedError, ServiceNotAvailableError
 from services._common.tls import TlsConfig
 from services.client import Admin, Producer, PullConsumer
+from services.credentials import Credentials
 from services.proto import commitlog_grpc, commitlog_pb, common_pb, ha_grpc, ha_pb
 from services.serve import ServeOptions, Suite
 from tests.service.harness import SMALL_STORE, InProcessSuites, SplitCluster, free_port, poll_until
 from tests.service.test_cli import mqstore
-from tests.tls_certs import Pki, make_pki
+from tests.tls_certs import APP_CN, Pki, make_pki
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +324,46 @@ def test_official_rocketmq_client_over_tls_trusting_the_ca_through_grpc_roots(
             assert "client driver failed" in str(exc), exc
             continue
         assert not failed["ids"] and failed["errors"], name
+
+
+def test_a_client_certificate_mapped_to_an_account_authenticates_own_api_calls(
+    suites: InProcessSuites, tmp_path: Path, pki: Pki
+) -> None:
+    """Over mutual TLS an unsigned own-API call acts as the account whose certificateCommonName
+    is its certificate's CN, with that account's permissions; other certificates still sign."""
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text(
+        f"""
+accounts:
+  - accessKey: billing
+    secretKey: billing-secret
+    certificateCommonName: {APP_CN}
+    topicPerms: [Bills=PUB|SUB]
+  - accessKey: ops
+    secretKey: ops-secret
+    admin: true
+"""
+    )
+    options = ServeOptions(
+        role="embedded",
+        data_dir=tmp_path / "data",
+        listen="127.0.0.1:0",
+        store=SMALL_STORE,
+        tls=pki.server(client_auth=True),
+        acl_file=acl,
+    )
+    gateway = suites.start(options)
+    suites.wait_ready(gateway)
+    with Admin(gateway.address, tls=pki.client(), credentials=Credentials("ops", "ops-secret")) as admin:
+        admin.create_topic("Bills", 1)
+        admin.create_topic("Payroll", 1)
+    with Admin(gateway.address, tls=pki.app()) as admin:  # no key: the certificate says who
+        assert [t.topic_name for t in admin.list_topics()] == ["Bills"]
+        with pytest.raises(PermissionDeniedError):
+            admin.create_topic("Bills", 1, perm=4)
+    with Producer(gateway.address, tls=pki.app()) as producer:
+        assert producer.send("Bills", b"invoice").all_ok
+        with pytest.raises(PermissionDeniedError):
+            producer.send("Payroll", b"raise")
+    with Admin(gateway.address, tls=pki.client()) as admin, pytest.raises(AuthenticationError):
+        admin.list_topics()  # a CA certificate that is no account's: it must sign
