@@ -8,6 +8,7 @@ RocketMQ's (spec sheet §1).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,19 @@ class MessageConst:
     DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"  # RocketMQ 5: on a %DLQ% copy, the topic it came from
     DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
     KEY_SEPARATOR = " "
+
+
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")
+
+
+def ascii_int(text: str) -> int:
+    """``text`` as a base-10 integer: ASCII digits (at most 19) with an optional leading '-',
+    nothing else. Python's int() also takes ' 12', '1_000' and other scripts' digits ('١٢');
+    a property the store parses must mean the same number to every reader (Java's
+    Long.parseLong takes none of those). Raises ValueError."""
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(f"not a decimal integer: {text[:40]!r}")
+    return int(text)
 
 
 class MessageSysFlag:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from libstore.errors import MessageIllegalError
-from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, ascii_int
 from libstore.system_topics import (
     SYSTEM_TOPICS,
     TIMER_DELAY_MS,
@@ -47,9 +47,9 @@ def _int(props: Mapping[str, str], name: str) -> int | None:
     if text is None or text == "":
         return None
     try:
-        return int(text)
+        return ascii_int(text)
     except ValueError:
-        raise MessageIllegalError(f"property {name} must be an integer, got {text!r}") from None
+        raise MessageIllegalError(f"property {name} must be a decimal integer, got {text[:40]!r}") from None
 
 
 def delivery_time(props: Mapping[str, str] | None, now_ms: int) -> int | None:

@@ -19,6 +19,10 @@ rebuilds its work list from 20-byte units without reading the CommitLog:
   one record per receive, ack or change of invisible time (libstore.pop_state), so every
   replica's dispatch holds the same pop state and a promoted slave does not deliver acked
   messages again. Tags code: the record's sequence number (POP_SEQ).
+* ``rmq_sys_quarantine`` (QUARANTINE_TOPIC, mqstore's): messages a consumer group could neither
+  be delivered nor dead-lettered (a dead-letter copy the store refuses, a record a protocol
+  cannot convert), moved aside with the reason so they stop blocking the group; readable by
+  admins. Tags code: the tags hash, as any topic.
 
 Names are RocketMQ's (TopicValidator, TimerMessageStore); the tags-code contents of the timer
 and op topics are mqstore's (RocketMQ keeps those in its own timer log and in op bodies).
@@ -37,6 +41,7 @@ HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TIMER_DONE_TOPIC = "rmq_sys_timer_done"
 POP_JOURNAL_TOPIC = "rmq_sys_pop_journal"
+QUARANTINE_TOPIC = "rmq_sys_quarantine"
 
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # RocketMQ 5: absolute delivery time, ms
 TIMER_DELAY_SEC = "TIMER_DELAY_SEC"  # RocketMQ 5: delay from the store time, s
@@ -83,7 +88,9 @@ def unpark(record: MessageRecord) -> tuple[str, int, dict[str, str]]:
     return topic, queue_id, props
 
 
-SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC, POP_JOURNAL_TOPIC})
+SYSTEM_TOPICS = frozenset(
+    {TIMER_TOPIC, HALF_TOPIC, OP_TOPIC, TIMER_DONE_TOPIC, POP_JOURNAL_TOPIC, QUARANTINE_TOPIC}
+)
 
 _MAX_CODE = (1 << 63) - 1
 

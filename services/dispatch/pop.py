@@ -13,7 +13,11 @@ topic, an in-flight message becomes visible again, or the wait ends (a change of
 wakes it too: the message may now come back sooner than the hold it computed). Messages that
 used up the group's attempts (found by the next pop, or by the revive scan every second) are
 copied to ``%DLQ%<group>`` through the CommitLog (properties ``DLQ_ORIGIN_TOPIC``/
-``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5 writes them) and then finished for the group.
+``DLQ_ORIGIN_MESSAGE_ID`` as RocketMQ 5 writes them) and then finished for the group. A message
+whose dead-letter copy the store refuses for good (its properties leave no room for the three
+the copy adds, say) is parked in ``rmq_sys_quarantine`` instead, with its body, where it came
+from and the reason (``QUARANTINE_REASON``), counted in ``mqstore.dispatch.quarantined``, and
+finished all the same: a poison message never blocks its group.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import (
     InvalidArgumentError,
+    MessageIllegalError,
     ServiceNotAvailableError,
     StoreError,
 )
@@ -39,14 +44,21 @@ from libstore.message import MessageConst
 from libstore.message_filter import TagFilter
 from libstore.pop_state import Popped, PopState, ReceiptHandle
 from libstore.record_codec import decode_record
+from libstore.results import PutMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager, dlq_topic
-from services._common.telemetry import tracer
+from libstore.system_topics import QUARANTINE_TOPIC
+from services._common.telemetry import meter, tracer
 from services.dispatch.pop_journal import PopJournal
 from services.ports import CommitLogPort, PoppedMessage, PopResult
 
 log = logging.getLogger(__name__)
 
 REVIVE_INTERVAL_S = 1.0
+QUARANTINE_REASON = "QUARANTINE_REASON"  # on a parked copy: why it could not be delivered or dead-lettered
+QUARANTINE_GROUP = "QUARANTINE_GROUP"  # the consumer group it was parked for
+ORIGIN_QUEUE = "ORIGIN_QUEUE"  # "<queue id>:<queue offset>:<CommitLog offset>" of the original
+# Put outcomes that no retry changes: the copy itself is what the store refuses.
+_REFUSED_FOR_GOOD = (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED)
 MAX_POP_BATCH = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ's proxy allows up to 12 hours
 
@@ -81,6 +93,11 @@ class PopService:
         self.groups = SubscriptionGroupManager(Path(root) / "config" / "subscriptionGroup.json")
         self._rotation = itertools.count()
         self._tracer = tracer("mqstore.dispatch")
+        self._quarantined = meter("mqstore.dispatch").create_counter(
+            "mqstore.dispatch.quarantined",
+            unit="{message}",
+            description="messages parked in rmq_sys_quarantine: neither deliverable nor dead-letterable",
+        )
 
     def load(self) -> None:
         self.groups.load()
@@ -216,19 +233,73 @@ class PopService:
     async def _forward(self, group: str, dead: list[Popped]) -> None:
         """Copy ``dead`` to the group's DLQ (one read, one append), then finish them for the
         group (at-least-once: a crash between the two copies them again on the next round).
-        Raises ServiceNotAvailableError when the append failed (they stay in flight)."""
+        A copy the store refuses for good is parked in the quarantine topic instead (module
+        doc). Raises ServiceNotAvailableError when an append failed for a reason that may pass
+        (they stay in flight)."""
         with self._tracer.start_as_current_span("dispatch.forward_to_dlq") as span:
             span.set_attribute("mqstore.messages", len(dead))
             raws = await self.commitlog.read([(p.phy_offset, p.size) for p in dead])
-            copies = [_dead_letter(group, p, raw) for p, raw in zip(dead, raws, strict=True) if raw]
-            results = await self.commitlog.append(copies) if copies else []
-            failed = [r.status.name for r in results if not r.status.appended]
-            if failed:
-                raise ServiceNotAvailableError(f"forwarding to {dlq_topic(group)} failed: {failed[0]}")
+            held = [(p, raw) for p, raw in zip(dead, raws, strict=True) if raw]
+            refused = await self._append_copies(group, held)
+            if refused:
+                span.set_attribute("mqstore.quarantined", len(refused))
+                parked = [_parked(group, p, raw, why) for p, raw, why in refused]
+                await self._append_all(parked, QUARANTINE_TOPIC)
+                self._quarantined.add(len(parked), {"group": group})
+                for p, _, why in refused:
+                    log.error(
+                        "group %s: message %s:%d:%d parked in %s: %s",
+                        group,
+                        p.topic,
+                        p.queue_id,
+                        p.queue_offset,
+                        QUARANTINE_TOPIC,
+                        why,
+                    )
             await self.journal.ready()
             for p in dead:  # a record the log no longer holds has nothing left to forward
                 self.state.finish(group, p.topic, p.queue_id, p.queue_offset, p.handle.seq)
             await self.journal.commit()
+
+    async def _append_copies(
+        self, group: str, held: list[tuple[Popped, bytes]]
+    ) -> list[tuple[Popped, bytes, str]]:
+        """Append the DLQ copies of ``held``; returns those the store refused for good, with
+        the reason. Raises ServiceNotAvailableError for any other failure."""
+        copies: list[tuple[Popped, bytes, Message | None, str]] = []
+        for p, raw in held:
+            try:
+                copies.append((p, raw, _dead_letter(group, p, raw), ""))
+            except StoreError as exc:  # the record itself does not decode into a message
+                copies.append((p, raw, None, f"cannot copy the record: {exc}"))
+        refused = [(p, raw, why) for p, raw, m, why in copies if m is None]
+        good = [(p, raw, m) for p, raw, m, _ in copies if m is not None]
+        try:
+            batches = [good] if good else []
+            results = [await self.commitlog.append([m for _, _, m in good])] if good else []
+        except MessageIllegalError:  # one of them: find which, one append each
+            batches, results = [], []
+            for item in good:
+                try:
+                    results.append(await self.commitlog.append([item[2]]))
+                    batches.append([item])
+                except MessageIllegalError as exc:
+                    refused.append((item[0], item[1], f"the store refused its dead-letter copy: {exc}"))
+        for batch, result in zip(batches, results, strict=True):
+            for (p, raw, _), r in zip(batch, result, strict=True):
+                if r.status in _REFUSED_FOR_GOOD:
+                    refused.append((p, raw, f"the store refused its dead-letter copy: {r.status.name}"))
+                elif not r.status.appended:
+                    raise ServiceNotAvailableError(
+                        f"forwarding to {dlq_topic(group)} failed: {r.status.name}"
+                    )
+        return refused
+
+    async def _append_all(self, messages: list[Message], where: str) -> None:
+        results = await self.commitlog.append(messages)
+        failed = [r.status.name for r in results if not r.status.appended]
+        if failed:
+            raise ServiceNotAvailableError(f"appending to {where} failed: {failed[0]}")
 
     async def revive(self) -> int:
         """Forward every expired in-flight message that used up its group's attempts to the
@@ -273,6 +344,24 @@ def _dead_letter(group: str, p: Popped, raw: bytes) -> Message:
     return rec.to_message(
         topic=dlq_topic(group), queue_id=0, properties=props, sys_flag=0, reconsume_times=p.attempt
     )
+
+
+def _parked(group: str, p: Popped, raw: bytes, reason: str) -> Message:
+    """The quarantine copy of a popped record: its body (as far as the record yields one), its
+    origin and ``reason``; none of its own properties, so the copy always fits."""
+    try:
+        rec = decode_record(raw, check_crc=False)
+        body, origin_id, tags = rec.body, rec.uniq_key or rec.msg_id, rec.tags
+    except StoreError:
+        body, origin_id, tags = b"", "", None
+    props = {
+        QUARANTINE_REASON: reason[:2048],
+        QUARANTINE_GROUP: group,
+        MessageConst.DLQ_ORIGIN_TOPIC: p.topic,
+        MessageConst.DLQ_ORIGIN_MESSAGE_ID: origin_id,
+        ORIGIN_QUEUE: f"{p.queue_id}:{p.queue_offset}:{p.phy_offset}",
+    }
+    return Message(QUARANTINE_TOPIC, body, 0, tags=tags, properties=props, reconsume_times=p.attempt)
 
 
 def _message(p: Popped) -> PoppedMessage:

@@ -31,7 +31,7 @@ from libstore._files import atomic_write, read_json
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import CorruptRecordError, InvalidArgumentError, ServiceNotAvailableError, StoreIOError
-from libstore.message import MessageConst
+from libstore.message import MessageConst, ascii_int
 from libstore.record_codec import decode_record
 from libstore.system_topics import HALF_TOPIC, OP_TOPIC
 from libstore.transaction_message import TransactionId, committed_copy, op_message
@@ -238,9 +238,9 @@ class TransactionService:
                 rec = decode_record(raw, check_crc=False)
                 if h.real_topic is None:  # first read: where it goes, when it may be checked
                     h.real_topic = rec.properties.get(MessageConst.REAL_TOPIC, "")
-                    immunity = rec.properties.get(CHECK_IMMUNITY, "")
-                    if immunity.isdigit() and h.store_ms + int(immunity) * 1000 > now:
-                        h.next_check_ms = h.store_ms + int(immunity) * 1000
+                    immunity = _seconds(rec.properties.get(CHECK_IMMUNITY, ""))
+                    if immunity and h.store_ms + immunity * 1000 > now:
+                        h.next_check_ms = h.store_ms + immunity * 1000
                         continue
                 if h.checks >= self.check_max:
                     async with self._resolving(off):
@@ -271,3 +271,12 @@ class TransactionService:
         checked = sorted((k, h) for k, h in self.pending.items() if h.checks)
         body = "{" + ", ".join(f'"{k}": [{h.checks}, {h.next_check_ms}]' for k, h in checked) + "}"
         atomic_write(self.state_path, body.encode())
+
+
+def _seconds(text: str) -> int:
+    """A non-negative number of seconds from a property (0 when absent or not a number: the
+    check runs on the usual schedule rather than fail the whole claim)."""
+    try:
+        return max(0, ascii_int(text))
+    except ValueError:
+        return 0

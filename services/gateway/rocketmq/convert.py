@@ -21,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from libstore import errors as E
-from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, ascii_int
 from libstore.producer_input import STORE_PROPERTIES
 from libstore.results import PutMessageStatus
 from libstore.scheduled_message import MAX_DELAY_MS
@@ -258,6 +258,21 @@ def body_digest(body: bytes) -> definition.Digest:
     return definition.Digest(type=definition.MD5, checksum=hashlib.md5(body).hexdigest().upper())
 
 
+_MAX_TIMESTAMP_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, protobuf Timestamp's last instant
+
+
+def _delivery_ms(text: str | None) -> int | None:
+    """A stored TIMER_DELIVER_MS as ms since the epoch, or None when absent or not a time a
+    Timestamp can hold (the put checks it; an older record may still carry anything)."""
+    if not text:
+        return None
+    try:
+        value = ascii_int(text)
+    except ValueError:
+        return None
+    return value if 0 <= value <= _MAX_TIMESTAMP_MS else None
+
+
 def consumer_message(
     rec: MessageRecord,
     *,
@@ -290,8 +305,9 @@ def consumer_message(
         sp.tag = rec.tags
     if SHARDING_KEY in props:
         sp.message_group = props[SHARDING_KEY]
-    if TIMER_DELIVER_MS in props and props[TIMER_DELIVER_MS].isdigit():
-        sp.delivery_timestamp.CopyFrom(timestamp_ms(int(props[TIMER_DELIVER_MS])))
+    deliver_at = _delivery_ms(props.get(TIMER_DELIVER_MS))
+    if deliver_at is not None:
+        sp.delivery_timestamp.CopyFrom(timestamp_ms(deliver_at))
     if MessageConst.DLQ_ORIGIN_TOPIC in props:
         sp.dead_letter_queue.CopyFrom(
             definition.DeadLetterQueue(

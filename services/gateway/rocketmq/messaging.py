@@ -512,31 +512,42 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             )
             out: list[service.ReceiveMessageResponse] = []
             skipped: list[str] = []
+            poisoned: list[str] = []
             for popped, raw in zip(result.messages, raws, strict=True):
                 if not raw:
                     skipped.append(popped.receipt_handle)  # cleaned up under the group: nothing to deliver
                     continue
-                rec = decode_record(raw, check_crc=False)
-                if not filt.matches_tags(rec.tags):
-                    skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
+                try:
+                    rec = decode_record(raw, check_crc=False)
+                    if not filt.matches_tags(rec.tags):
+                        skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
+                        continue
+                    message = convert.consumer_message(
+                        rec,
+                        namespace=resource.resource_namespace,
+                        receipt_handle=popped.receipt_handle,
+                        attempt=popped.attempt,
+                        invisible_ms=invisible_ms,
+                    )
+                except Exception:  # one bad record must not fail the batch: it is moved aside
+                    log.exception(
+                        "group %s: message %s:%d:%d cannot be delivered over this protocol",
+                        group,
+                        resource.name,
+                        popped.queue_id,
+                        popped.queue_offset,
+                    )
+                    poisoned.append(popped.receipt_handle)
                     continue
                 if renew:
                     self.renewer.track(
                         client_id, group, resource.name, popped.receipt_handle, popped.visible_at_ms
                     )
-                out.append(
-                    service.ReceiveMessageResponse(
-                        message=convert.consumer_message(
-                            rec,
-                            namespace=resource.resource_namespace,
-                            receipt_handle=popped.receipt_handle,
-                            attempt=popped.attempt,
-                            invisible_ms=invisible_ms,
-                        )
-                    )
-                )
+                out.append(service.ReceiveMessageResponse(message=message))
             if skipped:
                 await self.dispatch.ack(group, resource.name, skipped)
+            for handle in poisoned:  # the dead-letter queue, or quarantine when even that fails
+                await self.dispatch.forward_to_dead_letter(group, resource.name, handle)
             span.set_attribute("mqstore.messages", len(out))
         stamp = service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms()))
         if not out:

@@ -1,0 +1,167 @@
+"""Poison messages never block their group: a message that can be neither delivered nor
+dead-lettered is parked in rmq_sys_quarantine with the reason (services.dispatch.pop), a
+protocol that cannot convert a stored record moves it aside instead of failing the whole batch,
+and the property values the store parses are refused at put when they mean nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from libstore import MessageIllegalError, MessageRecord, decode_record
+from libstore.message import Message
+from libstore.record_codec import RecordEncoder
+from libstore.scheduled_message import delivery_time
+from libstore.subscription_group import SubscriptionGroupConfig
+from libstore.system_topics import QUARANTINE_TOPIC
+from services._common.telemetry import metrics_snapshot
+from services.client import Admin, OutgoingMessage, Producer
+from services.dispatch.pop import QUARANTINE_GROUP, QUARANTINE_REASON
+from services.gateway.rocketmq import convert
+from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.proto import gateway_grpc, gateway_pb
+from services.serve import Suite
+from tests.service.conftest import embedded_options
+from tests.service.harness import InProcessSuites, wait_derived_caught_up
+
+PROPERTY_LIMIT = 32767
+
+
+@pytest.fixture
+def suite_and_loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Suite, InProcessSuites]]:
+    suites = InProcessSuites()
+    try:
+        suite = suites.start(embedded_options(tmp_path_factory.mktemp("poison") / "data"))
+        suites.wait_ready(suite)
+        yield suite, suites
+    finally:
+        suites.close()
+
+
+def _quarantined() -> float:
+    return sum(v for _, v in metrics_snapshot().get("mqstore.dispatch.quarantined", []))
+
+
+def test_a_message_too_big_to_dead_letter_is_parked_and_the_group_moves_on(
+    suite_and_loop: tuple[Suite, InProcessSuites],
+) -> None:
+    suite, suites = suite_and_loop
+    run = suites.loop.run
+    with Admin(suite.address) as admin:
+        admin.create_topic("Bills", 1)
+    # Properties just under the limit: the dead-letter copy's three more do not fit.
+    filler = "x" * (PROPERTY_LIMIT - 80)
+    with Producer(suite.address) as producer:
+        assert producer.send_batch([OutgoingMessage("Bills", b"poison", properties={"note": filler})]).all_ok
+        assert producer.send("Bills", b"healthy").all_ok
+    wait_derived_caught_up(suite)
+    assert suite.dispatch_app is not None
+    port = suite.dispatch_app.port
+    run(port.upsert_group(SubscriptionGroupConfig("payers", retry_max_times=0)))  # one delivery each
+    first = run(port.pop("payers", "Bills", -1, max_count=1, invisible_ms=100))
+    assert [m.queue_offset for m in first.messages] == [0]
+    before = _quarantined()
+    time.sleep(0.2)  # its one delivery expires unacked: it is dead
+    nxt = run(port.pop("payers", "Bills", -1, max_count=4, invisible_ms=60_000))
+    assert [m.queue_offset for m in nxt.messages] == [1]  # the group went on past it
+    assert run(port.pop_service.revive()) == 0  # and the revive scan has nothing left to choke on
+    assert _quarantined() == before + 1
+    wait_derived_caught_up(suite)
+    with grpc.insecure_channel(suite.address) as channel:
+        pulled = gateway_grpc.GatewayStub(channel).Pull(
+            gateway_pb.PullRequest(group="ops", topic=QUARANTINE_TOPIC, queue_id=0, offset=0, max_count=8),
+            timeout=5,
+        )
+    (parked,) = pulled.messages
+    assert parked.body == b"poison" and parked.properties[QUARANTINE_GROUP] == "payers"
+    assert "properties are" in parked.properties[QUARANTINE_REASON]  # the store's own refusal
+    assert parked.properties["DLQ_ORIGIN_TOPIC"] == "Bills" and "note" not in parked.properties
+
+
+def _record(props: dict[str, str]) -> MessageRecord:
+    encoder = RecordEncoder(bytes(8), max_message_size=1 << 20)
+    batch = encoder.encode_batch([Message("Bills", b"b", 0, properties=props)], int(time.time() * 1000))
+    return decode_record(bytes(batch.buf), check_crc=False)
+
+
+def test_a_stored_delivery_time_that_is_not_a_number_does_not_break_a_receive() -> None:
+    for text in ("²", "١٢٣", "1_000", " 12", "99999999999999999999"):
+        message = convert.consumer_message(
+            _record({"TIMER_DELIVER_MS": text, "TIMER_OUT_MS": "1"}),
+            namespace="",
+            receipt_handle="h",
+            attempt=1,
+            invisible_ms=1000,
+        )
+        assert not message.system_properties.HasField("delivery_timestamp"), text
+    good = convert.consumer_message(
+        _record({"TIMER_DELIVER_MS": "1700000000000"}),
+        namespace="",
+        receipt_handle="h",
+        attempt=1,
+        invisible_ms=1,
+    )
+    assert good.system_properties.delivery_timestamp.seconds == 1_700_000_000
+
+
+def test_delivery_properties_must_be_plain_decimal_numbers_at_put(
+    suite_and_loop: tuple[Suite, InProcessSuites],
+) -> None:
+    now = int(time.time() * 1000)
+    for text in ("²", "١٢٣", "1_000", " 12"):  # Python's int() takes some of these; Java's does not
+        with pytest.raises(MessageIllegalError, match="decimal"):
+            delivery_time({"TIMER_DELIVER_MS": text}, now)
+        with pytest.raises(MessageIllegalError, match="decimal"):
+            delivery_time({"TIMER_DELAY_SEC": text}, now)
+    suite, _ = suite_and_loop
+    with Producer(suite.address, encode_records=False) as producer:
+        for props in ({"TIMER_DELIVER_MS": "١٢٣"}, {"TIMER_OUT_MS": "1", "TIMER_DELIVER_MS": "²"}):
+            with pytest.raises(MessageIllegalError):
+                producer.send_batch([OutgoingMessage("Bills", b"crafted", properties=props)])
+
+
+def test_a_record_a_protocol_cannot_convert_is_moved_aside_not_failing_the_batch(
+    suite_and_loop: tuple[Suite, InProcessSuites], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite, _ = suite_and_loop
+    real = convert.consumer_message
+
+    def fragile(rec: MessageRecord, **kwargs: object) -> object:
+        if rec.body == b"unconvertible":
+            raise ValueError("a record this protocol cannot express")
+        return real(rec, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(convert, "consumer_message", fragile)
+    with Admin(suite.address) as admin:
+        admin.create_topic("Mixed", 1)
+    with Producer(suite.address) as producer:
+        for body in (b"first", b"unconvertible", b"last"):
+            assert producer.send("Mixed", body).all_ok
+    wait_derived_caught_up(suite)
+    request = service.ReceiveMessageRequest(
+        group=definition.Resource(name="readers"),
+        message_queue=definition.MessageQueue(topic=definition.Resource(name="Mixed"), id=-1),
+        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
+        batch_size=16,
+        invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=1),
+    )
+    with grpc.insecure_channel(suite.address) as channel:
+        replies = list(
+            service_grpc.MessagingServiceStub(channel).ReceiveMessage(
+                request, metadata=[("x-mq-client-id", "poison-test")], timeout=10
+            )
+        )
+        assert replies[0].status.code == Code.OK
+        assert [r.message.body for r in replies if r.HasField("message")] == [b"first", b"last"]
+        dead = gateway_grpc.GatewayStub(channel).Pull(
+            gateway_pb.PullRequest(
+                group="ops", topic="%DLQ%readers", queue_id=0, offset=0, max_count=4, wait_ms=3000
+            ),
+            timeout=10,
+        )
+    assert [m.body for m in dead.messages] == [b"unconvertible"]
