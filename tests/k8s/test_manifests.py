@@ -288,3 +288,24 @@ def test_dockerfile_builds_a_non_root_image_running_mqstore_serve() -> None:
     exposed = re.search(r"^EXPOSE (.+)$", text, re.M)
     assert exposed is not None
     assert {str(p) for p in ROLE_PORTS.values()} <= set(exposed.group(1).split())
+
+
+def test_prod_gateways_require_signed_calls_from_their_groups_acl_secret(overlay: Rendered) -> None:
+    name, objs = overlay
+    gateways = [(w, c) for w, c in _mqstore_containers(objs) if w["kind"] == "Deployment"]
+    assert gateways
+    for workload, c in gateways:
+        env = _env(c, objs)
+        if name == "dev":
+            assert "MQSTORE_ACL_FILE" not in env  # a try-out: open, and the gateway says so
+            continue
+        folder, _, file = env["MQSTORE_ACL_FILE"].rpartition("/")
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == folder]
+        assert file == "plain_acl.yml" and mount.get("readOnly") is True
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        secret = volumes[mount["name"]]["secret"]
+        assert secret["secretName"] == f"{env['BROKER_GROUP']}-acl"
+        assert secret.get("defaultMode", 0o644) & 0o007 == 0  # secrets are not world-readable
+    for workload, c in _mqstore_containers(objs):
+        if workload["kind"] != "Deployment":
+            assert "MQSTORE_ACL_FILE" not in _env(c, objs)  # only gateways take client calls
