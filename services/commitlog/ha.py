@@ -26,8 +26,10 @@ Switches (CommitLogService Promote/Demote, ``mqstore ha promote|demote``):
   the next epoch past every known one at the log's end (persisted before any write), take the role
   (by default the old master's: SYNC_MASTER or ASYNC_MASTER). Refused while the old master is
   still connected or answers as master, or while another slave holds more of the log (newer
-  epoch, then more bytes: it may hold acknowledged messages this one lacks), unless forced
-  (then the old master is told to demote itself).
+  epoch, then more bytes: it may hold acknowledged messages this one lacks), unless forced.
+  Forced, a master that still answers is demoted *before* this store takes the role, and the
+  switch is refused if it does not step down (two masters taking writes is a split brain); a
+  master that does not answer cannot be asked, and learns of the newer epoch when it can.
 * demote (a master): refuse puts from now on, fail pending SYNC_MASTER waits
   (SLAVE_NOT_AVAILABLE), end the slaves' streams (NOT_MASTER), save the role, follow the new
   master.
@@ -346,6 +348,9 @@ class HAController:
                 max([ha_state.last_epoch, client.master_epoch if client else 0, *(st.epoch for st in peers)]),
                 self.config.broker_id,
             )
+            # Forced while another master answers: it steps down first, so the two never take
+            # writes at once; one that answers but does not step down stops the switch.
+            await self._fence(live_masters, epoch)
             await self._stop_client()
             self.port.forget_recent()
             if self.port.dedup is not None:
@@ -358,14 +363,22 @@ class HAController:
                 entry.epoch,
                 entry.start_offset,
             )
-        for st in live_masters:  # forced: tell the old master to follow us
-            with contextlib.suppress(StoreError, grpc.RpcError):
-                channel = self._channels.get(st.commitlog_address) or open_channel(
-                    st.commitlog_address, self.tls
-                )
-                self._channels[st.commitlog_address] = channel
-                await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, entry.epoch)
         return self.state()
+
+    async def _fence(self, masters: list[commitlog_pb.HAState], epoch: int) -> None:
+        """Demote every member in ``masters`` (they answered as masters just now) to follow this
+        store from ``epoch``. Raises RoleSwitchError naming the first that did not step down:
+        promoting anyway would leave two masters taking writes (split brain)."""
+        for st in masters:
+            channel = self._channels.get(st.commitlog_address) or open_channel(st.commitlog_address, self.tls)
+            self._channels[st.commitlog_address] = channel
+            try:
+                await RemoteCommitLog(channel, timeout_s=PEER_TIMEOUT_S).demote(self.ha_address, epoch)
+            except (StoreError, grpc.RpcError) as exc:
+                raise RoleSwitchError(
+                    f"{st.commitlog_address} answers as the master but did not step down ({exc}); "
+                    "not promoted: stop it first"
+                ) from None
 
     async def demote(self, master_address: str, min_epoch: int = 0) -> commitlog_pb.HAState:
         """Make this store a SLAVE of ``master_address`` (an HA endpoint); returns the new state.

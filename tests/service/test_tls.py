@@ -367,3 +367,34 @@ accounts:
             producer.send("Payroll", b"raise")
     with Admin(gateway.address, tls=pki.client()) as admin, pytest.raises(AuthenticationError):
         admin.list_topics()  # a CA certificate that is no account's: it must sign
+
+
+def test_a_forced_promotion_never_leaves_two_masters(
+    suites: InProcessSuites, tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forced while the old master answers, the promotion demotes it first; when it does not
+    step down, the promotion is refused and the slave stays a slave (it used to promote anyway
+    and ignore the failed demotion: two masters). The group runs over mutual TLS, as prod does."""
+    from libstore import RoleSwitchError
+    from services.commitlog.client import RemoteCommitLog
+
+    master_options = _commitlog_options(tmp_path / "a", pki.server())
+    slave_options = _commitlog_options(tmp_path / "b", pki.server(), brokerRole="SLAVE", brokerId=1)
+    master_options.ha_peers = (slave_options.address,)
+    slave_options.ha_peers = (master_options.address,)
+    master = suites.start(master_options)
+    slave = suites.start(slave_options)
+    assert master.ha is not None and slave.ha is not None
+    real_demote = RemoteCommitLog.demote
+
+    async def refuse(self: RemoteCommitLog, master_address: str, min_epoch: int = 0) -> object:
+        raise ServiceNotAvailableError("busy")
+
+    monkeypatch.setattr(RemoteCommitLog, "demote", refuse)
+    with pytest.raises(RoleSwitchError, match="did not step down"):
+        suites.loop.run(slave.ha.promote(force=True))
+    assert slave.ha.state().broker_role == "SLAVE" and master.ha.state().broker_role == "ASYNC_MASTER"
+    monkeypatch.setattr(RemoteCommitLog, "demote", real_demote)
+    promoted = suites.loop.run(slave.ha.promote(force=True))
+    assert promoted.broker_role == "ASYNC_MASTER"
+    assert master.ha.state().broker_role == "SLAVE"  # stepped down before the slave took over
