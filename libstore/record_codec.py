@@ -482,6 +482,7 @@ class RecordEncoder:
         *,
         choose_queue: Callable[[str], int] | None = None,
         born_host: bytes = b"",
+        max_records: int = 0,
     ) -> EncodedBatch:
         """Validate records a client encoded and make them this store's, without decoding them
         into messages (the records form of Produce: RocketMQ's layout with PHYSICALOFFSET,
@@ -495,7 +496,11 @@ class RecordEncoder:
         a 0.0.0.0:0 BORNHOST takes ``born_host`` (8 encoded bytes, when given); STOREHOST becomes
         this store's and a zero BORNTIMESTAMP ``now_ms``; offsets are left for the put lock. The
         decoded requests are kept in the batch (``requests``) for dispatch. Raises
-        MessageIllegalError (or a subclass) naming the first bad record; nothing is kept.
+        MessageIllegalError (or a subclass) naming the first bad record, or when there are more
+        than ``max_records`` records (0: no bound); nothing is kept.
+
+        Thread-safety: may run on a worker thread while the store appends (it touches no state
+        of the store but the topic table, which locks, and round-robin counters).
         """
         if len(self.store_host) != len(STORE_HOST_PLACEHOLDER):
             raise MessageIllegalError("client-encoded records need an IPv4 store host; send messages")
@@ -509,6 +514,8 @@ class RecordEncoder:
         max_body = self.max_message_size
         no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
         while pos < limit:
+            if max_records and index >= max_records:
+                raise MessageIllegalError(f"a request carries at most {max_records} records")
             req, fields, _, props_at = _check_record(buf, pos, limit, True, 0, True)
             if not req.success or req.msg_size == 0:
                 raise MessageIllegalError(
