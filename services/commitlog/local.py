@@ -12,8 +12,8 @@ was cut under a follower (libstore.log_generation).
 Bounds (the store's config): client-encoded record batches carry at most
 ``maxMessagesPerRequest`` records in at most ``maxRequestBytes``, and are validated on a worker
 thread when larger than ``offloadValidationBytes`` (the loop keeps serving other calls); a read
-asks for at most ``maxReadRangesPerCall`` ranges, returns at most ``maxReadBytesPerCall`` bytes,
-and never returns more than one record's largest size for a range.
+never returns more than the largest record for a range, and one through the Read RPC asks for
+at most ``maxReadRangesPerCall`` ranges and returns at most ``maxReadBytesPerCall`` bytes.
 """
 
 from __future__ import annotations
@@ -277,11 +277,13 @@ class LocalCommitLog:
             return status
 
     # -- read -----------------------------------------------------------------------------------
-    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
-        """The records at ``ranges`` (see CommitLog.read_many). Raises InvalidArgumentError for
-        more than ``maxReadRangesPerCall`` ranges or records past ``maxReadBytesPerCall`` bytes."""
+    async def read(self, ranges: Sequence[tuple[int, int]], *, bounded: bool = False) -> list[bytes | None]:
+        """The records at ``ranges`` (see CommitLog.read_many); a range never reads more than the
+        largest record. ``bounded`` (the Read RPC: ranges a remote caller chose) also raises
+        InvalidArgumentError for more than ``maxReadRangesPerCall`` ranges or records past
+        ``maxReadBytesPerCall`` bytes; in-process callers ask for what they were bounded to."""
         cfg = self.log.config
-        if len(ranges) > cfg.max_read_ranges_per_call:
+        if bounded and len(ranges) > cfg.max_read_ranges_per_call:
             raise InvalidArgumentError(
                 f"a read asks for at most {cfg.max_read_ranges_per_call} ranges (maxReadRangesPerCall), "
                 f"got {len(ranges)}"
@@ -290,7 +292,7 @@ class LocalCommitLog:
             span.set_attribute("mqstore.ranges", len(ranges))
             return self.log.read_many(
                 ranges,
-                max_bytes=cfg.max_read_bytes_per_call,
+                max_bytes=cfg.max_read_bytes_per_call if bounded else 0,
                 max_record_size=cfg.max_record_size,
             )
 
