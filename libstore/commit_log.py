@@ -53,6 +53,7 @@ from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.errors import (
     CorruptRecordError,
     DiskFullError,
+    InvalidArgumentError,
     NotMasterError,
     OffsetOutOfRangeError,
     OSPageCacheBusyError,
@@ -218,6 +219,7 @@ class CommitLog:
                 default_queue_nums=cfg.default_topic_queue_nums,
                 max_queue_nums=cfg.max_queue_nums_per_topic,
                 max_topic_length=cfg.max_topic_length,
+                max_topic_count=cfg.max_topic_count,
             )
         if cfg.transient_store_pool_enable:
             self._pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commit_log)
@@ -475,14 +477,17 @@ class CommitLog:
         )
         return self.append_batch(batch, expected_epoch=expected_epoch)
 
-    def adopt_records(self, raw: bytes | bytearray | memoryview, born_host: bytes = b"") -> EncodedBatch:
+    def adopt_records(
+        self, raw: bytes | bytearray | memoryview, born_host: bytes = b"", *, max_records: int = 0
+    ) -> EncodedBatch:
         """Validate client-encoded records for this store (see RecordEncoder.adopt_records);
         records with QUEUEID -1 are placed round robin over their topic's write queues, and
         ``born_host`` (8 encoded bytes) fills a 0.0.0.0:0 BORNHOST. Only producers send records,
         so what they may not put is refused (libstore.producer_input: system topics, the store's
-        properties) and SYSFLAG is masked to the producer's bits.
+        properties) and SYSFLAG is masked to the producer's bits. May run on a worker thread.
 
-        Raises MessageIllegalError (or a subclass) or TopicNotFoundError; nothing is written.
+        Raises MessageIllegalError (or a subclass; also past ``max_records`` records, 0: no
+        bound) or TopicNotFoundError; nothing is written.
         """
         self._check_writable()
         assert self._topic_config is not None
@@ -495,6 +500,7 @@ class CommitLog:
             check_topic=check_producer_topic,
             check_properties=check_producer_properties,
             sys_flag_mask=PRODUCER_SYS_FLAGS,
+            max_records=max_records,
         )
 
     def _next_queue(self, topic: str) -> int:
@@ -1084,16 +1090,24 @@ class CommitLog:
         except ValueError as exc:  # segment unmapped concurrently
             raise OffsetOutOfRangeError(f"offset {phy_offset} is no longer in the log") from exc
 
-    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+    def read_many(
+        self, ranges: Sequence[tuple[int, int]], *, max_bytes: int = 0, max_record_size: int = 0
+    ) -> list[bytes | None]:
         """Raw records at (offset, size) ranges, None where the log no longer holds one; size 0
         reads the whole record at the offset. One segment lookup per run of ranges in the same
-        segment (a pull reads many records close together)."""
+        segment (a pull reads many records close together).
+
+        ``max_record_size`` (0: none): a range, or a size-0 record's TOTALSIZE, larger than this
+        reads as None (no record is larger: an offset that is not a record's start). Raises
+        InvalidArgumentError, having copied at most ``max_bytes``, when the records would come
+        to more than ``max_bytes`` (0: no bound)."""
         assert self.queue is not None
         out: list[bytes | None] = []
         append = out.append
         mf = None
         base = tail = readable = 0
         buf = None
+        total = 0
         for offset, size in ranges:
             if mf is None or not base <= offset < tail:
                 mf = self.queue.find_mapped_file_by_offset(offset)
@@ -1106,9 +1120,14 @@ class CommitLog:
             try:
                 if size == 0:
                     size = _TOTAL_SIZE.unpack_from(buf, offset - base)[0] if offset + 8 <= readable else 0
-                if size <= 0 or offset + size > readable:
+                if size <= 0 or offset + size > readable or (max_record_size and size > max_record_size):
                     append(None)
                     continue
+                total += size
+                if max_bytes and total > max_bytes:
+                    raise InvalidArgumentError(
+                        f"a read returns at most {max_bytes} bytes; these ranges hold more"
+                    )
                 append(buf[offset - base : offset - base + size])  # type: ignore[index]
             except ValueError:  # segment unmapped concurrently
                 mf = None

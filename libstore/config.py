@@ -44,6 +44,7 @@ def _f(default: Any, key: str, unit: str = "", doc: str = "") -> Any:
 
 
 ENV_PREFIX = "MQSTORE_"
+RECORD_OVERHEAD_BOUND = 64 * 1024  # a record's header, topic and properties take less than this
 MAX_BROKER_ID = 1000  # epochs are term * MAX_BROKER_ID + broker id (libstore.ha_state.next_epoch)
 
 
@@ -112,6 +113,80 @@ class StoreConfig:
     max_topic_length: int = _f(127, "maxTopicLength", "bytes")
     max_queue_nums_per_topic: int = _f(
         1024, "maxQueueNumsPerTopic", "queues", "mqstore: upper bound of a topic's queue count"
+    )
+    max_topic_count: int = _f(
+        1024,
+        "maxTopicCount",
+        "topics",
+        "mqstore: most topics the store holds, system topics aside; creating one more (by hand or "
+        "by auto-create) is refused. Each queue that receives messages maps a ConsumeQueue file",
+    )
+    max_group_name_length: int = _f(
+        255,
+        "maxGroupNameLength",
+        "bytes",
+        "mqstore: longest consumer group name (RocketMQ's Validators.CHARACTER_MAX_LENGTH); names use "
+        "a topic's characters [A-Za-z0-9_%|-]",
+    )
+    max_messages_per_request: int = _f(
+        1024,
+        "maxMessagesPerRequest",
+        "messages",
+        "mqstore: most messages one produce or send carries (either Produce form, RocketMQ 5 SendMessage)",
+    )
+    max_request_bytes: int = _f(
+        32 * 1024 * 1024,
+        "maxRequestBytes",
+        "bytes",
+        "mqstore: largest produce or send request (its encoded size); each message's body is still "
+        "bound by maxMessageSize",
+    )
+    offload_validation_bytes: int = _f(
+        256 * 1024,
+        "offloadValidationBytes",
+        "bytes",
+        "mqstore: client-encoded record batches larger than this are validated on a worker thread, "
+        "so the event loop keeps serving other calls meanwhile",
+    )
+    max_read_ranges_per_call: int = _f(
+        1024,
+        "maxReadRangesPerCall",
+        "ranges",
+        "mqstore: most records one commitlog Read call asks for (at least maxPullBatchSize)",
+    )
+    max_read_bytes_per_call: int = _f(
+        32 * 1024 * 1024,
+        "maxReadBytesPerCall",
+        "bytes",
+        "mqstore: most record bytes one commitlog Read call returns (at least maxMessageSize + 64 KiB)",
+    )
+    max_held_polls: int = _f(
+        4096,
+        "maxHeldPolls",
+        "polls",
+        "mqstore: most long polls (Pull with wait, RocketMQ 5 ReceiveMessage, dispatch waits) held at "
+        "once by a gateway or a dispatch service; past it a poll is answered at once",
+    )
+    max_held_polls_per_client: int = _f(
+        64,
+        "maxHeldPollsPerClient",
+        "polls",
+        "mqstore: most long polls a gateway holds for one client connection; past it a poll that "
+        "finds nothing is answered at once with RESOURCE_EXHAUSTED / TOO_MANY_REQUESTS",
+    )
+    telemetry_outbox_max_commands: int = _f(
+        64,
+        "telemetryOutboxMaxCommands",
+        "commands",
+        "gateway (RocketMQ 5 protocol): server-to-client commands queued per Telemetry stream; when "
+        "full, the stream's commands are no longer read and check-backs skip it",
+    )
+    telemetry_max_streams_per_client: int = _f(
+        16,
+        "telemetryMaxStreamsPerClient",
+        "streams",
+        "gateway (RocketMQ 5 protocol): open Telemetry streams per client id; one more is refused "
+        "with TOO_MANY_REQUESTS",
     )
     flush_interval_consume_queue: int = _f(
         1000, "flushIntervalConsumeQueue", "ms", "ConsumeQueue and IndexFile flush period"
@@ -227,6 +302,16 @@ class StoreConfig:
             "default_topic_queue_nums",
             "max_topic_length",
             "max_queue_nums_per_topic",
+            "max_topic_count",
+            "max_group_name_length",
+            "max_messages_per_request",
+            "max_request_bytes",
+            "max_read_ranges_per_call",
+            "max_read_bytes_per_call",
+            "max_held_polls",
+            "max_held_polls_per_client",
+            "telemetry_outbox_max_commands",
+            "telemetry_max_streams_per_client",
             "queue_offset_snapshot_interval",
             "flush_interval_consume_queue",
             "flush_consume_queue_thorough_interval",
@@ -261,6 +346,7 @@ class StoreConfig:
             "flush_least_pages_when_warm_mapped_file",
             "flush_consume_queue_least_pages",
             "broker_id",
+            "offload_validation_bytes",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -278,6 +364,16 @@ class StoreConfig:
                 "mapped_file_size_commit_log must hold the largest record: "
                 f"max_message_size ({self.max_message_size}) + 64 KiB > {self.mapped_file_size_commit_log}"
             )
+        if self.max_read_ranges_per_call < self.max_pull_batch_size:
+            raise ConfigError("max_read_ranges_per_call must be at least max_pull_batch_size")
+        if self.max_read_bytes_per_call < self.max_message_size + 64 * 1024:
+            raise ConfigError(
+                "max_read_bytes_per_call must hold the largest record (max_message_size + 64 KiB)"
+            )
+        if self.max_request_bytes < self.max_message_size:
+            raise ConfigError("max_request_bytes must be at least max_message_size")
+        if self.max_held_polls_per_client > self.max_held_polls:
+            raise ConfigError("max_held_polls_per_client exceeds max_held_polls")
         if self.default_topic_queue_nums > self.max_queue_nums_per_topic:
             raise ConfigError("default_topic_queue_nums exceeds max_queue_nums_per_topic")
         if self.transient_store_pool_enable and self.broker_role is BrokerRole.SLAVE:
@@ -295,6 +391,11 @@ class StoreConfig:
     def commit_log_dir(self) -> Path:
         """Folder of the CommitLog files."""
         return Path(self.store_path_commit_log or os.path.join(self.store_path_root_dir, "commitlog"))
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest CommitLog record a message of ``max_message_size`` makes (bytes)."""
+        return self.max_message_size + RECORD_OVERHEAD_BOUND
 
     @property
     def root_dir(self) -> Path:
@@ -326,16 +427,23 @@ class StoreConfig:
         conf_file: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         overrides: Mapping[str, Any] | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> StoreConfig:
         """Build a config from a properties file, ``MQSTORE_*`` environment variables and overrides.
 
         ``conf_file`` lines are ``key=value`` (``#`` comments), keys in RocketMQ spelling or
-        snake_case. Raises ConfigError on an unknown key, a value that does not parse, or a missing
-        file.
+        snake_case. ``defaults`` replace the built-in defaults (the lowest precedence: a role's
+        own defaults). Raises ConfigError on an unknown key, a value that does not parse, or a
+        missing file.
         """
+        keys = cls.keys()
         values: dict[str, Any] = {}
+        for key, raw in (defaults or {}).items():
+            values[keys.get(key, key)] = raw
         if conf_file is not None:
-            values.update(_read_properties(Path(conf_file)))
+            for key, raw in _read_properties(Path(conf_file)).items():
+                values.pop(keys.get(key, ""), None)  # one spelling per field: the file's wins
+                values[key] = raw
         if env:
             fields = {f.name.upper(): f.name for f in dataclasses.fields(cls)}
             for name, raw in env.items():

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
-from libstore.errors import InvalidArgumentError, StoreIOError
+from libstore.errors import IllegalTopicError, InvalidArgumentError, StoreIOError
+from libstore.group_name import MAX_GROUP_NAME_LENGTH, validate_group
+from libstore.record_codec import MAX_TOPIC_LENGTH_V2, validate_topic
 from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,12 @@ TOPIC_GROUP_SEPARATOR = "@"
 
 
 class ConsumerOffsetManager:
-    """Committed offsets, persisted at ``path`` (see module docstring)."""
+    """Committed offsets, persisted at ``path`` (see module docstring). Group names longer than
+    ``max_group_length`` or outside ``[A-Za-z0-9_%|-]``, and invalid topic names, are refused."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_group_length: int = MAX_GROUP_NAME_LENGTH) -> None:
         self.path = Path(path)
+        self.max_group_length = max_group_length
         self._lock = threading.Lock()
         self._table: dict[str, dict[int, int]] = {}
         self._version = 0
@@ -56,9 +60,10 @@ class ConsumerOffsetManager:
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Record that ``group`` has consumed ``topic``/``queue_id`` up to ``offset`` (exclusive).
 
-        Raises InvalidArgumentError for an empty group or topic, a negative queue id or offset.
+        Raises InvalidArgumentError for a bad group or topic name (module doc), a negative
+        queue id or offset.
         """
-        _check(group, topic, queue_id)
+        _check(group, topic, queue_id, self.max_group_length)
         if offset < 0:
             raise InvalidArgumentError(f"a committed offset must be >= 0, got {offset}")
         key = topic + TOPIC_GROUP_SEPARATOR + group
@@ -75,7 +80,7 @@ class ConsumerOffsetManager:
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when ``group`` never committed one for this queue."""
-        _check(group, topic, queue_id)
+        _check(group, topic, queue_id, self.max_group_length)
         queues = self._table.get(topic + TOPIC_GROUP_SEPARATOR + group)
         if queues is None:
             return -1
@@ -120,11 +125,12 @@ class ConsumerOffsetManager:
             self._persisted_version = max(self._persisted_version, version)
 
 
-def _check(group: str, topic: str, queue_id: int) -> None:
-    if not group or TOPIC_GROUP_SEPARATOR in group:
-        raise InvalidArgumentError(f"consumer group must be non-empty and without '@', got {group!r}")
-    if not topic:
-        raise InvalidArgumentError("topic must be non-empty")
+def _check(group: str, topic: str, queue_id: int, max_group_length: int = MAX_GROUP_NAME_LENGTH) -> None:
+    validate_group(group, max_group_length)  # its characters exclude the '@' separator
+    try:
+        validate_topic(topic, MAX_TOPIC_LENGTH_V2)  # retry and dead-letter topics included
+    except IllegalTopicError as exc:
+        raise InvalidArgumentError(str(exc)) from None
     if queue_id < 0:
         raise InvalidArgumentError(f"queue id must be >= 0, got {queue_id}")
 

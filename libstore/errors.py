@@ -106,6 +106,12 @@ class PermissionDeniedError(StoreError):
     reason = "NO_PERMISSION"
 
 
+class TooManyTopicsError(InvalidArgumentError):
+    """Creating the topic would pass ``maxTopicCount`` (nothing was created)."""
+
+    reason = "TOO_MANY_TOPICS"
+
+
 class TopicNotFoundError(StoreError):
     """The topic does not exist and auto-creation is disabled."""
 
@@ -195,6 +201,13 @@ class OSPageCacheBusyError(ServiceNotAvailableError):
     """The put lock has been held longer than ``osPageCacheBusyTimeOutMills`` (OS_PAGE_CACHE_BUSY)."""
 
     reason = "OS_PAGE_CACHE_BUSY"
+
+
+class TooManyRequestsError(ServiceNotAvailableError):
+    """A bound on concurrent work was reached (held long polls, open streams): the request is
+    answered at once instead of being held; retry after a back-off (RESOURCE_EXHAUSTED)."""
+
+    reason = "TOO_MANY_REQUESTS"
 
 
 class StoreIOError(StoreError):

@@ -6,6 +6,8 @@ offset after applying records; every waiter of that queue whose offset is below 
 once. Nothing polls: a blocking waiter sleeps on an Event, an asyncio waiter on a Future resolved
 through its loop's ``call_soon_threadsafe``. Each waiter re-checks the queue after registering, so
 a message that arrives between the caller's empty pull and the registration is not missed.
+At most ``max_waiters`` are held at once (``maxHeldPolls``): past it a wait is not held, it
+returns at once with what the queue holds (:attr:`LongPollingService.refused` counts them).
 
 Thread-safety: every method may be called from any thread.
 """
@@ -31,12 +33,15 @@ class _Waiter:
 
 class LongPollingService:
     """Waiters per (topic, queue id); ``max_offset_of(topic, queue_id)`` reads a queue's current
-    max offset (units 0..max-1 exist)."""
+    max offset (units 0..max-1 exist); at most ``max_waiters`` held at once (0: no bound)."""
 
-    def __init__(self, max_offset_of: Callable[[str, int], int]) -> None:
+    def __init__(self, max_offset_of: Callable[[str, int], int], *, max_waiters: int = 0) -> None:
         self._max_offset_of = max_offset_of
         self._lock = threading.Lock()
         self._waiters: dict[QueueKey, list[_Waiter]] = {}
+        self.max_waiters = max_waiters
+        self._count = 0
+        self.refused = 0  # waits answered at once because max_waiters were held
 
     def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Wake the waiters of (topic, queue_id) whose offset is below ``max_offset``, and the
@@ -52,6 +57,7 @@ class LongPollingService:
             if not ready:
                 return
             rest = [w for w in waiters if w.offset >= max_offset]
+            self._count -= len(ready)
             if rest:
                 self._waiters[key] = rest
             else:
@@ -76,18 +82,26 @@ class LongPollingService:
         with self._lock:
             waiters = [w for ws in self._waiters.values() for w in ws]
             self._waiters = {}
+            self._count = 0
         for w in waiters:
             w.wake()
 
-    def _register(self, key: QueueKey, waiter: _Waiter) -> None:
+    def _register(self, key: QueueKey, waiter: _Waiter) -> bool:
+        """Hold ``waiter``; False (not held) when ``max_waiters`` are held already."""
         with self._lock:
+            if self.max_waiters and self._count >= self.max_waiters:
+                self.refused += 1
+                return False
             self._waiters.setdefault(key, []).append(waiter)
+            self._count += 1
+            return True
 
     def _unregister(self, key: QueueKey, waiter: _Waiter) -> None:
         with self._lock:
             waiters = self._waiters.get(key)
             if waiters and waiter in waiters:
                 waiters.remove(waiter)
+                self._count -= 1
                 if not waiters:
                     del self._waiters[key]
 
@@ -101,7 +115,8 @@ class LongPollingService:
             return True
         event = threading.Event()
         waiter = _Waiter(offset, event.set)
-        self._register(key, waiter)
+        if not self._register(key, waiter):
+            return False
         try:
             if self._max_offset_of(topic, queue_id) > offset:
                 return True
@@ -117,7 +132,8 @@ class LongPollingService:
             return True
         future, wake = _loop_wakeup()
         waiter = _Waiter(offset, wake)
-        self._register(key, waiter)
+        if not self._register(key, waiter):
+            return self._max_offset_of(topic, queue_id) > offset
         try:
             if self._max_offset_of(topic, queue_id) > offset:
                 return True
@@ -129,21 +145,24 @@ class LongPollingService:
 
     async def wait_for_topic_async(
         self, topic: str, timeout_ms: int, arrived: Callable[[], bool] | None = None
-    ) -> None:
+    ) -> bool:
         """Hold an asyncio caller until a message arrives on any queue of ``topic`` or
         ``timeout_ms`` pass (the pop model's long polling: a receive serves every queue).
         ``arrived()`` is asked once the waiter is registered (return at once when True), so an
         arrival between the caller's empty look and the registration is not missed. A wake-up
-        means "look again", not "there is a message for you"."""
+        means "look again", not "there is a message for you". Returns False, at once, when
+        ``max_waiters`` are held (the caller was not held), else True."""
         future, wake = _loop_wakeup()
         key = (topic, ANY_QUEUE)
         waiter = _Waiter(-1, wake)
-        self._register(key, waiter)
+        if not self._register(key, waiter):
+            return False
         try:
             if arrived is not None and arrived():
-                return
+                return True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(future, max(timeout_ms, 0) / 1000.0)
+            return True
         finally:
             self._unregister(key, waiter)
 
@@ -151,7 +170,7 @@ class LongPollingService:
     def waiting(self) -> int:
         """How many pulls are being held."""
         with self._lock:
-            return sum(len(ws) for ws in self._waiters.values())
+            return self._count
 
 
 def _loop_wakeup() -> tuple[asyncio.Future[None], Callable[[], None]]:

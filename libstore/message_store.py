@@ -111,8 +111,12 @@ class MessageStore:
             )
         self._cq_checkpoint = DispatchCheckpoint(dispatch_checkpoint_path(consume_queue_dir(root)))
         self._index_checkpoint = DispatchCheckpoint(dispatch_checkpoint_path(index_dir(root)))
-        self.consumer_offsets = ConsumerOffsetManager(consumer_offset_path(root))
-        self.long_polling = LongPollingService(self.get_max_offset_in_queue)
+        self.consumer_offsets = ConsumerOffsetManager(
+            consumer_offset_path(root), max_group_length=config.max_group_name_length
+        )
+        self.long_polling = LongPollingService(
+            self.get_max_offset_in_queue, max_waiters=config.max_held_polls
+        )
         self.reput: ReputMessageService | None = None
         self.derived_recovery: DerivedRecovery | None = None
         self._flush_cq: FlushConsumeQueueService | None = None

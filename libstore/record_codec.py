@@ -485,6 +485,7 @@ class RecordEncoder:
         check_topic: Callable[[str], None] | None = None,
         check_properties: Callable[[Iterable[str]], None] | None = None,
         sys_flag_mask: int = -1,
+        max_records: int = 0,
     ) -> EncodedBatch:
         """Validate records a client encoded and make them this store's, without decoding them
         into messages (the records form of Produce: RocketMQ's layout with PHYSICALOFFSET,
@@ -501,7 +502,11 @@ class RecordEncoder:
         put (libstore.producer_input): ``check_topic`` is called once per topic and
         ``check_properties`` with each record's property names (both raise to refuse), and
         SYSFLAG is masked in place to ``sys_flag_mask`` (the host-layout bits stay). Raises
-        MessageIllegalError (or a subclass) naming the first bad record; nothing is kept.
+        MessageIllegalError (or a subclass) naming the first bad record, or when there are more
+        than ``max_records`` records (0: no bound); nothing is kept.
+
+        Thread-safety: may run on a worker thread while the store appends (it touches no state
+        of the store but the topic table, which locks, and round-robin counters).
         """
         if len(self.store_host) != len(STORE_HOST_PLACEHOLDER):
             raise MessageIllegalError("client-encoded records need an IPv4 store host; send messages")
@@ -515,6 +520,8 @@ class RecordEncoder:
         max_body = self.max_message_size
         no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
         while pos < limit:
+            if max_records and index >= max_records:
+                raise MessageIllegalError(f"a request carries at most {max_records} records")
             req, fields, _, props_at = _check_record(buf, pos, limit, True, 0, True)
             if not req.success or req.msg_size == 0:
                 raise MessageIllegalError(
@@ -853,14 +860,19 @@ def _check_record(
     return req, fields, body_at, p
 
 
-def record_topics(raw: bytes | bytearray | memoryview) -> set[str]:
+def record_topics(raw: bytes | bytearray | memoryview, max_records: int = 0) -> set[str]:
     """The topics of a run of records (the records form of Produce), read from their headers
     without checking CRCs, so a gateway can authorize a batch before the store validates it
     (:meth:`RecordEncoder.adopt_records`). Raises MessageIllegalError for bytes that do not
-    split into whole records."""
+    split into whole records, or for more than ``max_records`` of them (0: no bound)."""
     topics: set[str] = set()
-    pos, limit = 0, len(raw)
+    pos, limit, count = 0, len(raw), 0
     while pos < limit:
+        count += 1
+        if max_records and count > max_records:
+            raise MessageIllegalError(
+                f"a request carries at most {max_records} records (maxMessagesPerRequest)"
+            )
         req, _, _, _ = _check_record(raw, pos, limit, False, -1, False)
         if not req.success or req.msg_size <= 0:
             raise MessageIllegalError(f"bytes at {pos} are not a CommitLog record")

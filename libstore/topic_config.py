@@ -2,7 +2,10 @@
 
 Kept by the store that owns the CommitLog (``config/topics.json``, replaced atomically). Puts
 check a message's queue id against the topic's write queue count; an unknown topic is created
-with ``defaultTopicQueueNums`` queues when ``autoCreateTopicEnable``, else TopicNotFoundError.
+with ``defaultTopicQueueNums`` queues when ``autoCreateTopicEnable``, else TopicNotFoundError
+(the store's system topics and the dead-letter topics ``%DLQ%<group>`` are created whatever the
+setting, as RocketMQ creates them when it needs them). At most ``maxTopicCount`` topics, the
+system topics aside, exist: creating one more raises TooManyTopicsError.
 Permission bits are RocketMQ's ``PermName`` (READ 4, WRITE 2, INHERIT 1).
 
 Thread-safety: all methods may be called from any thread.
@@ -17,8 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
-from libstore.errors import InvalidArgumentError, StoreIOError, TopicNotFoundError
+from libstore.errors import InvalidArgumentError, StoreIOError, TooManyTopicsError, TopicNotFoundError
 from libstore.record_codec import validate_topic
+from libstore.subscription_group import DLQ_GROUP_TOPIC_PREFIX
 from libstore.system_topics import is_system_topic
 
 PERM_READ = 0x4
@@ -71,7 +75,8 @@ class TopicConfig:
 
 
 class TopicConfigManager:
-    """Topic table persisted at ``path``; ``auto_create`` with ``default_queue_nums`` queues."""
+    """Topic table persisted at ``path``; ``auto_create`` with ``default_queue_nums`` queues;
+    at most ``max_topic_count`` topics besides the system topics."""
 
     def __init__(
         self,
@@ -81,12 +86,14 @@ class TopicConfigManager:
         default_queue_nums: int = 8,
         max_queue_nums: int = 1024,
         max_topic_length: int = 127,
+        max_topic_count: int = 1024,
     ) -> None:
         self.path = Path(path)
         self.auto_create = auto_create
         self.default_queue_nums = default_queue_nums
         self.max_queue_nums = max_queue_nums
         self.max_topic_length = max_topic_length
+        self.max_topic_count = max_topic_count
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
         self.version = 0  # bumped on every change (a master sends its table to slaves then)
@@ -114,6 +121,17 @@ class TopicConfigManager:
                 self._topics = table
                 self._persist_locked()
 
+    def _check_room_locked(self, topic: str) -> None:
+        """Raise TooManyTopicsError when ``topic`` is new and the table is full."""
+        if topic in self._topics or is_system_topic(topic):
+            return
+        count = sum(1 for name in self._topics if not is_system_topic(name))
+        if count >= self.max_topic_count:
+            raise TooManyTopicsError(
+                f"cannot create topic {topic!r}: the store holds {count} topics, maxTopicCount is "
+                f"{self.max_topic_count}"
+            )
+
     def get(self, topic: str) -> TopicConfig | None:
         return self._topics.get(topic)
 
@@ -121,7 +139,8 @@ class TopicConfigManager:
         return sorted(self._topics.values(), key=lambda t: t.topic_name)
 
     def create_or_update(self, config: TopicConfig) -> TopicConfig:
-        """Validate and store ``config``. Raises IllegalTopicError / InvalidArgumentError."""
+        """Validate and store ``config``. Raises IllegalTopicError / InvalidArgumentError
+        (TooManyTopicsError for a new topic past ``max_topic_count``)."""
         validate_topic(config.topic_name, self.max_topic_length)
         for name in ("read_queue_nums", "write_queue_nums"):
             value = getattr(config, name)
@@ -130,6 +149,7 @@ class TopicConfigManager:
         if config.perm & ~(PERM_READ | PERM_WRITE | PERM_INHERIT):
             raise InvalidArgumentError(f"unknown permission bits in {config.perm:#x}")
         with self._lock:
+            self._check_room_locked(config.topic_name)
             self._topics[config.topic_name] = config
             self._persist_locked()
         return config
@@ -144,17 +164,20 @@ class TopicConfigManager:
     def write_queue_nums(self, topic: str) -> int:
         """Queue count a put may address; auto-creates the topic when allowed.
 
-        Raises TopicNotFoundError (unknown topic, auto-create off), IllegalTopicError.
+        Raises TopicNotFoundError (unknown topic, auto-create off), IllegalTopicError,
+        TooManyTopicsError (``max_topic_count`` reached).
         """
         config = self._topics.get(topic)
         if config is None:
             system = is_system_topic(topic)  # the store's own topics exist whatever the setting
-            if not self.auto_create and not system:
+            needed = system or topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+            if not self.auto_create and not needed:
                 raise TopicNotFoundError(f"topic {topic!r} does not exist and auto-create is off")
             validate_topic(topic, self.max_topic_length)
             with self._lock:
                 config = self._topics.get(topic)
                 if config is None:
+                    self._check_room_locked(topic)
                     nums = 1 if system else self.default_queue_nums
                     config = TopicConfig(topic, nums, nums)
                     self._topics[topic] = config

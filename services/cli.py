@@ -347,7 +347,7 @@ def produce(
     stdin: Annotated[bool, typer.Option(help="send each stdin line as a message")] = False,
     tags: Annotated[str | None, typer.Option(help="TAGS of every message")] = None,
     key_prefix: Annotated[str | None, typer.Option(help="KEYS: <prefix>-<n> per message")] = None,
-    batch: Annotated[int, typer.Option(min=1, max=4096, help="messages per Produce call")] = 256,
+    batch: Annotated[int, typer.Option(min=1, max=1024, help="messages per Produce call")] = 256,
     inflight: Annotated[int, typer.Option(min=1, max=64, help="batches in flight")] = 4,
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:

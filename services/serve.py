@@ -51,6 +51,7 @@ from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
 from services.gateway.acl import AccessControl
 from services.gateway.caller import OwnApiAuthInterceptor
+from services.gateway.limits import GatewayLimits
 from services.gateway.rocketmq.messaging import MessagingServicer
 from services.gateway.rocketmq.messaging import add_to_server as add_messaging
 from services.gateway.servicer import GatewayServicer
@@ -115,7 +116,11 @@ def store_config(options: ServeOptions, root: Path) -> StoreConfig:
     """The StoreConfig of one service rooted at ``root`` (file < env < flags)."""
     overrides = dict(options.store)
     overrides["storePathRootDir"] = str(root)
-    return StoreConfig.from_sources(conf_file=options.conf_file, env=options.env, overrides=overrides)
+    # Topics are created by hand in the split topology (RocketMQ's production advice).
+    defaults = {} if options.role == "embedded" else {"autoCreateTopicEnable": False}
+    return StoreConfig.from_sources(
+        conf_file=options.conf_file, env=options.env, overrides=overrides, defaults=defaults
+    )
 
 
 class Suite:
@@ -201,6 +206,7 @@ class Suite:
             max_pull_batch=cfg.max_pull_batch_size,
             max_hold_ms=cfg.long_polling_hold_time,
             acl=acl,
+            limits=GatewayLimits.from_config(cfg),
         )
         messaging = MessagingServicer(
             commitlog,
@@ -212,6 +218,8 @@ class Suite:
             default_invisible_ms=cfg.default_invisible_time,
             renew_ahead_ms=cfg.renew_ahead_time,
             renew_max_ms=cfg.renew_max_time,
+            limits=gateway.limits,
+            held_polls=gateway.held_polls,
         )
         self.messaging = messaging
         self.server = await self._listen(

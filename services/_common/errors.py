@@ -15,7 +15,8 @@ Client side, :func:`store_error_from_rpc` maps a failed call back to the same St
     OffsetOutOfRangeError           OUT_OF_RANGE
     NotMasterError, StoreLocked,
     LogDivergedError, RoleSwitch    FAILED_PRECONDITION
-    OSPageCacheBusy, DiskFull       RESOURCE_EXHAUSTED
+    OSPageCacheBusy, DiskFull,
+    TooManyRequests                 RESOURCE_EXHAUSTED
     ServiceNotAvailable, StoreIO    UNAVAILABLE
     CorruptRecordError              DATA_LOSS
     AuthenticationError             UNAUTHENTICATED
@@ -45,6 +46,7 @@ _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
     (E.NotMasterError, grpc.StatusCode.FAILED_PRECONDITION),
     (E.OSPageCacheBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (E.TooManyRequestsError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (E.DiskFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (E.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
     (E.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),

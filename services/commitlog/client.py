@@ -9,6 +9,7 @@ import grpc
 from libstore import Message, PutMessageResults, TopicConfig, TopicNotFoundError
 from services._common import convert
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
+from services.commitlog.read_plan import plan_reads
 from services.ports import LogOffsets, TailChunk
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
 
@@ -34,14 +35,19 @@ class RemoteCommitLog:
         return convert.results_from_pb(reply.results)
 
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
-        offsets, sizes = convert.ranges_to_columns(ranges)
-        reply = await call(
-            self.stub.Read,
-            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
-            idempotent=True,
-            timeout_s=self.timeout_s,
-        )
-        return convert.records_or_none(reply.records)
+        """The records at ``ranges``, in as many Read calls as the service's per-call bounds
+        need (services.commitlog.read_plan)."""
+        out: list[bytes | None] = []
+        for chunk in plan_reads(ranges):
+            offsets, sizes = convert.ranges_to_columns(chunk)
+            reply = await call(
+                self.stub.Read,
+                commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
+                idempotent=True,
+                timeout_s=self.timeout_s,
+            )
+            out += convert.records_or_none(reply.records)
+        return out
 
     async def tail(
         self,

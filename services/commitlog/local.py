@@ -8,6 +8,12 @@ The tail stream reads whole records up to the confirm offset (flushed under SYNC
 the slaves under SYNC_MASTER) and sleeps on the CommitLog's confirm listener, so consumers never
 see bytes a crash or a master loss could erase; it fails with LogDivergedError when the log
 was cut under a follower (libstore.log_generation).
+
+Bounds (the store's config): client-encoded record batches carry at most
+``maxMessagesPerRequest`` records in at most ``maxRequestBytes``, and are validated on a worker
+thread when larger than ``offloadValidationBytes`` (the loop keeps serving other calls); a read
+never returns more than the largest record for a range, and one through the Read RPC asks for
+at most ``maxReadRangesPerCall`` ranges and returns at most ``maxReadBytesPerCall`` bytes.
 """
 
 from __future__ import annotations
@@ -98,8 +104,20 @@ class LocalCommitLog:
         """Append client-encoded records (see RecordEncoder.adopt_records): validated here, CRC
         included; records whose UNIQ_KEY is in the de-duplication window get their first result."""
         log = self.log
+        cfg = log.config
+        if len(raw) > cfg.max_request_bytes:
+            raise InvalidArgumentError(
+                f"a request carries at most {cfg.max_request_bytes} bytes (maxRequestBytes), got {len(raw)}"
+            )
         with self._tracer.start_as_current_span("commitlog.append") as span:
-            batch = log.adopt_records(raw, _born_host_bytes(born_host))
+            validate = functools.partial(
+                log.adopt_records, raw, _born_host_bytes(born_host), max_records=cfg.max_messages_per_request
+            )
+            # A large batch is validated (CRC, every field) on a worker thread, so the loop keeps
+            # serving other calls; offsets are still assigned below, on the loop, under one lock.
+            batch = (
+                await asyncio.to_thread(validate) if len(raw) > cfg.offload_validation_bytes else validate()
+            )
             if batch.scheduled:
                 # A delay or timer property (seen while validating): take the message path,
                 # which holds scheduled messages in the timer topic. Rare, so decoding is fine.
@@ -259,10 +277,24 @@ class LocalCommitLog:
             return status
 
     # -- read -----------------------------------------------------------------------------------
-    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+    async def read(self, ranges: Sequence[tuple[int, int]], *, bounded: bool = False) -> list[bytes | None]:
+        """The records at ``ranges`` (see CommitLog.read_many); a range never reads more than the
+        largest record. ``bounded`` (the Read RPC: ranges a remote caller chose) also raises
+        InvalidArgumentError for more than ``maxReadRangesPerCall`` ranges or records past
+        ``maxReadBytesPerCall`` bytes; in-process callers ask for what they were bounded to."""
+        cfg = self.log.config
+        if bounded and len(ranges) > cfg.max_read_ranges_per_call:
+            raise InvalidArgumentError(
+                f"a read asks for at most {cfg.max_read_ranges_per_call} ranges (maxReadRangesPerCall), "
+                f"got {len(ranges)}"
+            )
         with self._tracer.start_as_current_span("commitlog.read") as span:
             span.set_attribute("mqstore.ranges", len(ranges))
-            return self.log.read_many(ranges)
+            return self.log.read_many(
+                ranges,
+                max_bytes=cfg.max_read_bytes_per_call if bounded else 0,
+                max_record_size=cfg.max_record_size,
+            )
 
     # -- tail -----------------------------------------------------------------------------------
     async def tail(

@@ -45,7 +45,8 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     ) -> commitlog_pb.ReadResponse:
         if len(request.offsets) != len(request.sizes):
             raise InvalidArgumentError("offsets and sizes must have the same length")
-        records = await self.port.read(list(zip(request.offsets, request.sizes, strict=True)))
+        ranges = list(zip(request.offsets, request.sizes, strict=True))
+        records = await self.port.read(ranges, bounded=True)  # maxReadRangesPerCall, maxReadBytesPerCall
         return commitlog_pb.ReadResponse(records=[r or b"" for r in records])
 
     async def Tail(

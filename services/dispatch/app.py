@@ -34,8 +34,10 @@ class DispatchApp(DerivedStoreApp):
     def __init__(self, config: StoreConfig, commitlog: CommitLogPort) -> None:
         super().__init__(config, commitlog)
         self.queues = ConsumeQueueStore(consume_queue_dir(self.root), config.mapped_file_size_consume_queue)
-        self.offsets = ConsumerOffsetManager(consumer_offset_path(self.root))
-        self.long_polling = LongPollingService(self.queues.max_offset_of)
+        self.offsets = ConsumerOffsetManager(
+            consumer_offset_path(self.root), max_group_length=config.max_group_name_length
+        )
+        self.long_polling = LongPollingService(self.queues.max_offset_of, max_waiters=config.max_held_polls)
         self.pop = PopService(
             self.root,
             self.queues,
@@ -43,6 +45,7 @@ class DispatchApp(DerivedStoreApp):
             self.long_polling,
             commitlog,
             reput_offset=lambda: self.follower.reput_offset if self.follower is not None else 0,
+            max_group_length=config.max_group_name_length,
         )
         self.timer = TimerService(self.root, self.queues, commitlog)
         self.transactions = TransactionService(

@@ -39,6 +39,7 @@ from libstore.errors import (
     ServiceNotAvailableError,
     StoreError,
 )
+from libstore.group_name import MAX_GROUP_NAME_LENGTH, validate_group
 from libstore.long_polling import LongPollingService
 from libstore.message import MessageConst
 from libstore.message_filter import TagFilter
@@ -81,8 +82,10 @@ class PopService:
         *,
         reput_offset: Callable[[], int] = lambda: 1 << 62,
         clock: Callable[[], int] = _now_ms,
+        max_group_length: int = MAX_GROUP_NAME_LENGTH,
     ) -> None:
         self.queues = queues
+        self.max_group_length = max_group_length
         self.long_polling = long_polling
         self.commitlog = commitlog
         self.clock = clock
@@ -131,6 +134,7 @@ class PopService:
             raise InvalidArgumentError(f"invisible time must be within 1..{MAX_INVISIBLE_MS} ms")
         if wait_ms < 0:
             raise InvalidArgumentError("wait_ms must be >= 0")
+        validate_group(group, self.max_group_length)
         config = self.groups.get(group)
         if not config.consume_enable:
             raise ServiceNotAvailableError(f"consumer group {group} is not allowed to consume")
@@ -155,9 +159,12 @@ class PopService:
                 wake_at = self.state.next_visible_at(group, topic)
                 hold = deadline - now if wake_at is None else max(1, min(deadline, wake_at + 1) - now)
                 span.add_event("long polling", {"mqstore.hold_ms": hold})
-                await self.long_polling.wait_for_topic_async(
+                held = await self.long_polling.wait_for_topic_async(
                     topic, hold, lambda t=topic, b=before: self._topic_max_offsets(t) != b
                 )
+                if not held:  # maxHeldPolls are held already: answer now, empty
+                    span.add_event("long polling refused")
+                    return PopResult([], fifo=config.consume_message_orderly)
 
     def _topic_max_offsets(self, topic: str) -> tuple[int, ...]:
         return tuple(cq.max_offset_in_queue for cq in self.queues.queues_of(topic))
@@ -328,6 +335,9 @@ class PopService:
 
     # -- groups ---------------------------------------------------------------------------------------
     async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+        """Create or replace a group's config. Raises InvalidArgumentError for a bad group name
+        (libstore.group_name)."""
+        validate_group(config.group_name, self.max_group_length)
         return self.groups.upsert(config)
 
     async def get_group(self, group: str) -> SubscriptionGroupConfig:

@@ -16,11 +16,17 @@ consumes as or reads progress of, an admin account for CreateTopic, UpsertSubscr
 GetStoreStats; ListTopics lists what the account may use. Whatever the ACL, producers never
 write system topics, the store's own properties or its SYSFLAG bits (libstore.producer_input).
 
-Bad input raises libstore errors, mapped to gRPC codes by the server interceptor.
+Bad input raises libstore errors, mapped to gRPC codes by the server interceptor. Bounds
+(services.gateway.limits): messages and bytes per produce, long polls held per client and in
+total (RESOURCE_EXHAUSTED past them when nothing is there to answer with), one record per by-id
+query.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import struct
 import time
 from collections.abc import Sequence
 
@@ -38,22 +44,27 @@ from libstore import (
     decode_record,
 )
 from libstore.consume_queue import BoundaryType, CqUnit
-from libstore.errors import AuthenticationError
+from libstore.errors import AuthenticationError, TooManyRequestsError
 from libstore.get_message import UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
 from libstore.producer_input import check_producer_properties, check_producer_topic, producer_sys_flag
-from libstore.record_codec import record_topics
+from libstore.record_codec import (
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    RECORD_OVERHEAD_V1_IPV4,
+    record_topics,
+)
 from libstore.results import GetMessageStatus
 from services._common import convert
 from services._common.telemetry import tracer
 from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.caller import current_account
+from services.gateway.limits import GatewayLimits, HeldPolls
 from services.ports import CommitLogPort, DispatchPort, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 SERVICE_NAME = gateway_pb.DESCRIPTOR.services_by_name["Gateway"].full_name
-MAX_PRODUCE_BATCH = 4096
 
 
 class TopicCache:
@@ -93,6 +104,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         max_pull_batch: int = 1024,
         max_hold_ms: int = 30_000,
         acl: AccessControl | None = None,
+        limits: GatewayLimits | None = None,
     ) -> None:
         self.acl = acl
         self.commitlog = commitlog
@@ -101,6 +113,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.endpoints = endpoints
         self.max_pull_batch = max_pull_batch
         self.max_hold_ms = max_hold_ms
+        self.limits = limits = limits or GatewayLimits()
+        self.held_polls = HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
         self._tracer = tracer("mqstore.gateway")
@@ -136,11 +150,15 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if request.records:
             if request.messages:
                 raise InvalidArgumentError("send messages or records, not both")
+            problem = self.limits.request_problem(0, len(request.records))
+            if problem:
+                raise InvalidArgumentError(problem)
             return await self._produce_records(request.records, context.peer())
         messages = request.messages
         n = len(messages)
-        if n > MAX_PRODUCE_BATCH:
-            raise InvalidArgumentError(f"a produce carries at most {MAX_PRODUCE_BATCH} messages, got {n}")
+        problem = self.limits.request_problem(n, request.ByteSize())
+        if problem:
+            raise InvalidArgumentError(problem)
         for topic in {m.topic for m in messages}:
             check_producer_topic(topic)
             self._allow(PUB, topic)
@@ -154,8 +172,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def _produce_records(self, raw: bytes, peer: str) -> gateway_pb.ProduceResponse:
         """Client-encoded records go to the commitlog as they are, with the caller's address for
         records that left BORNHOST empty; it validates them and places those with QUEUEID -1.
-        The topics are read from the record headers here, to authorize the batch first."""
-        for topic in record_topics(raw):
+        The topics are read from the record headers here, to authorize the batch first (on a
+        worker thread for a large batch, as the commitlog validates it)."""
+        cap = self.limits.max_messages_per_request
+        if len(raw) > self.limits.offload_validation_bytes:
+            topics = await asyncio.to_thread(record_topics, raw, cap)
+        else:
+            topics = record_topics(raw, cap)
+        for topic in topics:
             check_producer_topic(topic)
             self._allow(PUB, topic)
         with self._tracer.start_as_current_span("gateway.produce") as span:
@@ -218,14 +242,23 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             if offset < 0:
                 offset = await self._start_offset(request.group, request.topic, request.queue_id)
             filt = TagFilter(request.tag_expression)
-            entries = await self.dispatch.get_entries(
-                request.topic,
-                request.queue_id,
-                offset,
-                request.max_count,
-                tag_codes=sorted(filt.codes) if filt.codes else (),
-                wait_ms=min(request.wait_ms, self.max_hold_ms),
-            )
+            wait_ms = min(request.wait_ms, self.max_hold_ms)
+            hold = self.held_polls.hold(context.peer()) if wait_ms else contextlib.nullcontext(False)
+            with hold as may_hold:
+                entries = await self.dispatch.get_entries(
+                    request.topic,
+                    request.queue_id,
+                    offset,
+                    request.max_count,
+                    tag_codes=sorted(filt.codes) if filt.codes else (),
+                    wait_ms=wait_ms if may_hold else 0,
+                )
+            if wait_ms and not may_hold and not entries.phy_offsets:
+                raise TooManyRequestsError(
+                    f"this client already has {self.limits.max_held_polls_per_client} pulls waiting "
+                    f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} "
+                    "(maxHeldPolls); retry after a back-off"
+                )
             units = [
                 CqUnit(q, p, s, 0)
                 for q, p, s in zip(entries.queue_offsets, entries.phy_offsets, entries.sizes, strict=True)
@@ -305,8 +338,17 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             return gateway_pb.QueryMessageResponse(messages=[convert.record_to_view(r) for r in records])
 
     async def _by_msg_id(self, msg_id: str) -> list:  # type: ignore[type-arg]
+        """The one record the offset message id points at. Its header (TOTALSIZE, MAGICCODE) is
+        read first and must describe a message record of at most the largest record size, so
+        a forged id never copies more than one record. Raises MessageNotFoundError."""
         parts = decode_message_id(msg_id)
-        (raw,) = await self.commitlog.read([(parts.phy_offset, 0)])
+        (head,) = await self.commitlog.read([(parts.phy_offset, _HEADER.size)])
+        if not head or len(head) < _HEADER.size:
+            raise MessageNotFoundError(f"no message with id {msg_id}")
+        size, magic = _HEADER.unpack_from(head, 0)
+        if magic not in _MESSAGE_MAGICS or not RECORD_OVERHEAD_V1_IPV4 <= size <= self.limits.max_record_size:
+            raise MessageNotFoundError(f"no message starts at offset {parts.phy_offset}")
+        (raw,) = await self.commitlog.read([(parts.phy_offset, size)])
         if raw is None:
             raise MessageNotFoundError(f"no message with id {msg_id}")
         try:
@@ -443,6 +485,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
 
 _SELECTED = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE)
+_HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 
 
 def add_to_server(servicer: GatewayServicer, server: grpc.aio.Server) -> list[str]:

@@ -28,6 +28,7 @@ from tests.service.harness import SMALL_STORE, CommitLogAdmin, ServeProcess, fre
 SEGMENT = 1 << 20
 STORE: dict[str, Any] = {
     **SMALL_STORE,
+    "autoCreateTopicEnable": "true",  # off by default for split roles; on, as the workload ran before
     "mappedFileSizeCommitLog": SEGMENT,
     "maxMessageSize": 256 * 1024,
     "slaveTimeout": 1500,

@@ -289,7 +289,15 @@ class BrokerGroupCluster:
         self.names = names
         self.master_role = master_role
         self.flush = flush
-        self.store = {**SMALL_STORE, "slaveTimeout": 1000, "haSendHeartbeatInterval": 1000, **(store or {})}
+        # autoCreateTopicEnable: off by default for split roles; these tests produce to topics
+        # they do not create.
+        self.store = {
+            **SMALL_STORE,
+            "autoCreateTopicEnable": "true",
+            "slaveTimeout": 1000,
+            "haSendHeartbeatInterval": 1000,
+            **(store or {}),
+        }
         self.ports = {
             name: {svc: free_port() for svc in ("commitlog", "ha", "dispatch", "index")} for name in names
         }

@@ -73,6 +73,8 @@ def test_produce_then_pull_each_queue_in_order(gateway: str, encode_records: boo
 
 def test_tag_filter_and_query_by_key_id_and_time(gateway: str):
     topic = _topic("Tagged")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 4)  # the split topology does not auto-create topics
     with Producer(gateway) as producer:
         res = producer.send_batch(
             [

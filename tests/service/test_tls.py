@@ -91,7 +91,7 @@ def _commitlog_options(root: Path, tls: TlsConfig | None, **store: object) -> Se
         data_dir=root,
         listen=f"127.0.0.1:{free_port()}",
         ha_listen=f"127.0.0.1:{free_port()}",
-        store={**SMALL_STORE, **store},
+        store={**SMALL_STORE, "autoCreateTopicEnable": "true", **store},  # topics are not the point here
         tls=tls,
     )
 

@@ -90,6 +90,8 @@ def test_one_pull_is_one_trace_through_dispatch_and_commitlog(
     exporter: InMemorySpanExporter, split_in_process: str
 ):
     gateway = split_in_process
+    with Admin(gateway) as admin:
+        admin.create_topic("Pulled", 1)  # the split topology does not auto-create topics
     with Producer(gateway) as producer:
         assert producer.send("Pulled", b"read me", queue_id=0).all_ok
     channel = grpc.insecure_channel(gateway)
@@ -146,6 +148,7 @@ def test_sync_master_wait_and_replication_lag_are_traced_and_measured(
                 ha_listen=addr[f"{name}-ha"],
                 store={
                     **SMALL_STORE,
+                    "autoCreateTopicEnable": "true",  # off by default for the commitlog role
                     "brokerRole": role,
                     "brokerId": 0 if name == "master" else 1,
                     "haMasterAddress": addr["master-ha"] if name == "slave" else "",

@@ -147,6 +147,7 @@ def code_of_error(exc: Exception) -> int:
         (E.MessageNotFoundError, Code.MESSAGE_NOT_FOUND),
         (E.NotMasterError, Code.HA_NOT_AVAILABLE),
         (E.OSPageCacheBusyError, Code.TOO_MANY_REQUESTS),
+        (E.TooManyRequestsError, Code.TOO_MANY_REQUESTS),
         (E.DiskFullError, Code.TOO_MANY_REQUESTS),
     ):
         if isinstance(exc, cls):

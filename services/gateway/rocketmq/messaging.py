@@ -23,7 +23,11 @@ A thin translation over the gateway's ports, like the mqstore.v1 Gateway:
 * Heartbeat / NotifyClientTermination: OK.
 
 Business errors go in the response's Status and the call returns OK (the proxy's contract);
-only a malformed Telemetry stream ends with a gRPC error.
+only a malformed Telemetry stream ends with a gRPC error. Internal failures answer a generic
+message with a correlation id (services.gateway.rocketmq.error_status). Bounds
+(services.gateway.limits): messages and bytes per send, long polls held per client and in
+total (TOO_MANY_REQUESTS past them when nothing is there to deliver), Telemetry streams per
+client id and commands queued per stream (services.gateway.rocketmq.sessions).
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ from libstore.transaction_message import TransactionId, half_message
 from services._common import convert as common_convert
 from services._common.telemetry import tracer
 from services.gateway.acl import PUB, SUB, AccessControl, Account
+from services.gateway.limits import GatewayLimits, HeldPolls
 from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.convert import V2Error
+from services.gateway.rocketmq.error_status import error_status
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
@@ -86,12 +92,9 @@ def _now_ms() -> int:
 
 
 def _error_status(exc: Exception, rpc: str) -> definition.Status:
-    """The Status a failed RPC answers with: the proxy's code for store errors and V2Error,
-    INTERNAL_SERVER_ERROR (logged) for anything else."""
-    if isinstance(exc, StoreError | V2Error):
-        return convert.status(convert.code_of_error(exc), str(exc))
-    log.exception("%s failed", rpc)
-    return convert.status(Code.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+    """The Status a failed RPC answers with: the proxy's code, the message for the client's own
+    errors, a generic one (details logged) for the rest (see error_status)."""
+    return error_status(exc, rpc)
 
 
 def _overall(statuses: list[definition.Status], what: str) -> definition.Status:
@@ -156,6 +159,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         default_invisible_ms: int = DEFAULT_INVISIBLE_MS,
         renew_ahead_ms: int = 10_000,
         renew_max_ms: int = 3 * 3600 * 1000,
+        limits: GatewayLimits | None = None,
+        held_polls: HeldPolls | None = None,
     ) -> None:
         self.commitlog = commitlog
         self.dispatch = dispatch
@@ -163,7 +168,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self.topics = topics or TopicCache(commitlog)
         self.broker_name = broker_name
         self.acl = acl
-        self.sessions = ClientSessions()
+        self.limits = limits = limits or GatewayLimits()
+        self.held_polls = held_polls or HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
+        self.sessions = ClientSessions(
+            max_streams=limits.telemetry_max_streams_per_client,
+            outbox_max=limits.telemetry_outbox_max_commands,
+        )
         self._check_task: asyncio.Task[None] | None = None
         self.default_invisible_ms = default_invisible_ms
         self.renewer = HandleRenewer(
@@ -311,13 +321,17 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         except V2Error as exc:
             yield service.TelemetryCommand(status=convert.status(exc.code, str(exc)))
             return
-        session = self.sessions.open(client_id, account.access_key if account else "")
+        try:
+            session = self.sessions.open(client_id, account.access_key if account else "")
+        except StoreError as exc:
+            yield service.TelemetryCommand(status=_error_status(exc, "Telemetry"))
+            return
         session.may_publish = lambda topic, ctx=context: self._may(ctx, PUB, topic)
         self._ensure_check_loop()
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
         try:
             while True:
-                command = await session.outbox.get()
+                command = await session.next()
                 if command is None:
                     break
                 yield command
@@ -331,14 +345,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     reply = await self._settings_reply(command.settings, session)
-                    session.outbox.put_nowait(
-                        service.TelemetryCommand(status=convert.status(), settings=reply)
-                    )
+                    await session.put(service.TelemetryCommand(status=convert.status(), settings=reply))
                 # thread stack traces and verify results answer commands we never send
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass
         finally:
-            session.outbox.put_nowait(None)
+            session.end()
 
     async def _settings_reply(
         self, settings: definition.Settings, session: ClientSession
@@ -379,6 +391,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     ) -> service.SendMessageResponse:
         if not request.messages:
             raise V2Error(Code.BAD_REQUEST, "no message to send")
+        problem = self.limits.request_problem(len(request.messages), 0)
+        if problem:
+            raise V2Error(Code.BAD_REQUEST, problem)
+        problem = self.limits.request_problem(0, request.ByteSize())
+        if problem:
+            raise V2Error(Code.MESSAGE_BODY_TOO_LARGE, problem)
         with self._tracer.start_as_current_span("gateway.v2.send") as span:
             span.set_attribute("mqstore.messages", len(request.messages))
             peer_ip, _ = common_convert.peer_host(context.peer())
@@ -496,15 +514,24 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             wait_ms = min(wait_ms, int(remaining * 1000) - DEADLINE_MARGIN_MS)
         wait_ms = max(0, min(wait_ms, MAX_LONG_POLLING_MS))
         with self._tracer.start_as_current_span("gateway.v2.receive") as span:
-            result = await self.dispatch.pop(
-                group,
-                resource.name,
-                -1,
-                tag_expression=filt.expression,
-                max_count=batch,
-                invisible_ms=invisible_ms,
-                wait_ms=wait_ms,
-            )
+            hold = self.held_polls.hold(context.peer()) if wait_ms else contextlib.nullcontext(False)
+            with hold as may_hold:
+                result = await self.dispatch.pop(
+                    group,
+                    resource.name,
+                    -1,
+                    tag_expression=filt.expression,
+                    max_count=batch,
+                    invisible_ms=invisible_ms,
+                    wait_ms=wait_ms if may_hold else 0,
+                )
+            if wait_ms and not may_hold and not result.messages:
+                raise V2Error(
+                    Code.TOO_MANY_REQUESTS,
+                    f"this client already has {self.limits.max_held_polls_per_client} receives waiting "
+                    f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} (maxHeldPolls); "
+                    "retry after a back-off",
+                )
             raws = (
                 await self.commitlog.read([(m.phy_offset, m.size) for m in result.messages])
                 if result.messages
@@ -664,7 +691,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         )
         message.topic.name = real
         message.system_properties.message_type = definition.TRANSACTION
-        session.outbox.put_nowait(
+        queued = session.offer(
             service.TelemetryCommand(
                 status=convert.status(),
                 recover_orphaned_transaction_command=service.RecoverOrphanedTransactionCommand(
@@ -672,6 +699,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 ),
             )
         )
+        if not queued:  # the producer does not read its stream: the check repeats next round
+            log.warning("check-back of %s skipped: client %s is not reading", real, session.client_id)
 
     @_unary(lambda s: service.ForwardMessageToDeadLetterQueueResponse(status=s))
     async def ForwardMessageToDeadLetterQueue(

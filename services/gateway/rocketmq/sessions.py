@@ -7,6 +7,13 @@ a producer, the topics it publishes (from its settings and its transactional sen
 transaction check-back for a topic can go to a producer of it; it ends with the stream, or when
 the client announces its termination. Sessions are connection state, so each gateway keeps its
 own; nothing about messages or deliveries is kept here.
+
+Bounds (``telemetryOutboxMaxCommands``, ``telemetryMaxStreamsPerClient``): an outbox holds at
+most so many commands. Answers to the client's own commands wait for room (so a client that
+sends without reading stops being read: HTTP/2 flow control pushes back on it), and
+server-initiated commands (transaction check-backs) are dropped when there is none (the check
+repeats on its next round). A client id holds at most so many streams at once; one more is
+refused (TooManyRequestsError).
 """
 
 from __future__ import annotations
@@ -16,31 +23,85 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from libstore.errors import TooManyRequestsError
+
+DEFAULT_OUTBOX_MAX = 64
+DEFAULT_MAX_STREAMS = 16
+
 
 @dataclass(eq=False)
 class ClientSession:
-    """One open Telemetry stream. ``outbox`` holds server-to-client commands (None ends it);
-    ``topics``: what a producer publishes (empty for consumers); ``owner``: the access key that
-    opened it ("" with the ACL off)."""
+    """One open Telemetry stream. ``outbox`` holds server-to-client commands (None ends it), at
+    most ``max_outbox`` of them (module docstring); the stream's writer takes them with
+    :meth:`next`. ``topics``: what a producer publishes (empty for consumers); ``owner``: the
+    access key that opened it ("" with the ACL off)."""
 
     client_id: str
     owner: str = ""
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     topics: set[str] = field(default_factory=set)
     may_publish: Callable[[str], bool] = field(default=lambda topic: True)  # the stream's ACL check
+    max_outbox: int = DEFAULT_OUTBOX_MAX
+    _room: asyncio.Event = field(default_factory=asyncio.Event)
+    _ended: bool = False
+
+    def offer(self, command: Any) -> bool:
+        """Queue a server-initiated command unless the outbox is full or the stream ended;
+        False: it was dropped."""
+        if self._ended or self.outbox.qsize() >= self.max_outbox:
+            return False
+        self.outbox.put_nowait(command)
+        return True
+
+    async def put(self, command: Any) -> None:
+        """Queue an answer, waiting while the outbox is full (the client is not reading)."""
+        while self.outbox.qsize() >= self.max_outbox and not self._ended:
+            self._room.clear()
+            await self._room.wait()
+        if not self._ended:
+            self.outbox.put_nowait(command)
+
+    async def next(self) -> Any:
+        """The next command to write; None when the stream ends."""
+        command = await self.outbox.get()
+        self._room.set()
+        return command
+
+    def end(self) -> None:
+        """End the stream: its writer stops after the commands queued before."""
+        if not self._ended:
+            self._ended = True
+            self.outbox.put_nowait(None)  # past the bound by one: the end always gets in
+            self._room.set()
 
 
 class ClientSessions:
-    """Open sessions by client id (a client may hold several streams)."""
+    """Open sessions by client id (a client may hold up to ``max_streams`` streams), each with
+    an outbox of at most ``outbox_max`` commands."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, max_streams: int = DEFAULT_MAX_STREAMS, outbox_max: int = DEFAULT_OUTBOX_MAX
+    ) -> None:
         self._by_client: dict[str, list[ClientSession]] = {}
+        self.max_streams = max_streams
+        self.outbox_max = outbox_max
 
     def open(self, client_id: str, owner: str = "") -> ClientSession:
-        """A new session of ``client_id``, opened by access key ``owner``."""
-        session = ClientSession(client_id, owner)
+        """A new session of ``client_id``, opened by access key ``owner``. Raises
+        TooManyRequestsError when the client holds ``max_streams`` streams already."""
+        streams = self._by_client.get(client_id, [])
+        if len(streams) >= self.max_streams:
+            raise TooManyRequestsError(
+                f"client {client_id} has {len(streams)} Telemetry streams open here, the limit is "
+                f"{self.max_streams} (telemetryMaxStreamsPerClient)"
+            )
+        session = ClientSession(client_id, owner, max_outbox=self.outbox_max)
         self._by_client.setdefault(client_id, []).append(session)
         return session
+
+    def sessions_of(self, client_id: str) -> list[ClientSession]:
+        """The client's open sessions (a copy)."""
+        return list(self._by_client.get(client_id, []))
 
     def close(self, session: ClientSession) -> None:
         streams = self._by_client.get(session.client_id, [])
@@ -57,7 +118,7 @@ class ClientSessions:
         ended = [s for s in streams if s.owner == owner]
         for session in ended:
             streams.remove(session)
-            session.outbox.put_nowait(None)
+            session.end()
         if not streams:
             self._by_client.pop(client_id, None)
         return len(ended)
