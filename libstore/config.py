@@ -237,6 +237,12 @@ class StoreConfig:
         3 * 3600 * 1000, "renewMaxTimeMillis", "ms", "gateway: stop renewing a push delivery after this long"
     )
     broker_name: str = _f("broker-a", "brokerName", doc="the broker group this store belongs to")
+    pop_receipt_key_file: str = _f(
+        "",
+        "popReceiptKeyFile",
+        doc="mqstore dispatch: the broker group's shared key for signing receipt handles (a file: "
+        "32 bytes or their hex); empty: each dispatch makes its own under its data folder",
+    )
     broker_id: int = _f(0, "brokerId", doc="0 for the master of the group, 1.. for slaves")
     ha_master_address: str = _f(
         "", "haMasterAddress", doc="SLAVE: host:port of the master's replication (HA) endpoint"

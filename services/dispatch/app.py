@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from libstore import StoreConfig
 from libstore.consume_queue_store import ConsumeQueueStore
@@ -18,6 +19,7 @@ from services._common.derived_app import DerivedStoreApp
 from services._common.tail_follower import QueueKey
 from services.dispatch.local import LocalDispatch
 from services.dispatch.pop import PopService
+from services.dispatch.receipt_signer import ReceiptSigner
 from services.dispatch.timer import TimerService
 from services.dispatch.transaction import TransactionService
 from services.ports import CommitLogPort
@@ -46,6 +48,9 @@ class DispatchApp(DerivedStoreApp):
             commitlog,
             reput_offset=lambda: self.follower.reput_offset if self.follower is not None else 0,
             max_group_length=config.max_group_name_length,
+            signer=ReceiptSigner.load(
+                self.root, Path(config.pop_receipt_key_file) if config.pop_receipt_key_file else None
+            ),
         )
         self.timer = TimerService(self.root, self.queues, commitlog)
         self.transactions = TransactionService(

@@ -50,6 +50,7 @@ from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGro
 from libstore.system_topics import QUARANTINE_TOPIC
 from services._common.telemetry import meter, tracer
 from services.dispatch.pop_journal import PopJournal
+from services.dispatch.receipt_signer import ReceiptSigner
 from services.ports import CommitLogPort, PoppedMessage, PopResult
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def _now_ms() -> int:
 
 class PopService:
     """Pop, ack and dead-letter over ``queues``; state under ``root``; DLQ copies appended
-    through ``commitlog``. ``clock()`` gives ms since the epoch."""
+    through ``commitlog``. ``clock()`` gives ms since the epoch. Receipt handles are signed
+    for their group and topic by ``signer`` (by default with the key under ``root``, see
+    services.dispatch.receipt_signer); one that does not verify is InvalidReceiptHandleError."""
 
     def __init__(
         self,
@@ -83,7 +86,9 @@ class PopService:
         reput_offset: Callable[[], int] = lambda: 1 << 62,
         clock: Callable[[], int] = _now_ms,
         max_group_length: int = MAX_GROUP_NAME_LENGTH,
+        signer: ReceiptSigner | None = None,
     ) -> None:
+        self.signer = signer or ReceiptSigner.load(Path(root))
         self.queues = queues
         self.max_group_length = max_group_length
         self.long_polling = long_polling
@@ -153,7 +158,10 @@ class PopService:
                 now = self.clock()
                 if live or now >= deadline:
                     span.set_attribute("mqstore.messages", len(live))
-                    return PopResult([_message(p) for p in live], fifo=config.consume_message_orderly)
+                    messages = [
+                        _message(p, self.signer.sign(group, p.topic, p.handle.encode())) for p in live
+                    ]
+                    return PopResult(messages, fifo=config.consume_message_orderly)
                 if popped:
                     continue  # only dead letters this round: look again at once
                 wake_at = self.state.next_visible_at(group, topic)
@@ -211,7 +219,9 @@ class PopService:
         out: list[StoreError | None] = []
         for text in receipt_handles:
             try:
-                self.state.ack(group, topic, ReceiptHandle.decode(text), now)
+                self.state.ack(
+                    group, topic, ReceiptHandle.decode(self.signer.verify(group, topic, text)), now
+                )
                 out.append(None)
             except StoreError as exc:
                 out.append(exc)
@@ -221,19 +231,19 @@ class PopService:
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
             raise InvalidArgumentError(f"invisible time must be within 0..{MAX_INVISIBLE_MS} ms")
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = ReceiptHandle.decode(self.signer.verify(group, topic, receipt_handle))
         await self.journal.ready()
         new = self.state.change_invisible(group, topic, handle, invisible_ms, self.clock())
         await self.journal.commit()
         # A held pop sleeps until the earliest visible time it saw; this one may be earlier.
         self.long_polling.wake_topic(topic)
-        return new.encode()
+        return self.signer.sign(group, topic, new.encode())
 
     async def forward_to_dead_letter(self, group: str, topic: str, receipt_handle: str) -> None:
         """Raises InvalidReceiptHandleError for an expired, superseded or foreign handle, or a
         message already acked (PopState.in_flight: the record copied is the one the store
         delivered, not whatever the handle text names)."""
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = ReceiptHandle.decode(self.signer.verify(group, topic, receipt_handle))
         await self.journal.ready()
         await self._forward(group, [self.state.in_flight(group, topic, handle, self.clock())])
 
@@ -374,7 +384,7 @@ def _parked(group: str, p: Popped, raw: bytes, reason: str) -> Message:
     return Message(QUARANTINE_TOPIC, body, 0, tags=tags, properties=props, reconsume_times=p.attempt)
 
 
-def _message(p: Popped) -> PoppedMessage:
+def _message(p: Popped, receipt_handle: str) -> PoppedMessage:
     return PoppedMessage(
-        p.queue_id, p.queue_offset, p.phy_offset, p.size, p.attempt, p.handle.encode(), p.handle.visible_at
+        p.queue_id, p.queue_offset, p.phy_offset, p.size, p.attempt, receipt_handle, p.handle.visible_at
     )

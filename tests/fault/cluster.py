@@ -23,7 +23,7 @@ from libstore.log_scanner import scan_buffer
 from services.client import Admin
 from tests.fault.powerloss import SLOW_SYNC_FILE, PowerLossReport, lose_power
 from tests.fault.proxy import FaultProxy
-from tests.service.harness import SMALL_STORE, CommitLogAdmin, ServeProcess, free_port
+from tests.service.harness import SMALL_STORE, CommitLogAdmin, ServeProcess, free_port, shared_receipt_key
 
 SEGMENT = 1 << 20
 STORE: dict[str, Any] = {
@@ -59,7 +59,7 @@ class FaultCluster:
 
     def __init__(self, root: Path, store: Mapping[str, Any] | None = None) -> None:
         self.root = root
-        self.store = {**STORE, **(store or {})}
+        self.store = {**STORE, "popReceiptKeyFile": str(shared_receipt_key(root)), **(store or {})}
         self.members = {name: Member(root, name, i) for i, name in enumerate(("a", "b"))}
         self.gateway_port = free_port()
         self.procs: dict[str, ServeProcess] = {}

@@ -309,3 +309,23 @@ def test_prod_gateways_require_signed_calls_from_their_groups_acl_secret(overlay
     for workload, c in _mqstore_containers(objs):
         if workload["kind"] != "Deployment":
             assert "MQSTORE_ACL_FILE" not in _env(c, objs)  # only gateways take client calls
+
+
+def test_prod_dispatch_pods_share_their_groups_receipt_key(overlay: Rendered) -> None:
+    name, objs = overlay
+    dispatches = [
+        (w, c)
+        for w, c in _mqstore_containers(objs)
+        if w["metadata"]["labels"].get("app.kubernetes.io/component") == "dispatch"
+    ]
+    assert dispatches
+    for workload, c in dispatches:
+        env = _env(c, objs)
+        if name == "dev":
+            assert "MQSTORE_POP_RECEIPT_KEY_FILE" not in env  # one member: its own key will do
+            continue
+        folder = env["MQSTORE_POP_RECEIPT_KEY_FILE"].rpartition("/")[0]
+        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == folder]
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert mount.get("readOnly") is True
+        assert volumes[mount["name"]]["secret"]["secretName"] == f"{env['BROKER_GROUP']}-receipt-key"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -270,6 +271,16 @@ class SplitCluster:
                 proc.terminate()
 
 
+def shared_receipt_key(root: Path) -> Path:
+    """A receipt key file for a broker group's dispatch services (services.dispatch.receipt_signer),
+    made under ``root``: members share it, so handles stay valid across a failover."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "receipt.key"
+    if not path.exists():
+        path.write_text(secrets.token_hex(32))
+    return path
+
+
 class BrokerGroupCluster:
     """One broker group as processes under ``root``: commitlog members ("a", "b", ...) with
     their own HA endpoints, optionally each with its dispatch and index, and a gateway over all
@@ -298,6 +309,8 @@ class BrokerGroupCluster:
             "haSendHeartbeatInterval": 1000,
             **(store or {}),
         }
+        if "popReceiptKeyFile" not in self.store:  # one key for the group, as deployments share one
+            self.store["popReceiptKeyFile"] = str(shared_receipt_key(root))
         self.ports = {
             name: {svc: free_port() for svc in ("commitlog", "ha", "dispatch", "index")} for name in names
         }

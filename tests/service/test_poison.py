@@ -165,3 +165,37 @@ def test_a_record_a_protocol_cannot_convert_is_moved_aside_not_failing_the_batch
             timeout=10,
         )
     assert [m.body for m in dead.messages] == [b"unconvertible"]
+
+
+def test_receipt_handles_cannot_be_made_up_or_used_for_another_group(
+    suite_and_loop: tuple[Suite, InProcessSuites],
+) -> None:
+    """A handle names its message in plain numbers; it used to be enough to write those down to
+    ack a message delivered to somebody else. Now only the handle as issued, for the group and
+    topic it was issued for, is taken."""
+    from libstore.errors import InvalidReceiptHandleError
+
+    suite, suites = suite_and_loop
+    run = suites.loop.run
+    with Admin(suite.address) as admin:
+        admin.create_topic("Signed", 1)
+    with Producer(suite.address) as producer:
+        for body in (b"one", b"two"):
+            assert producer.send("Signed", body).all_ok
+    wait_derived_caught_up(suite)
+    assert suite.dispatch_app is not None
+    port = suite.dispatch_app.port
+    (first,) = run(port.pop("g1", "Signed", -1, max_count=1, invisible_ms=60_000)).messages
+    (second,) = run(port.pop("g1", "Signed", -1, max_count=1, invisible_ms=60_000)).messages
+    handle = first.receipt_handle
+    unsigned = handle.rpartition(":")[0]
+    guessed = handle.replace(f":{first.queue_offset}:", f":{second.queue_offset}:", 1)  # the other one
+    for bad in (unsigned, guessed):
+        (err,) = run(port.ack("g1", "Signed", [bad]))
+        assert isinstance(err, InvalidReceiptHandleError)
+    (err,) = run(port.ack("g2", "Signed", [handle]))  # another group's
+    assert isinstance(err, InvalidReceiptHandleError)
+    with pytest.raises(InvalidReceiptHandleError):
+        run(port.change_invisible("g1", "Signed", unsigned, 1000))
+    renewed = run(port.change_invisible("g1", "Signed", handle, 60_000))
+    assert run(port.ack("g1", "Signed", [renewed, second.receipt_handle])) == [None, None]
