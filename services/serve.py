@@ -37,7 +37,7 @@ import grpc
 
 from libstore import CommitLog, ConfigError, StoreConfig
 from services._common.remote import open_channel
-from services._common.server import GrpcServer, start_grpc_server
+from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
 from services._common.tls import TlsConfig
 from services.commitlog.dedup_window import DedupWindow
@@ -63,6 +63,7 @@ from services.ports import CommitLogPort, DispatchPort, IndexPort
 
 log = logging.getLogger(__name__)
 
+REQUEST_FRAMING_BYTES = 1024 * 1024  # a request's protobuf framing beyond its payload, at most
 ROLES = ("embedded", "commitlog", "dispatch", "index", "gateway")
 DEFAULT_ADDRESSES = {
     "embedded": "127.0.0.1:8081",
@@ -227,6 +228,9 @@ class Suite:
             lambda s: add_gateway(gateway, s) + add_messaging(messaging, s),
             internal=False,
             interceptors=[OwnApiAuthInterceptor(acl)] if acl is not None else (),
+            # Clients' requests: refused by gRPC past maxRequestBytes (plus framing) before they
+            # are read in whole; the gateway's own checks then name the bound.
+            max_receive_bytes=min(MAX_MESSAGE_BYTES, cfg.max_request_bytes + REQUEST_FRAMING_BYTES),
         )
 
     def _remote_group(self, cfg: StoreConfig) -> tuple[CommitLogPort, DispatchPort, IndexPort]:
@@ -322,6 +326,7 @@ class Suite:
         internal: bool = True,
         health: bool = True,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        max_receive_bytes: int = MAX_MESSAGE_BYTES,
     ) -> GrpcServer:
         """A server on ``address`` with this process's TLS settings: an internal port (commitlog,
         dispatch, index, HA) requires client certificates whenever a CA is configured, the
@@ -335,6 +340,7 @@ class Suite:
             require_client_auth=verify,
             health_address=self.options.health_listen if health else "",
             interceptors=interceptors,
+            max_receive_bytes=max_receive_bytes,
         )
 
     def _warn_unauthenticated(self) -> None:

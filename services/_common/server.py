@@ -71,6 +71,7 @@ async def start_grpc_server(
     require_client_auth: bool = False,
     health_address: str = "",
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    max_receive_bytes: int = MAX_MESSAGE_BYTES,
 ) -> GrpcServer:
     """Create, populate (``add_servicers`` registers servicers and returns their full service
     names), bind ``address`` ("host:port", port 0 for any) and start a server. Health starts
@@ -80,9 +81,12 @@ async def start_grpc_server(
     handshakes without a client certificate signed by its CA. ``health_address`` ("" for none): a
     second, plaintext server with only the health service (same statuses). ``interceptors`` run
     inside the tracing and error-mapping ones (what they raise is mapped like a servicer's
-    error). Raises OSError when an address cannot be bound, ConfigError for TLS settings that
-    cannot serve."""
-    server = grpc.aio.server(interceptors=[*server_interceptors(), *interceptors], options=CHANNEL_OPTIONS)
+    error). ``max_receive_bytes``: the largest request gRPC reads in (a larger one is refused,
+    RESOURCE_EXHAUSTED, before it is buffered whole). Raises OSError when an address cannot be
+    bound, ConfigError for TLS settings that cannot serve."""
+    options = [o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(interceptors=[*server_interceptors(), *interceptors], options=options)
     names = add_servicers(server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

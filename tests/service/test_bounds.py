@@ -513,3 +513,21 @@ def test_held_poll_refusal_maps_to_resource_exhausted() -> None:
 
     assert status_code_of(TooManyRequestsError("x")) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert status_code_of(MessageNotFoundError("x")) == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_request_far_past_the_byte_cap_is_refused_before_it_is_read_in(
+    bounded: tuple[InProcessSuites, Suite],
+) -> None:
+    """gRPC itself stops reading a request past maxRequestBytes (plus framing), instead of
+    buffering up to its 64 MiB default first."""
+    _, suite = bounded
+    topic = _topic("Huge")
+    with Admin(suite.address) as admin:
+        admin.create_topic(topic, 1)
+    before = _max_offset(suite)
+    request = gateway_pb.ProduceRequest(records=bytes(6 * 1024 * 1024))  # past 2 MiB + 1 MiB framing
+    options = [("grpc.max_send_message_length", 1 << 26)]
+    with grpc.insecure_channel(suite.address, options=options) as ch, pytest.raises(grpc.RpcError) as refused:
+        gateway_grpc.GatewayStub(ch).Produce(request, timeout=10)
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _max_offset(suite) == before
