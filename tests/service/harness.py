@@ -487,12 +487,15 @@ class CommitLogAdmin:
         return results_from_pb(reply.results)
 
     def read(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The records at ``ranges``, in as many Read calls as the service's caps ask."""
+        from services.commitlog.read_plan import plan_reads
         from services.proto import commitlog_pb
 
-        reply = self.stub.Read(
-            commitlog_pb.ReadRequest(offsets=[o for o, _ in ranges], sizes=[s for _, s in ranges]), timeout=30
-        )
-        return list(reply.records)
+        out: list[bytes] = []
+        for chunk in plan_reads(ranges):
+            request = commitlog_pb.ReadRequest(offsets=[o for o, _ in chunk], sizes=[s for _, s in chunk])
+            out += self.stub.Read(request, timeout=30).records
+        return out
 
     def wait_for(self, predicate: Any, timeout_s: float = 30.0, what: str = "state") -> Any:
         deadline = time.monotonic() + timeout_s
