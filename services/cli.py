@@ -18,7 +18,7 @@ MQSTORE_DATA_DIR, MQSTORE_LISTEN, ...); store keys from ``--set key=value``, MQS
 TLS (services._common.tls): ``serve --tls-cert/--tls-key/--tls-ca`` (MQSTORE_TLS_CERT/KEY/CA);
 the client commands take the same files before the command name (``mqstore --tls-ca ca.pem
 topic list``) or from the same variables: the CA to verify the server, and a client certificate
-for ports that require one (``ha`` commands under mutual TLS, a ``--tls-client-auth`` gateway).
+for ports that require one (``ha`` commands under mutual TLS, a ``--tls-client-ca`` gateway).
 """
 
 from __future__ import annotations
@@ -206,10 +206,13 @@ def serve(
             help="PEM CA: internal ports require client certs it signed; channels verify peers with it",
         ),
     ] = None,
-    tls_client_auth: Annotated[
-        bool,
-        typer.Option(envvar="MQSTORE_TLS_CLIENT_AUTH", help="gateway: require client certificates too"),
-    ] = False,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MQSTORE_TLS_CLIENT_CA",
+            help="gateway: require client certificates signed by this PEM CA (not --tls-ca's)",
+        ),
+    ] = None,
     tls_server_name: Annotated[
         str,
         typer.Option(
@@ -274,7 +277,7 @@ def serve(
             tls_cert or _TLS_ARGS.get("cert"),
             tls_key or _TLS_ARGS.get("key"),
             tls_ca or _TLS_ARGS.get("ca"),
-            client_auth=tls_client_auth,
+            client_ca=tls_client_ca,
             server_name=tls_server_name,
             server=True,
         )

@@ -338,6 +338,7 @@ class Suite:
             add_servicers,
             tls=tls,
             require_client_auth=verify,
+            clients=not internal,
             health_address=self.options.health_listen if health else "",
             interceptors=interceptors,
             max_receive_bytes=max_receive_bytes,

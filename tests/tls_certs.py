@@ -17,12 +17,15 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from services._common.tls import TlsConfig
 
 APP_CN = "billing-app"
+UNMAPPED_CN = "unmapped-app"
 
 
 @dataclass(frozen=True)
 class Pki:
-    """PEM files under one folder: ``ca`` signs ``cert``/``key``; ``other_ca`` signs
-    ``other_cert``/``other_key`` (same names, another CA)."""
+    """PEM files under one folder: ``ca`` (the internal CA) signs ``cert``/``key``; ``other_ca``
+    signs ``other_cert``/``other_key`` (same names, another CA); ``clients_ca`` (the CA of
+    applications' certificates, for a gateway requiring them) signs ``app_cert``/``app_key``
+    (common name APP_CN) and ``unmapped_cert``/``unmapped_key`` (UNMAPPED_CN)."""
 
     ca: Path
     cert: Path
@@ -30,12 +33,17 @@ class Pki:
     other_ca: Path
     other_cert: Path
     other_key: Path
-    app_cert: Path  # signed by ``ca`` for common name APP_CN (an application's client certificate)
+    clients_ca: Path
+    app_cert: Path
     app_key: Path
+    unmapped_cert: Path
+    unmapped_key: Path
 
     def server(self, *, client_auth: bool = False) -> TlsConfig:
-        """The settings every trusted process runs with (certificate, key, CA)."""
-        tls = TlsConfig.load(self.cert, self.key, self.ca, client_auth=client_auth, server=True)
+        """The settings every trusted process runs with (certificate, key, CA); with
+        ``client_auth``, the gateway port requires certificates of the clients' CA."""
+        client_ca = self.clients_ca if client_auth else None
+        tls = TlsConfig.load(self.cert, self.key, self.ca, client_ca=client_ca, server=True)
         assert tls is not None
         return tls
 
@@ -51,9 +59,13 @@ class Pki:
         assert tls is not None
         return tls
 
-    def app(self) -> TlsConfig:
-        """A client trusting the CA and presenting the application certificate (CN APP_CN)."""
-        tls = TlsConfig.load(self.app_cert, self.app_key, self.ca)
+    def app(self, *, mapped: bool = True) -> TlsConfig:
+        """A client trusting the CA and presenting an application certificate of the clients'
+        CA: CN APP_CN, or UNMAPPED_CN when not ``mapped``."""
+        if mapped:
+            tls = TlsConfig.load(self.app_cert, self.app_key, self.ca)
+        else:
+            tls = TlsConfig.load(self.unmapped_cert, self.unmapped_key, self.ca)
         assert tls is not None
         return tls
 
@@ -140,11 +152,25 @@ def _leaf(
 
 
 def make_pki(folder: Path) -> Pki:
-    """Write the two CAs and their certificates into ``folder`` (created)."""
+    """Write the three CAs and their certificates into ``folder`` (created)."""
     folder.mkdir(parents=True, exist_ok=True)
     ca, ca_key, ca_path = _ca("mqstore test CA", folder, "ca")
     cert, key = _leaf(ca, ca_key, "mqstore", folder, "mqstore")
     other, other_key, other_path = _ca("unrelated CA", folder, "other-ca")
     other_cert, other_leaf_key = _leaf(other, other_key, "mqstore", folder, "other")
-    app_cert, app_key = _leaf(ca, ca_key, APP_CN, folder, "app")
-    return Pki(ca_path, cert, key, other_path, other_cert, other_leaf_key, app_cert, app_key)
+    clients, clients_key, clients_path = _ca("applications CA", folder, "clients-ca")
+    app_cert, app_key = _leaf(clients, clients_key, APP_CN, folder, "app")
+    unmapped_cert, unmapped_key = _leaf(clients, clients_key, UNMAPPED_CN, folder, "unmapped")
+    return Pki(
+        ca_path,
+        cert,
+        key,
+        other_path,
+        other_cert,
+        other_leaf_key,
+        clients_path,
+        app_cert,
+        app_key,
+        unmapped_cert,
+        unmapped_key,
+    )

@@ -69,6 +69,7 @@ async def start_grpc_server(
     *,
     tls: TlsConfig | None = None,
     require_client_auth: bool = False,
+    clients: bool = False,
     health_address: str = "",
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     max_receive_bytes: int = MAX_MESSAGE_BYTES,
@@ -78,7 +79,8 @@ async def start_grpc_server(
     NOT_SERVING: the owner switches it on when recovery is done.
 
     ``tls``: serve TLS with its certificate (plaintext when None); ``require_client_auth``: refuse
-    handshakes without a client certificate signed by its CA. ``health_address`` ("" for none): a
+    handshakes without a client certificate signed by its CA (the clients' CA with ``clients``,
+    for the gateway port; the internal one otherwise). ``health_address`` ("" for none): a
     second, plaintext server with only the health service (same statuses). ``interceptors`` run
     inside the tracing and error-mapping ones (what they raise is mapped like a servicer's
     error). ``max_receive_bytes``: the largest request gRPC reads in (a larger one is refused,
@@ -95,7 +97,7 @@ async def start_grpc_server(
     )
     host, _, _ = address.rpartition(":")
     if tls is not None:
-        credentials = tls.server_credentials(require_client_auth=require_client_auth)
+        credentials = tls.server_credentials(require_client_auth=require_client_auth, clients=clients)
         port = server.add_secure_port(address, credentials)
     else:
         port = server.add_insecure_port(address)

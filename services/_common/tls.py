@@ -5,7 +5,9 @@ One :class:`TlsConfig` per process, loaded and checked once at start (:meth:`Tls
 
 * a server (``mqstore serve``) needs a certificate and its key; with a CA as well, the internal
   ports (commitlog, dispatch, index, HA) require a client certificate signed by that CA (mutual
-  TLS), and the gateway port requires one only with ``client_auth`` (``--tls-client-auth``);
+  TLS), and the gateway port requires one only with a clients' CA (``--tls-client-ca``): the
+  CA that signs applications' certificates, which must not be the internal one (a certificate
+  handed to an application would otherwise open the internal ports too);
 * every channel a process opens (to another service, or a client's to the gateway) verifies the
   server's certificate against the CA (the system's roots when none is given) and presents the
   process's own certificate, when it has one, as its client certificate.
@@ -56,18 +58,25 @@ class TlsConfig:
     ``cert_pem``/``key_pem``: this process's certificate chain and private key (None: a client
     without a certificate). ``ca_pem``: the CA certificates peers are verified against (None: the
     system's roots for channels, and servers do not ask for client certificates).
-    ``client_auth``: the gateway port also requires client certificates. ``server_name``: the
-    name channels expect in servers' certificates instead of the dialled host ("" for the host).
+    ``client_ca_pem``: the CA the gateway port verifies client certificates against (None: it
+    asks for none). ``server_name``: the name channels expect in servers' certificates instead
+    of the dialled host ("" for the host).
     """
 
     cert_file: Path | None = None
     key_file: Path | None = None
     ca_file: Path | None = None
-    client_auth: bool = False
+    client_ca_file: Path | None = None
     server_name: str = ""
     cert_pem: bytes | None = field(default=None, repr=False)
     key_pem: bytes | None = field(default=None, repr=False)
     ca_pem: bytes | None = field(default=None, repr=False)
+    client_ca_pem: bytes | None = field(default=None, repr=False)
+
+    @property
+    def client_auth(self) -> bool:
+        """The gateway port requires client certificates (a clients' CA is configured)."""
+        return self.client_ca_pem is not None
 
     @classmethod
     def load(
@@ -76,7 +85,7 @@ class TlsConfig:
         key: str | os.PathLike[str] | None = None,
         ca: str | os.PathLike[str] | None = None,
         *,
-        client_auth: bool = False,
+        client_ca: str | os.PathLike[str] | None = None,
         server_name: str = "",
         server: bool = False,
     ) -> TlsConfig | None:
@@ -85,24 +94,30 @@ class TlsConfig:
         ``server``: the process listens, so it needs ``cert`` and ``key``. Raises ConfigError
         (one line, naming the file) when a file is missing, unreadable or not PEM, when only one
         of ``cert``/``key`` is given, when the key does not belong to the certificate, when the
-        CA file holds no usable certificate, or when ``client_auth`` is asked without ``ca``.
+        CA file holds no usable certificate, when ``client_ca`` comes without a certificate to
+        serve with, or when it is the internal CA ``ca`` itself.
         """
         cert_file = Path(cert) if cert else None
         key_file = Path(key) if key else None
         ca_file = Path(ca) if ca else None
+        client_ca_file = Path(client_ca) if client_ca else None
+        if client_ca_file is not None and cert_file is None:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (the gateway serves TLS)")
         if cert_file is None and key_file is None and ca_file is None:
-            if client_auth:
-                raise ConfigError("--tls-client-auth needs --tls-cert, --tls-key and --tls-ca")
             return None
         if (cert_file is None) != (key_file is None):
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         if server and cert_file is None:
             raise ConfigError("serving TLS needs --tls-cert and --tls-key (--tls-ca alone is for clients)")
-        if client_auth and ca_file is None:
-            raise ConfigError("--tls-client-auth needs --tls-ca (the CA that signs client certificates)")
         cert_pem = _read(cert_file, "TLS certificate") if cert_file else None
         key_pem = _read(key_file, "TLS key") if key_file else None
         ca_pem = _read(ca_file, "TLS CA file") if ca_file else None
+        client_ca_pem = _read(client_ca_file, "TLS clients' CA file") if client_ca_file else None
+        if client_ca_pem is not None and client_ca_pem == ca_pem:
+            raise ConfigError(
+                "--tls-client-ca must be another CA than --tls-ca: the internal ports take every "
+                "certificate --tls-ca signed, so an application's certificate would open them too"
+            )
         if cert_file is not None and key_file is not None:
             try:
                 ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert_file, key_file)
@@ -113,13 +128,24 @@ class TlsConfig:
                     ) from None
                 reason = exc.reason or exc
                 raise ConfigError(f"TLS certificate {cert_file} or key {key_file}: {reason}") from None
-        if ca_file is not None:
-            try:
-                ssl.create_default_context(cafile=ca_file)
-            except ssl.SSLError as exc:
-                reason = exc.reason or exc
-                raise ConfigError(f"TLS CA file {ca_file} holds no usable certificate: {reason}") from None
-        return cls(cert_file, key_file, ca_file, client_auth, server_name, cert_pem, key_pem, ca_pem)
+        for path in (ca_file, client_ca_file):
+            if path is not None:
+                try:
+                    ssl.create_default_context(cafile=path)
+                except ssl.SSLError as exc:
+                    reason = exc.reason or exc
+                    raise ConfigError(f"TLS CA file {path} holds no usable certificate: {reason}") from None
+        return cls(
+            cert_file,
+            key_file,
+            ca_file,
+            client_ca_file,
+            server_name,
+            cert_pem,
+            key_pem,
+            ca_pem,
+            client_ca_pem,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, server: bool = False) -> TlsConfig | None:
@@ -139,17 +165,23 @@ class TlsConfig:
         """Internal ports require client certificates (a CA is configured)."""
         return self.ca_pem is not None
 
-    def server_credentials(self, *, require_client_auth: bool) -> grpc.ServerCredentials:
+    def server_credentials(
+        self, *, require_client_auth: bool, clients: bool = False
+    ) -> grpc.ServerCredentials:
         """Credentials for a listening port: this process's certificate; with
         ``require_client_auth``, a handshake without a client certificate signed by the CA
-        fails. Raises ConfigError without a certificate, or when client auth is asked without a CA."""
+        fails: the internal CA, or with ``clients`` (the gateway port) the clients' CA. Raises
+        ConfigError without a certificate, or when client auth is asked without that CA."""
         if self.cert_pem is None or self.key_pem is None:
             raise ConfigError("serving TLS needs --tls-cert and --tls-key")
-        if require_client_auth and self.ca_pem is None:
-            raise ConfigError("requiring client certificates needs --tls-ca")
+        roots = self.client_ca_pem if clients else self.ca_pem
+        if require_client_auth and roots is None:
+            raise ConfigError(
+                "requiring client certificates needs " + ("--tls-client-ca" if clients else "--tls-ca")
+            )
         return grpc.ssl_server_credentials(
             [(self.key_pem, self.cert_pem)],
-            root_certificates=self.ca_pem if require_client_auth else None,
+            root_certificates=roots if require_client_auth else None,
             require_client_auth=require_client_auth,
         )
 

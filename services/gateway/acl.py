@@ -18,7 +18,7 @@ Signatures (:mod:`services.gateway.signature`): RocketMQ 5 calls carry ``MQv2-HM
 the date header; own-API calls carry ``MQSTORE-HMAC-SHA256`` over the date, the method and a
 SHA-256 of the request bytes. Either is accepted only while its date lies within the clock-skew
 window, and a refusal never tells an unknown key from a wrong signature. With the gateway
-requiring client certificates (``--tls-client-auth``), an unsigned own-API call whose verified
+requiring client certificates (``--tls-client-ca``), an unsigned own-API call whose verified
 certificate's common name is an account's ``certificateCommonName`` acts as that account.
 
 Dates: mqstore's clients sign UTC. RocketMQ's official clients sign their *local* time with a

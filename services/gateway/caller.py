@@ -5,7 +5,7 @@ The own API's signature covers a SHA-256 of the request bytes as received
 (services.gateway.signature), so the interceptor wraps the method's request deserializer to
 hash the bytes on their way in; the servicer then asks :func:`current_account` and checks the
 permission its request needs (services.gateway.acl). An unsigned call over mutual TLS (the
-gateway run with ``--tls-client-auth``) authenticates by its verified certificate instead, when
+gateway run with ``--tls-client-ca``) authenticates by its verified certificate instead, when
 the certificate's common name is mapped to an account (``certificateCommonName``). A call that
 does not authenticate ends with UNAUTHENTICATED before the servicer sees it: nothing is read or
 written for it.

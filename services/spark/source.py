@@ -22,7 +22,7 @@ Options (keys are case-insensitive):
 * ``pullBatchSize`` (default 1024): messages per Pull call.
 * TLS to the gateway (services._common.tls): ``tls.ca`` (PEM CA to verify the gateway; the
   system's roots when only a client certificate is given), ``tls.cert`` and ``tls.key`` (a client
-  certificate, for a gateway started with ``--tls-client-auth``), ``tls.serverName`` (the name
+  certificate, for a gateway started with ``--tls-client-ca``), ``tls.serverName`` (the name
   expected in the gateway's certificate instead of the endpoint's host). Paths, read where the
   channels are opened: the files must exist on the driver and on every executor.
 * ``accessKey`` / ``secretKey``: an account of the gateway's ``--acl-file``; every call is then

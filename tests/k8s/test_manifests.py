@@ -238,7 +238,7 @@ def test_prod_turns_tls_on_everywhere_and_dev_stays_plaintext(overlay: Rendered)
         assert secret == f"{group}-tls", f"{workload['metadata']['name']} mounts {secret}"
         # With the CA set, every internal port requires client certificates and every channel
         # presents the pod's; the gateway does not demand clients' certificates.
-        assert env.get("MQSTORE_TLS_CLIENT_AUTH", "false") == "false"
+        assert "MQSTORE_TLS_CLIENT_CA" not in env
         assert "MQSTORE_TLS_SERVER_NAME" not in env  # certificates name the addresses dialled
 
 

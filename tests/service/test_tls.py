@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from libstore import AuthenticationError, PermissionDeniedError, ServiceNotAvailableError
+from libstore import AuthenticationError, ConfigError, PermissionDeniedError, ServiceNotAvailableError
 from services._common.tls import TlsConfig
 from services.client import Admin, Producer, PullConsumer
 from services.credentials import Credentials
@@ -230,11 +230,34 @@ def test_gateway_with_client_auth_requires_a_client_certificate(
     suites: InProcessSuites, tmp_path: Path, pki: Pki
 ) -> None:
     gateway = _gateway(suites, tmp_path / "data", pki.server(client_auth=True)).address
-    for refused in (pki.client(cert=False), pki.stranger()):
+    # Applications present certificates of the clients' CA; the internal CA's are not theirs.
+    for refused in (pki.client(cert=False), pki.stranger(), pki.client()):
         with Admin(gateway, timeout_s=3, tls=refused) as admin, pytest.raises(ServiceNotAvailableError):
             admin.list_topics()
-    with Admin(gateway, tls=pki.client()) as admin:
+    with Admin(gateway, tls=pki.app()) as admin:
         assert admin.create_topic("Mutual", 1).topic_name == "Mutual"
+
+
+def test_an_application_certificate_does_not_open_the_internal_ports(
+    suites: InProcessSuites, tmp_path: Path, pki: Pki
+) -> None:
+    """A certificate handed to an application for a --tls-client-ca gateway is refused by the
+    internal ports (it opened them when the gateway checked clients against --tls-ca), and one
+    CA cannot serve both purposes."""
+    commitlog = suites.start(_commitlog_options(tmp_path / "a", pki.server(client_auth=True)))
+    assert commitlog.commit_log is not None
+    before = commitlog.commit_log.max_offset
+    forged = common_pb.Message(
+        topic="rmq_sys_pop_journal", queue_id=0, body=b"x", properties={"POP_SEQ": "9"}
+    )
+    with _channel(commitlog.address, pki.app()) as channel, pytest.raises(grpc.RpcError) as refused:
+        commitlog_grpc.CommitLogServiceStub(channel).Append(
+            commitlog_pb.AppendRequest(messages=[forged]), timeout=5
+        )
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE  # refused at the handshake
+    assert commitlog.commit_log.max_offset == before
+    with pytest.raises(ConfigError, match="another CA than --tls-ca"):
+        TlsConfig.load(pki.cert, pki.key, pki.ca, client_ca=pki.ca, server=True)
 
 
 def test_cli_client_commands_take_tls_options_and_variables(
@@ -354,7 +377,7 @@ accounts:
     )
     gateway = suites.start(options)
     suites.wait_ready(gateway)
-    with Admin(gateway.address, tls=pki.client(), credentials=Credentials("ops", "ops-secret")) as admin:
+    with Admin(gateway.address, tls=pki.app(), credentials=Credentials("ops", "ops-secret")) as admin:
         admin.create_topic("Bills", 1)
         admin.create_topic("Payroll", 1)
     with Admin(gateway.address, tls=pki.app()) as admin:  # no key: the certificate says who
@@ -365,8 +388,8 @@ accounts:
         assert producer.send("Bills", b"invoice").all_ok
         with pytest.raises(PermissionDeniedError):
             producer.send("Payroll", b"raise")
-    with Admin(gateway.address, tls=pki.client()) as admin, pytest.raises(AuthenticationError):
-        admin.list_topics()  # a CA certificate that is no account's: it must sign
+    with Admin(gateway.address, tls=pki.app(mapped=False)) as admin, pytest.raises(AuthenticationError):
+        admin.list_topics()  # a clients' CA certificate that is no account's: it must sign
 
 
 def test_a_forced_promotion_never_leaves_two_masters(

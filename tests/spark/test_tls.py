@@ -41,9 +41,9 @@ def tls_gateway(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[
 def test_tls_options_write_and_read_through_a_mutual_tls_gateway(
     spark: Any, tls_gateway: str, pki: Pki
 ) -> None:
-    with Admin(tls_gateway, tls=pki.client()) as admin:
+    with Admin(tls_gateway, tls=pki.app()) as admin:
         admin.create_topic("SecureRows", 2)
-    tls = {"tls.ca": str(pki.ca), "tls.cert": str(pki.cert), "tls.key": str(pki.key)}
+    tls = {"tls.ca": str(pki.ca), "tls.cert": str(pki.app_cert), "tls.key": str(pki.app_key)}
     df = spark.createDataFrame([(f"row-{i}".encode(),) for i in range(20)], "body binary")
     writer = df.write.format("mqstore").option("endpoint", tls_gateway).option("topic", "SecureRows")
     writer.options(**tls).mode("append").save()

@@ -45,7 +45,8 @@ def test_load_reads_and_checks_the_files(pki: Pki) -> None:
         (("missing.pem", "key", None), {}, "missing.pem does not exist"),
         (("cert", None, None), {}, "go together"),
         ((None, None, "ca"), {"server": True}, "serving TLS needs --tls-cert and --tls-key"),
-        (("cert", "key", None), {"client_auth": True}, "--tls-client-auth needs --tls-ca"),
+        ((None, None, None), {"client_ca": "ca"}, "--tls-client-ca needs --tls-cert and --tls-key"),
+        (("cert", "key", "ca"), {"client_ca": "ca"}, "another CA than --tls-ca"),
         (("cert", "other_key", "ca"), {}, "does not belong to the certificate"),
         (("cert", "key", "not_pem"), {}, "is not PEM"),
         (("cert", "key", "key"), {}, "holds no usable certificate"),
@@ -53,7 +54,7 @@ def test_load_reads_and_checks_the_files(pki: Pki) -> None:
     ],
 )
 def test_load_refuses_bad_settings_with_one_line(
-    pki: Pki, tmp_path: Path, args: tuple[str | None, ...], kwargs: dict[str, bool], message: str
+    pki: Pki, tmp_path: Path, args: tuple[str | None, ...], kwargs: dict[str, object], message: str
 ) -> None:
     (tmp_path / "not_pem").write_text("hello\n")
     files = {
@@ -66,7 +67,8 @@ def test_load_refuses_bad_settings_with_one_line(
         "missing.pem": tmp_path / "missing.pem",
     }
     with pytest.raises(ConfigError, match=message) as info:
-        TlsConfig.load(*(files[a] if a else None for a in args), **kwargs)  # type: ignore[arg-type]
+        named = {k: files.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+        TlsConfig.load(*(files[a] if a else None for a in args), **named)  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
 
 
