@@ -24,6 +24,8 @@ certificate's common name is an account's ``certificateCommonName`` acts as that
 Dates: mqstore's clients sign UTC. RocketMQ's official clients sign their *local* time with a
 ``Z`` suffix (spec sheet rocketmq-grpc-v2 §2), so a v2 date is compared with UTC and with the
 server's own UTC offset, plus any offset listed in ``clientUtcOffsets`` for clients elsewhere.
+Each of those is a window of its own, so a captured v2 header is accepted again when the clock
+reaches the next zone's window: list only the zones clients run in.
 
 Scope: the store's own topics (libstore.system_topics.is_reserved_topic) are readable by admins
 only, and never writable by a client at all (the produce paths refuse them); a group's
@@ -58,7 +60,7 @@ class Account:
     """One account of the file. ``*_perm`` values are PUB/SUB bit sets."""
 
     access_key: str
-    secret_key: str
+    secret_key: str = field(repr=False)  # never in a log line
     admin: bool = False
     default_topic_perm: int = 0
     default_group_perm: int = 0
@@ -143,9 +145,17 @@ class AccessControl:
         keys, a bad permission, an access key listed twice."""
         try:
             text = Path(path).read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read ACL file {path}: {exc}") from None
+        try:
             data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-        except (OSError, ValueError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read ACL file {path}: {exc}") from exc
+        except json.JSONDecodeError as exc:  # its message names the position, not the text
+            raise ConfigError(f"ACL file {path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        except yaml.YAMLError as exc:
+            # Only where: the parser's own message quotes the offending line, secret and all.
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"ACL file {path} is not valid YAML{where}") from None
         if not isinstance(data, dict) or not isinstance(data.get("accounts"), list):
             raise ConfigError(f"ACL file {path} must hold an 'accounts' list")
         accounts = []

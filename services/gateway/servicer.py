@@ -44,7 +44,7 @@ from libstore import (
     decode_record,
 )
 from libstore.consume_queue import BoundaryType, CqUnit
-from libstore.errors import AuthenticationError, TooManyRequestsError
+from libstore.errors import AuthenticationError, PermissionDeniedError, TooManyRequestsError
 from libstore.get_message import UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
 from libstore.producer_input import check_producer_properties, check_producer_topic, producer_sys_flag
@@ -324,9 +324,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         with self._tracer.start_as_current_span("gateway.query") as span:
             span.set_attribute("mqstore.query", which or "")
             if which == "msg_id":
-                records = await self._by_msg_id(request.msg_id)
-                for record in records:  # the topic is known once the record is read
-                    self._allow(SUB, record.topic)
+                try:
+                    records = await self._by_msg_id(request.msg_id)
+                    for record in records:  # the topic is known once the record is read
+                        self._allow(SUB, record.topic)
+                except PermissionDeniedError:  # one answer for "none there" and "not yours"
+                    raise MessageNotFoundError(f"no message with id {request.msg_id}") from None
             elif which == "key":
                 self._allow(SUB, request.topic)
                 records = await self._by_key(request, max_count)
@@ -340,21 +343,23 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def _by_msg_id(self, msg_id: str) -> list:  # type: ignore[type-arg]
         """The one record the offset message id points at. Its header (TOTALSIZE, MAGICCODE) is
         read first and must describe a message record of at most the largest record size, so
-        a forged id never copies more than one record. Raises MessageNotFoundError."""
+        a forged id never copies more than one record. Raises MessageNotFoundError, with one
+        message whatever the reason (with the ACL on, a caller must not learn where records
+        start or, from its refusal, what topic one belongs to)."""
         parts = decode_message_id(msg_id)
         (head,) = await self.commitlog.read([(parts.phy_offset, _HEADER.size)])
         if not head or len(head) < _HEADER.size:
             raise MessageNotFoundError(f"no message with id {msg_id}")
         size, magic = _HEADER.unpack_from(head, 0)
         if magic not in _MESSAGE_MAGICS or not RECORD_OVERHEAD_V1_IPV4 <= size <= self.limits.max_record_size:
-            raise MessageNotFoundError(f"no message starts at offset {parts.phy_offset}")
+            raise MessageNotFoundError(f"no message with id {msg_id}")
         (raw,) = await self.commitlog.read([(parts.phy_offset, size)])
         if raw is None:
             raise MessageNotFoundError(f"no message with id {msg_id}")
         try:
             record = decode_record(raw)
         except Exception as exc:
-            raise MessageNotFoundError(f"no message starts at offset {parts.phy_offset}") from exc
+            raise MessageNotFoundError(f"no message with id {msg_id}") from exc
         if record.phy_offset != parts.phy_offset:
             raise MessageNotFoundError(f"no message with id {msg_id}")
         return [record]

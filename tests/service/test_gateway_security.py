@@ -21,6 +21,7 @@ from libstore import (
     InvalidArgumentError,
     Message,
     MessageIllegalError,
+    MessageNotFoundError,
     PermissionDeniedError,
     TopicNotFoundError,
 )
@@ -447,3 +448,18 @@ def test_the_cli_signs_with_the_account_it_is_given(gateway: str) -> None:
     assert denied.returncode != 0 and "admin only" in denied.stderr
     half = mqstore("--access-key", "writer", "topic", "list", "-a", gateway)
     assert half.returncode == 2 and "--secret-key" in half.stderr
+
+
+def test_a_message_id_query_does_not_tell_what_an_account_may_not_read(gateway: str) -> None:
+    with Producer(gateway, credentials=WRITER) as producer:
+        (stored,) = producer.send("Orders", b"private")
+    with Admin(gateway, credentials=OUTSIDER) as admin:
+        with pytest.raises(MessageNotFoundError) as hidden:
+            admin.query_by_id(stored.msg_id)  # exists, but on a topic it may not read
+        forged = stored.msg_id[:-16] + f"{stored.phy_offset + 1:016X}"  # same host, one byte on
+        with pytest.raises(MessageNotFoundError) as missing:
+            admin.query_by_id(forged)  # no record starts there
+    assert "Orders" not in str(hidden.value)
+    assert str(hidden.value).replace(stored.msg_id, "ID") == str(missing.value).replace(forged, "ID")
+    with Admin(gateway, credentials=READER) as admin:
+        assert admin.query_by_id(stored.msg_id).body == b"private"

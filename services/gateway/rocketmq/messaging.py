@@ -206,13 +206,6 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             raise V2Error(Code.FORBIDDEN, str(exc)) from None
         return account
 
-    def _may(self, context: grpc.aio.ServicerContext, perm: int, topic: str) -> bool:
-        try:
-            self._authorize(context, perm, topic)
-        except V2Error:
-            return False
-        return True
-
     # -- routes ---------------------------------------------------------------------------------------
     async def _topic(self, name: str) -> TopicConfig:
         if not name:
@@ -326,7 +319,9 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         except StoreError as exc:
             yield service.TelemetryCommand(status=_error_status(exc, "Telemetry"))
             return
-        session.may_publish = lambda topic, ctx=context: self._may(ctx, PUB, topic)
+        # The stream was authenticated when it opened; later settings are checked against that
+        # account (its signature's date ages while the stream lives).
+        session.may_publish = lambda topic, who=account: who is None or who.may(PUB, topic)
         self._ensure_check_loop()
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
         try:

@@ -88,11 +88,14 @@ class ClientSessions:
 
     def open(self, client_id: str, owner: str = "") -> ClientSession:
         """A new session of ``client_id``, opened by access key ``owner``. Raises
-        TooManyRequestsError when the client holds ``max_streams`` streams already."""
-        streams = self._by_client.get(client_id, [])
-        if len(streams) >= self.max_streams:
+        TooManyRequestsError when that account holds ``max_streams`` streams of the client
+        already."""
+        # Counted per account too: a client id is only a name, and another account's streams
+        # under it must not use up this client's share.
+        mine = [s for s in self._by_client.get(client_id, []) if s.owner == owner]
+        if len(mine) >= self.max_streams:
             raise TooManyRequestsError(
-                f"client {client_id} has {len(streams)} Telemetry streams open here, the limit is "
+                f"client {client_id} has {len(mine)} Telemetry streams open here, the limit is "
                 f"{self.max_streams} (telemetryMaxStreamsPerClient)"
             )
         session = ClientSession(client_id, owner, max_outbox=self.outbox_max)

@@ -135,3 +135,24 @@ def test_a_termination_ends_only_the_streams_its_account_opened() -> None:
     assert sessions.has_client("client-1") and victim.outbox.empty()
     assert sessions.drop("client-1", owner="app") == 1
     assert not sessions.has_client("client-1") and victim.outbox.get_nowait() is None
+
+
+def test_secrets_stay_out_of_reprs_and_errors(tmp_path: Path) -> None:
+    acl = _acl(tmp_path)
+    assert "app-secret" not in repr(acl.account("app"))
+    bad = tmp_path / "broken.yml"
+    bad.write_text('accounts:\n  - accessKey: app\n    secretKey: "TOPSECRET-abc123\n    admin: true\n')
+    with pytest.raises(ConfigError) as info:
+        AccessControl.load(bad)
+    assert "TOPSECRET" not in str(info.value) and "not valid YAML" in str(info.value)
+
+
+def test_another_accounts_streams_under_a_client_id_do_not_use_up_its_share() -> None:
+    from libstore.errors import TooManyRequestsError
+
+    sessions = ClientSessions(max_streams=2)
+    for _ in range(2):
+        sessions.open("client-1", owner="intruder")
+    with pytest.raises(TooManyRequestsError):
+        sessions.open("client-1", owner="intruder")
+    assert sessions.open("client-1", owner="app").owner == "app"  # the real client still gets in
