@@ -40,7 +40,7 @@ from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
 from services._common.tls import TlsConfig
-from services.commitlog.dedup_window import DedupWindow
+from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window
 from services.commitlog.ha import HAController
 from services.commitlog.ha_server import add_to_server as add_replication
 from services.commitlog.local import LocalCommitLog
@@ -288,8 +288,8 @@ class Suite:
         self.commit_log = await asyncio.to_thread(CommitLog.open, config)
         try:
             dedup = DedupWindow()
-            loaded = await asyncio.to_thread(dedup.prefill, self.commit_log)
-            log.info("commitlog: %d recent unique keys loaded for retry de-duplication", loaded)
+            loaded, how = await asyncio.to_thread(restore_window, dedup, self.commit_log)
+            log.info("commitlog: %d recent unique keys %s for retry de-duplication", loaded, how)
             self.commitlog_port = LocalCommitLog(self.commit_log, dedup)
             ha_listen = options.ha_address
             self.ha = HAController(
@@ -369,8 +369,20 @@ class Suite:
             await self.ha_server.stop(1.0)
             self.ha_server = None
         if self.commit_log is not None:
+            await asyncio.to_thread(self._persist_dedup)
             await asyncio.to_thread(self.commit_log.shutdown)
             self.commit_log = None
+
+    def _persist_dedup(self) -> None:
+        """Keep the retry de-duplication window across a clean restart (no log scan at start)."""
+        if self.commit_log is None or self.commitlog_port is None or self.commitlog_port.dedup is None:
+            return
+        self.commit_log.stop_accepting()  # the window must describe the log's final end
+        try:
+            saved = persist_window(self.commitlog_port.dedup, self.commit_log)
+            log.info("commitlog: %d unique keys saved for the next start", saved)
+        except OSError as exc:
+            log.warning("commitlog: the de-duplication window was not saved (%s); the next start scans", exc)
 
     async def _start_derived(self, data: Path, commitlog: CommitLogPort, *, embedded: bool) -> None:
         role = self.options.role

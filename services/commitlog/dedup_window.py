@@ -1,22 +1,47 @@
 """DedupWindow: recent UNIQ_KEYs and where their messages went, so a retried Append (the reply
 was lost, the client sent the batch again) returns the first result instead of storing twice.
 
-Bounded by count (oldest dropped first) and age. After a restart it is refilled from the tail
-of the log, so a retry that straddles a commitlog restart is still caught; beyond the window
-the guarantee is at-least-once, and consumers can de-duplicate on UNIQ_KEY.
+Bounded by count (oldest dropped first) and age. It survives a restart, so a retry that
+straddles a commitlog restart is still caught; beyond the window the guarantee is at-least-once,
+and consumers can de-duplicate on UNIQ_KEY:
+
+* a clean shutdown saves it (:meth:`save`, ``config/dedupWindow.bin``, tagged with the log's id,
+  generation and end) and the next start loads it (:meth:`load`) when the log is still exactly
+  where it was saved: no scan, whatever the log's size;
+* otherwise (after a crash) :meth:`prefill` reads the newest segments back to front, one at a
+  time, and stops once it holds ``capacity`` keys or meets records older than the window: it
+  reads at most the window's worth of records plus one segment, never every record of the last
+  ``ttl_ms`` (2M records at 100k msgs/s when the window keeps 200k). With the default 1 GiB
+  segments that can still be a whole segment.
 
 Thread-safety: used from the commitlog service's event loop only.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import struct
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import NamedTuple
 
-from libstore import CommitLog
+from libstore import BrokerRole, CommitLog
 from libstore.mapped_file import MappedFile
 from libstore.record_codec import check_record
+from libstore.store_paths import config_dir
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"MQDW1"
+_TAG = struct.Struct(">H32sqq")  # id length, log id (padded), generation, log end offset
+_ENTRY = struct.Struct(">Hqiqq")  # key length, phy offset, size, queue offset, store time
+
+
+def window_path(root: Path) -> Path:
+    """Where a clean shutdown leaves the window of the CommitLog rooted at ``root``."""
+    return config_dir(root) / "dedupWindow.bin"
 
 
 class Placed(NamedTuple):
@@ -59,33 +84,126 @@ class DedupWindow:
             entries.popitem(last=False)
 
     def prefill(self, log: CommitLog) -> int:
-        """Load the keys of records stored within the window from the log's last segments.
-
-        Returns how many were loaded.
-        """
+        """Load the keys of records stored within the window from the log's newest segments,
+        newest segment first, until ``capacity`` keys are held or a segment starts with a record
+        older than the window (module doc). Returns how many were loaded."""
         queue = log.queue
         if queue is None or not queue.mapped_files or self.capacity <= 0:
             return 0
         since = time.time_ns() // 1_000_000 - self.ttl_ms
         files = queue.mapped_files
-        start_index = len(files) - 1
-        # Step back while a segment's first record is still young enough.
-        while start_index > 0 and _first_store_timestamp(files[start_index]) >= since:
-            start_index -= 1
-        loaded = 0
-        for req in log.scan_records(files[start_index].file_from_offset, log.max_offset):
-            if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
-                self.put(
-                    req.topic,
-                    req.uniq_key,
-                    Placed(
+        end = log.max_offset
+        per_segment: list[list[tuple[str, str, Placed]]] = []
+        held = 0
+        for mf in reversed(files):
+            start = mf.file_from_offset
+            if start >= end:
+                continue
+            found = []
+            for req in log.scan_records(start, min(end, start + mf.file_size), decode_properties=True):
+                if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
+                    placed = Placed(
                         req.commit_log_offset, req.msg_size, req.consume_queue_offset, req.store_timestamp
-                    ),
+                    )
+                    found.append((req.topic, req.uniq_key, placed))
+            per_segment.append(found)
+            held += len(found)
+            if held >= self.capacity or _first_store_timestamp(mf) < since:
+                break
+        self.clear()
+        for found in reversed(per_segment):  # oldest first: the newest stay when capacity bites
+            for topic, uniq, placed in found:
+                self.put(topic, uniq, placed)
+        return min(held, self.capacity)
+
+    def save(self, path: Path, log_id: str, generation: int, end_offset: int) -> int:
+        """Write the window to ``path`` (atomically: a temporary file, fsynced, then renamed),
+        tagged with the log it describes (id, generation, end offset). Returns how many keys
+        were written. Raises OSError."""
+        ident = log_id.encode()[:32]
+        parts = [_MAGIC, _TAG.pack(len(ident), ident, generation, end_offset)]
+        for key, placed in self._entries.items():
+            raw = key.encode()
+            parts.append(
+                _ENTRY.pack(
+                    len(raw), placed.phy_offset, placed.size, placed.queue_offset, placed.store_timestamp
                 )
-                loaded += 1
-        return loaded
+            )
+            parts.append(raw)
+        tmp = path.with_name(path.name + ".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(b"".join(parts))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return len(self._entries)
+
+    def load(self, path: Path, log_id: str, generation: int, end_offset: int) -> bool:
+        """Take the window a clean shutdown saved at ``path`` if it describes this log exactly
+        (same id and generation, same end offset); the file is removed either way, so a later
+        crash never brings back a stale window. Keys older than ``ttl_ms`` are dropped. Returns
+        whether it was taken; False also for a missing or unreadable file."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            log.warning("dedup window %s unreadable (%s): rebuilding it from the log", path, exc)
+            return False
+        finally:
+            path.unlink(missing_ok=True)
+        try:
+            if not data.startswith(_MAGIC):
+                raise ValueError("not a saved window")
+            pos = len(_MAGIC)
+            id_len, ident, saved_generation, saved_end = _TAG.unpack_from(data, pos)
+            pos += _TAG.size
+            if (ident[:id_len], saved_generation, saved_end) != (
+                log_id.encode()[:32],
+                generation,
+                end_offset,
+            ):
+                return False
+            since = time.time_ns() // 1_000_000 - self.ttl_ms
+            entries: list[tuple[str, Placed]] = []
+            while pos < len(data):
+                key_len, phy, size, queue_offset, stored = _ENTRY.unpack_from(data, pos)
+                pos += _ENTRY.size
+                key = data[pos : pos + key_len].decode()
+                pos += key_len
+                if stored >= since:
+                    entries.append((key, Placed(phy, size, queue_offset, stored)))
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
+            log.warning("dedup window %s is damaged (%s): rebuilding it from the log", path, exc)
+            return False
+        self.clear()
+        for key, placed in entries[-self.capacity :]:
+            self._entries[key] = placed
+        return True
 
 
 def _first_store_timestamp(mf: MappedFile) -> int:
     req = check_record(mf.buffer, 0, mf.readable_position, check_crc=False, decode_properties=False)
     return req.store_timestamp if req.success and req.msg_size else -1
+
+
+def restore_window(window: DedupWindow, commit_log: CommitLog) -> tuple[int, str]:
+    """Fill ``window`` for a starting ``commit_log``: the window its clean shutdown saved when
+    it still describes the log, else a :meth:`DedupWindow.prefill` scan. Returns (keys held,
+    "saved" or "scanned")."""
+    gen = commit_log.generation
+    assert gen is not None
+    if window.load(window_path(commit_log.root), gen.log_id, gen.generation, commit_log.max_offset):
+        return len(window), "saved"
+    return window.prefill(commit_log), "scanned"
+
+
+def persist_window(window: DedupWindow, commit_log: CommitLog) -> int:
+    """Save ``window`` beside ``commit_log`` at a clean shutdown (call it once puts have
+    stopped, before the log closes). A SLAVE saves nothing: records it replicated never passed
+    through its window, so a later start scans. Returns how many keys were saved."""
+    gen = commit_log.generation
+    if gen is None or commit_log.broker_role is BrokerRole.SLAVE:
+        return 0
+    return window.save(window_path(commit_log.root), gen.log_id, gen.generation, commit_log.max_offset)
