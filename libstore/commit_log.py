@@ -267,7 +267,9 @@ class CommitLog:
             quarantine=self.quarantine,
         )
         snapshot = self._load_snapshot(report.end_offset)
-        offsets, scanned, used = rebuild_queue_offsets(self.queue, snapshot, report.end_offset)
+        offsets, scanned, used = rebuild_queue_offsets(
+            self.queue, snapshot, report.end_offset, (report.start_offset, report.queue_offsets_seen)
+        )
         report.queue_offset_records_scanned = scanned
         report.queue_offset_snapshot_used = used
         self._queue_offsets = offsets

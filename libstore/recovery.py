@@ -48,6 +48,9 @@ class RecoveryReport:
     on them (None when the log simply ends); ``queue_offset_records_scanned`` counts records read to
     rebuild the queue-offset table (0 after a clean shutdown). ``quarantined`` lists the files
     the cut bytes were moved to (empty when only zeros were cut), ``quarantined_bytes`` their size.
+    ``queue_offsets_seen`` holds, for the records the scan validated (``[start_offset,
+    end_offset)``), each queue's next offset past them, so the queue-offset table need not read
+    those records a second time (:func:`rebuild_queue_offsets`).
     """
 
     normal: bool
@@ -63,6 +66,7 @@ class RecoveryReport:
     scanned_file_names: list[str] = field(default_factory=list)
     quarantined: list[Path] = field(default_factory=list)
     quarantined_bytes: int = 0
+    queue_offsets_seen: dict[QueueKey, int] = field(default_factory=dict)
 
 
 def recover_commit_log(
@@ -104,6 +108,8 @@ def recover_commit_log(
     end = start
     seen_files: set[int] = set()
     stopped_on_invalid = False
+    seen = report.queue_offsets_seen
+    gets_offset = MessageSysFlag.gets_queue_offset
     for req in scan_log(queue, start, None, check_crc=check_crc, decode_properties=False):
         seen_files.add(queue.segment_start_of(req.commit_log_offset))
         if not req.success:
@@ -114,6 +120,11 @@ def recover_commit_log(
             break
         report.records_validated += 1
         end = req.commit_log_offset + req.msg_size
+        if gets_offset(req.sys_flag):  # what rebuild_queue_offsets would read again
+            key = (req.topic, req.queue_id)
+            nxt = req.consume_queue_offset + 1
+            if nxt > seen.get(key, 0):
+                seen[key] = nxt
     if not stopped_on_invalid:
         # Ran off the end: a last segment ending in a blank ends at its tail.
         end = _last_scanned_segment_end(queue, end)
@@ -211,12 +222,19 @@ def _is_mapped_file_matched_recover(mf: MappedFile, recover_timestamp: int, chec
 
 
 def rebuild_queue_offsets(
-    queue: MappedFileQueue, snapshot: QueueOffsetSnapshot | None, end_offset: int
+    queue: MappedFileQueue,
+    snapshot: QueueOffsetSnapshot | None,
+    end_offset: int,
+    seen: tuple[int, dict[QueueKey, int]] | None = None,
 ) -> tuple[dict[QueueKey, int], int, bool]:
     """The queue-offset table for the log ``[min, end_offset)``.
 
     Uses ``snapshot`` when it lies within the log, else scans from the log's first byte.
-    Returns (table, records scanned, whether the snapshot was used).
+    ``seen`` = (offset, table): the next offsets of the records in ``[offset, end_offset)``,
+    already read (RecoveryReport.queue_offsets_seen); only what lies before ``offset`` is then
+    scanned. Tables merge by taking each queue's larger next offset, so ``seen`` may also
+    cover records the snapshot does. Returns (table, records scanned, whether the snapshot was
+    used).
     """
     min_offset = max(queue.get_min_offset(), 0)
     if snapshot is not None and min_offset <= snapshot.phy_offset <= end_offset:
@@ -235,14 +253,22 @@ def rebuild_queue_offsets(
         start = min_offset
         used = False
     scanned = 0
+    stop = end_offset
+    if seen is not None and seen[0] <= end_offset:
+        stop = max(start, seen[0])
     gets_offset = MessageSysFlag.gets_queue_offset
-    for req in scan_log(queue, start, end_offset, check_crc=False, decode_properties=False):
-        if not req.success:
-            break
-        scanned += 1
-        if gets_offset(req.sys_flag):
-            key = (req.topic, req.queue_id)
-            nxt = req.consume_queue_offset + 1
+    if start < stop:
+        for req in scan_log(queue, start, stop, check_crc=False, decode_properties=False):
+            if not req.success:
+                break
+            scanned += 1
+            if gets_offset(req.sys_flag):
+                key = (req.topic, req.queue_id)
+                nxt = req.consume_queue_offset + 1
+                if nxt > offsets.get(key, 0):
+                    offsets[key] = nxt
+    if seen is not None and seen[0] <= end_offset:
+        for key, nxt in seen[1].items():
             if nxt > offsets.get(key, 0):
                 offsets[key] = nxt
     return offsets, scanned, used

@@ -102,8 +102,9 @@ def test_abnormal_recovery_stops_at_a_corrupt_record_and_rebuilds_queue_offsets(
         assert rep is not None and rep.truncated_at == bad.phy_offset and rep.end_offset == bad.phy_offset
         survivors = list(cl.iter_records(0))
         assert [r.commit_log_offset for r in survivors] == [r.phy_offset for r in res[:100]]
-        # The saved snapshot described 120 records; it is past the new end, so offsets were rescanned.
-        assert not rep.queue_offset_snapshot_used and rep.queue_offset_records_scanned == 100
+        # The saved snapshot described 120 records; it is past the new end, so offsets come from
+        # the log: from the validation pass itself, no record read twice.
+        assert not rep.queue_offset_snapshot_used and rep.queue_offset_records_scanned == 0
         assert cl.queue_offset_table() == {("TopicR", q): 25 for q in range(4)}
         assert cl.put_messages([Message("TopicR", b"x", 0)])[0].queue_offset == 25
     finally:
@@ -182,9 +183,29 @@ def test_queue_offsets_rebuilt_from_the_log_when_the_snapshot_is_lost(store_conf
     cl = CommitLog.open(store_config)
     try:
         rep = cl.recovery_report
+        # Every segment was validated (normal recovery reads the last three): nothing read twice.
         assert (
-            rep is not None and rep.queue_offset_records_scanned == 500 and not rep.queue_offset_snapshot_used
+            rep is not None and rep.queue_offset_records_scanned == 0 and not rep.queue_offset_snapshot_used
         )
+        assert cl.queue_offset_table() == table
+    finally:
+        cl.shutdown()
+
+
+def test_queue_offsets_before_the_validated_segments_are_scanned_once_and_merged(store_config: StoreConfig):
+    """Normal recovery validates the last three segments; without a snapshot the table needs the
+    records before them too: those alone are read again, and the two halves merge."""
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 1500, queues=5)
+    table = cl.queue_offset_table()
+    cl.shutdown()
+    (Path(store_config.store_path_root_dir) / "config" / "queueOffsetTable.json").unlink()
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and rep.start_offset > 0 and not rep.queue_offset_snapshot_used
+        before = sum(1 for r in res if r.phy_offset < rep.start_offset)
+        assert rep.queue_offset_records_scanned == before and before + rep.records_validated == 1500
         assert cl.queue_offset_table() == table
     finally:
         cl.shutdown()
