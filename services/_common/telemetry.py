@@ -5,10 +5,12 @@ the numbers operators watch (replication lag and acked offsets, SYNC_MASTER wait
 
 Exporters (DESIGN "Observability"): OTLP over gRPC when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
 (the standard OTEL_* variables configure it; metrics every ``OTEL_METRIC_EXPORT_INTERVAL`` ms),
-the console when ``MQSTORE_TRACE_CONSOLE=1``, otherwise none (spans are still created, so
-trace ids reach logs and error messages). Tests add an in-memory exporter with
-:func:`add_span_exporter` and read metrics with :func:`metrics_snapshot` (an in-memory reader
-that costs nothing until it is read).
+the console when ``MQSTORE_TRACE_CONSOLE=1``, otherwise none. Sampling follows the standard
+``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG`` (default: parent-based, always on) while an
+exporter is attached; with none, every span is dropped at its start (a non-recording span: it
+still carries a trace id for logs and error messages, and costs next to nothing). Tests add an
+in-memory exporter with :func:`add_span_exporter` and read metrics with :func:`metrics_snapshot`
+(an in-memory reader that costs nothing until it is read).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 
 from services._common.errors import StoreErrorInterceptor
 
@@ -38,6 +41,27 @@ _lock = threading.Lock()
 _provider: TracerProvider | None = None
 _meter_provider: MeterProvider | None = None
 _metric_reader: InMemoryMetricReader | None = None
+
+
+class ExportAwareSampler(Sampler):
+    """``delegate`` (the OTEL_TRACES_SAMPLER one) once an exporter is attached
+    (:attr:`exporting`); until then every span is dropped: nothing could be exported, so
+    nothing is recorded."""
+
+    def __init__(self, delegate: Sampler) -> None:
+        self.delegate = delegate
+        self.exporting = False
+
+    def should_sample(
+        self, parent_context: Any, trace_id: int, name: str, *args: Any, **kwargs: Any
+    ) -> SamplingResult:
+        if not self.exporting:
+            parent = trace.get_current_span(parent_context).get_span_context()
+            return SamplingResult(Decision.DROP, None, parent.trace_state if parent.is_valid else None)
+        return self.delegate.should_sample(parent_context, trace_id, name, *args, **kwargs)
+
+    def get_description(self) -> str:
+        return f"ExportAware{{{self.delegate.get_description()}}}"
 
 
 def configure_tracing(service_name: str = "mqstore", env: Mapping[str, str] | None = None) -> TracerProvider:
@@ -48,12 +72,18 @@ def configure_tracing(service_name: str = "mqstore", env: Mapping[str, str] | No
             return _provider
         environ = os.environ if env is None else env
         provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        # The SDK read OTEL_TRACES_SAMPLER into provider.sampler; no tracer exists yet, so the
+        # wrapper is what every tracer will use.
+        sampler = ExportAwareSampler(provider.sampler)
+        provider.sampler = sampler  # type: ignore[misc]
         if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            sampler.exporting = True
         if environ.get("MQSTORE_TRACE_CONSOLE") == "1":
             provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            sampler.exporting = True
         trace.set_tracer_provider(provider)
         _provider = provider
         _configure_metrics(provider.resource, environ)
@@ -99,8 +129,12 @@ def metrics_snapshot() -> dict[str, list[tuple[dict[str, Any], float]]]:
 
 
 def add_span_exporter(exporter: SpanExporter) -> None:
-    """Send every span also to ``exporter``, synchronously (tests: InMemorySpanExporter)."""
-    configure_tracing().add_span_processor(SimpleSpanProcessor(exporter))
+    """Send every span also to ``exporter``, synchronously (tests: InMemorySpanExporter); spans
+    are sampled from now on (OTEL_TRACES_SAMPLER)."""
+    provider = configure_tracing()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if isinstance(provider.sampler, ExportAwareSampler):
+        provider.sampler.exporting = True
 
 
 def shutdown_tracing() -> None:
