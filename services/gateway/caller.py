@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 
 from services.gateway.acl import AccessControl, Account
-from services.gateway.signature import authenticate_own, request_digest
+from services.gateway.signature import authenticate_own, metadata_dict, request_digest
 
 _CALLER: ContextVar[Account | None] = ContextVar("mqstore_caller", default=None)
 
@@ -51,10 +51,7 @@ class OwnApiAuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if handler.unary_unary is None:  # every own-API method is unary; refuse anything else
             return grpc.unary_unary_rpc_method_handler(_unsupported)
-        metadata = {
-            k: v if isinstance(v, str) else v.decode("latin-1")
-            for k, v in handler_call_details.invocation_metadata or ()
-        }
+        metadata = metadata_dict(handler_call_details.invocation_metadata)
         deserialize = handler.request_deserializer
         seen: list[str] = []
 

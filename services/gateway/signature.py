@@ -27,7 +27,7 @@ from __future__ import annotations
 import calendar
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from hashlib import sha1, sha256
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,12 @@ OWN_SCHEME = "MQSTORE-HMAC-SHA256"
 DATE_HEADER = "x-mq-date-time"
 DATE_FORMAT = "%Y%m%dT%H%M%SZ"
 _REFUSED = "invalid access key or signature"
+
+
+def metadata_dict(pairs: Iterable[tuple[str, str | bytes]] | None) -> dict[str, str]:
+    """gRPC invocation metadata as a dict of text values (binary values as latin-1), the form
+    the authenticate functions take."""
+    return {k: v if isinstance(v, str) else v.decode("latin-1") for k, v in pairs or ()}
 
 
 def format_date(now_s: float | None = None) -> str:

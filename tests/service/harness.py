@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 import shutil
@@ -269,6 +271,23 @@ class SplitCluster:
             proc = self.procs.pop(role, None)
             if proc is not None:
                 proc.terminate()
+
+
+def v2_signed(
+    ak: str, sk: str, date_time: str | None = None, client_id: str = "test@1"
+) -> list[tuple[str, str]]:
+    """RocketMQ 5 call metadata signed as the official clients sign (MQv2-HMAC-SHA1 over
+    x-mq-date-time, their local time with a Z unless ``date_time`` is given)."""
+    stamp = date_time or time.strftime("%Y%m%dT%H%M%SZ")
+    signature = hmac.new(sk.encode(), stamp.encode(), hashlib.sha1).hexdigest()
+    return [
+        ("x-mq-client-id", client_id),
+        ("x-mq-date-time", stamp),
+        (
+            "authorization",
+            f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, Signature={signature}",
+        ),
+    ]
 
 
 def shared_receipt_key(root: Path) -> Path:

@@ -6,10 +6,8 @@ and dead-letter topics are read only as their owners may (services.gateway.acl, 
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Iterator
-from hashlib import sha1
 from pathlib import Path
 
 import grpc
@@ -33,7 +31,7 @@ from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.gateway.signature import sign_own_request
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, wait_derived_caught_up
+from tests.service.harness import InProcessSuites, v2_signed, wait_derived_caught_up
 
 ACL = """
 accounts:
@@ -234,23 +232,10 @@ def test_refusals_do_not_tell_an_unknown_key_from_a_wrong_secret(gateway: str) -
         assert unknown == wrong and "nobody" not in unknown and "writer" not in wrong
         v2 = service_grpc.MessagingServiceStub(channel)
         route = service.QueryRouteRequest(topic=definition.Resource(name="Orders"))
-        v2_unknown = v2.QueryRoute(route, metadata=_v2_signed("nobody", "x"), timeout=5).status
-        v2_wrong = v2.QueryRoute(route, metadata=_v2_signed("writer", "guess"), timeout=5).status
+        v2_unknown = v2.QueryRoute(route, metadata=v2_signed("nobody", "x"), timeout=5).status
+        v2_wrong = v2.QueryRoute(route, metadata=v2_signed("writer", "guess"), timeout=5).status
         assert v2_unknown.code == v2_wrong.code == Code.UNAUTHORIZED
         assert v2_unknown.message == v2_wrong.message
-
-
-def _v2_signed(ak: str, sk: str, date_time: str | None = None) -> list[tuple[str, str]]:
-    stamp = date_time or time.strftime("%Y%m%dT%H%M%SZ")  # local time, as the official clients sign
-    signature = hmac.new(sk.encode(), stamp.encode(), sha1).hexdigest()
-    return [
-        ("x-mq-client-id", "security-test@1"),
-        ("x-mq-date-time", stamp),
-        (
-            "authorization",
-            f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, Signature={signature}",
-        ),
-    ]
 
 
 def _v2_message(topic: str, body: bytes = b"x", **user: str) -> definition.Message:
@@ -273,12 +258,12 @@ def test_a_rocketmq5_signature_expires(gateway: str) -> None:
             )
             return reply.status.code
 
-        assert send(_v2_signed("writer", "writer-secret", "20000101T000000Z")) == Code.UNAUTHORIZED
-        assert send(_v2_signed("writer", "writer-secret", "not-a-date")) == Code.UNAUTHORIZED
+        assert send(v2_signed("writer", "writer-secret", "20000101T000000Z")) == Code.UNAUTHORIZED
+        assert send(v2_signed("writer", "writer-secret", "not-a-date")) == Code.UNAUTHORIZED
         stale = time.strftime("%Y%m%dT%H%M%SZ", time.localtime(time.time() - 1800))
-        assert send(_v2_signed("writer", "writer-secret", stale)) == Code.UNAUTHORIZED
+        assert send(v2_signed("writer", "writer-secret", stale)) == Code.UNAUTHORIZED
         assert _max_offsets(gateway, "Orders") == before
-        assert send(_v2_signed("writer", "writer-secret")) == Code.OK
+        assert send(v2_signed("writer", "writer-secret")) == Code.OK
 
 
 SYSTEM_TOPICS = ["rmq_sys_timer_done", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "rmq_sys_pop_journal", "%DLQ%billing"]
@@ -296,7 +281,7 @@ def test_nobody_produces_into_the_stores_own_topics_or_properties(gateway: str) 
                     producer.send_batch([OutgoingMessage("Orders", b"forged", properties={name: "0"})])
     with grpc.insecure_channel(gateway) as channel:
         stub = service_grpc.MessagingServiceStub(channel)
-        ops = _v2_signed("ops", "ops-secret")
+        ops = v2_signed("ops", "ops-secret")
         for topic in SYSTEM_TOPICS:
             reply = stub.SendMessage(
                 service.SendMessageRequest(messages=[_v2_message(topic)]), metadata=ops, timeout=5
@@ -351,7 +336,7 @@ def test_system_retry_and_dead_letter_topics_are_read_only_as_their_owners_may(g
                 batch_size=1,
                 long_polling_timeout=Duration(seconds=0),
             )
-            replies = list(v2.ReceiveMessage(request, metadata=_v2_signed(ak, sk), timeout=5))
+            replies = list(v2.ReceiveMessage(request, metadata=v2_signed(ak, sk), timeout=5))
             return replies[0].status.code
 
         # The half and timer topics hold other topics' messages: admins only.
@@ -375,7 +360,7 @@ def test_system_retry_and_dead_letter_topics_are_read_only_as_their_owners_may(g
 def test_a_transaction_is_ended_only_for_its_named_topic(gateway: str) -> None:
     with grpc.insecure_channel(gateway) as channel:
         stub = service_grpc.MessagingServiceStub(channel)
-        ops = _v2_signed("ops", "ops-secret")
+        ops = v2_signed("ops", "ops-secret")
         message = definition.Message(
             topic=definition.Resource(name="Payments"),
             body=b"pending",

@@ -4,10 +4,7 @@ keys without the permission get FORBIDDEN, in the response status as the proxy a
 
 from __future__ import annotations
 
-import hmac
-import time
 from collections.abc import Iterator
-from hashlib import sha1
 from pathlib import Path
 
 import grpc
@@ -19,7 +16,7 @@ from services.credentials import Credentials
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, SplitCluster
+from tests.service.harness import InProcessSuites, SplitCluster, v2_signed
 
 ACL = """
 accounts:
@@ -62,19 +59,6 @@ def secured(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             yield cluster.gateway
         finally:
             cluster.stop_all()
-
-
-def _signed(ak: str, sk: str, date_time: str | None = None) -> list[tuple[str, str]]:
-    stamp = date_time or time.strftime("%Y%m%dT%H%M%SZ")
-    signature = hmac.new(sk.encode(), stamp.encode(), sha1).hexdigest()
-    return [
-        ("x-mq-client-id", "acl-test@1"),
-        ("x-mq-date-time", stamp),
-        (
-            "authorization",
-            f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, Signature={signature}",
-        ),
-    ]
 
 
 def test_official_client_with_keys_is_served_and_refused_without(secured: str, tmp_path: Path) -> None:
@@ -171,15 +155,17 @@ def test_status_codes_for_each_refusal(secured: str) -> None:
             return replies[0].status.code
 
         assert send([("x-mq-client-id", "c")]) == Code.UNAUTHORIZED  # no authorization header
-        assert send(_signed("nobody", "x")) == Code.UNAUTHORIZED  # unknown key
-        assert send(_signed("shop-writer", "not-the-secret")) == Code.UNAUTHORIZED  # wrong signature
-        assert send(_signed("shop-reader", "reader-secret")) == Code.FORBIDDEN  # SUB only
-        assert send(_signed("shop-writer", "writer-secret")) == Code.OK
-        assert send(_signed("ops", "ops-secret")) == Code.OK  # admin
-        assert receive_as(_signed("shop-writer", "writer-secret"), "auditors") == Code.FORBIDDEN  # PUB only
-        assert receive_as(_signed("shop-reader", "reader-secret"), "others") == Code.FORBIDDEN  # group denied
-        assert receive_as(_signed("shop-reader", "reader-secret"), "auditors") == Code.OK
+        assert send(v2_signed("nobody", "x")) == Code.UNAUTHORIZED  # unknown key
+        assert send(v2_signed("shop-writer", "not-the-secret")) == Code.UNAUTHORIZED  # wrong signature
+        assert send(v2_signed("shop-reader", "reader-secret")) == Code.FORBIDDEN  # SUB only
+        assert send(v2_signed("shop-writer", "writer-secret")) == Code.OK
+        assert send(v2_signed("ops", "ops-secret")) == Code.OK  # admin
+        assert receive_as(v2_signed("shop-writer", "writer-secret"), "auditors") == Code.FORBIDDEN  # PUB only
+        assert (
+            receive_as(v2_signed("shop-reader", "reader-secret"), "others") == Code.FORBIDDEN
+        )  # group denied
+        assert receive_as(v2_signed("shop-reader", "reader-secret"), "auditors") == Code.OK
         route = stub.QueryRoute(
-            service.QueryRouteRequest(topic=topic), metadata=_signed("nobody", "x"), timeout=10
+            service.QueryRouteRequest(topic=topic), metadata=v2_signed("nobody", "x"), timeout=10
         )
         assert route.status.code == Code.UNAUTHORIZED and not route.message_queues

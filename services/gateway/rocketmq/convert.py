@@ -27,7 +27,6 @@ from libstore.results import PutMessageStatus
 from libstore.scheduled_message import MAX_DELAY_MS
 from libstore.system_topics import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
 from libstore.topic_config import TopicMessageType
-from libstore.transaction_message import TRANSACTION_CHECK_TIMES
 from services._common.convert import host_text
 from services.gateway.rocketmq.pb import Code, definition
 
@@ -38,48 +37,28 @@ MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_MESSAGE_GROUP_BYTES = 64
 
-SYSTEM_PROPERTY_NAMES = (
-    frozenset(
-        {
-            MessageConst.KEYS,
-            MessageConst.TAGS,
-            MessageConst.WAIT,
-            MessageConst.DELAY,
-            MessageConst.RETRY_TOPIC,
-            MessageConst.REAL_TOPIC,
-            MessageConst.REAL_QID,
-            MessageConst.TRAN_MSG,
-            MessageConst.UNIQ_KEY,
-            MessageConst.RECONSUME_TIME,
-            MessageConst.MAX_RECONSUME_TIMES,
-            MessageConst.TRANSACTION_ID,
-            SHARDING_KEY,
-            TIMER_DELIVER_MS,
-            PRODUCER_GROUP,
-            TRANSACTION_CHECK_TIMES,
-            "MIN_OFFSET",
-            "MAX_OFFSET",
-            "ORIGIN_MESSAGE_ID",
-            MessageConst.DLQ_ORIGIN_TOPIC,
-            MessageConst.DLQ_ORIGIN_MESSAGE_ID,
-            "CONSUME_START_TIME",
-            "CHECK_IMMUNITY_TIME_IN_SECONDS",
-            "TIMER_OUT_MS",
-            "TIMER_ENQUEUE_MS",
-            "TIMER_DEQUEUE_MS",
-            "TIMER_ROLL_TIMES",
-            "TIMER_DEL_UNIQKEY",
-            "INNER_NUM",
-            "INNER_BASE",
-            "TRACE_ON",
-            "TRACE_CONTEXT",
-            # Scheduling goes through delivery_timestamp on this protocol: a user property may not
-            # delay a message of a NORMAL topic behind the topic type's back.
-            TIMER_DELAY_SEC,
-            TIMER_DELAY_MS,
-        }
-    )
-    | STORE_PROPERTIES
+# What a v2 user property may not be named: the store's own properties (STORE_PROPERTIES) and
+# those this protocol sets from the message's system properties.
+SYSTEM_PROPERTY_NAMES = STORE_PROPERTIES | frozenset(
+    {
+        MessageConst.KEYS,
+        MessageConst.TAGS,
+        MessageConst.WAIT,
+        MessageConst.DELAY,
+        MessageConst.UNIQ_KEY,
+        MessageConst.RECONSUME_TIME,
+        MessageConst.MAX_RECONSUME_TIMES,
+        SHARDING_KEY,
+        TIMER_DELIVER_MS,
+        PRODUCER_GROUP,
+        "CONSUME_START_TIME",
+        "TRACE_ON",
+        "TRACE_CONTEXT",
+        # Scheduling goes through delivery_timestamp on this protocol: a user property may not
+        # delay a message of a NORMAL topic behind the topic type's back.
+        TIMER_DELAY_SEC,
+        TIMER_DELAY_MS,
+    }
 )
 
 ACCEPT_TYPES = {

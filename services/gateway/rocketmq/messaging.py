@@ -65,7 +65,7 @@ from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
 from services.gateway.servicer import TopicCache
-from services.gateway.signature import authenticate_v2
+from services.gateway.signature import authenticate_v2, metadata_dict
 from services.ports import CommitLogPort, DispatchPort, TransactionCheck
 
 log = logging.getLogger(__name__)
@@ -193,12 +193,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         returns its account (None with the ACL off). Raises V2Error UNAUTHORIZED/FORBIDDEN."""
         if self.acl is None:
             return None
-        metadata = {
-            k: v if isinstance(v, str) else v.decode("latin-1")
-            for k, v in context.invocation_metadata() or ()
-        }
         try:
-            account = authenticate_v2(self.acl, metadata)
+            account = authenticate_v2(self.acl, metadata_dict(context.invocation_metadata()))
             AccessControl.authorize(account, perm, topic, group)
         except AuthenticationError as exc:
             raise V2Error(Code.UNAUTHORIZED, str(exc)) from None
