@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable
@@ -21,12 +22,14 @@ from pathlib import Path
 
 from bench.baseline import BENCH_TAGS, BENCH_TOPIC
 from bench.harness import Recorder, Sample, body_at, payload_pool, window_sample
-from libstore import CommitLog, Message, MessageStore, StoreConfig
-from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.dispatch import ReputMessageService
+from libstore import CommitLog, Message, StoreConfig
 from libstore.index_file import index_hash_of
 from libstore.index_service import IndexService
 from libstore.tags import java_string_hashes
+from services.dispatch.app import DispatchApp
+from services.embedded import CommitLogNode, part_config
+from services.index.app import IndexApp
+from services.message_store import MessageStore
 
 QUEUES = 16
 SEGMENT_BYTES = 256 * 1024 * 1024
@@ -69,33 +72,47 @@ class DispatchResult:
 
 def dispatch(root: Path, shape: str, records: int) -> DispatchResult:
     """Append ``records`` messages (timed), flush and reopen, then replay them all into fresh
-    ConsumeQueues and IndexFiles (timed)."""
+    ConsumeQueues and IndexFiles (timed): the dispatch and index services' TailFollowers over the
+    local CommitLog port, as ``mqstore serve`` runs them."""
     pool = payload_pool()
     batches = [_messages(shape, start, min(256, records - start), pool) for start in range(0, records, 256)]
-    log = CommitLog.open(_config(root))
+    cfg = _config(root)
+    log = CommitLog.open(part_config(cfg, root / "commitlog"))
     t0 = time.perf_counter()
     for batch in batches:
         if not log.put_messages(batch).all_ok:
             raise RuntimeError("append failed")
     append_s = time.perf_counter() - t0
     log.shutdown()  # flushes: the replay below does not compete with writeback
-    log = CommitLog.open(_config(root))
-    cfg = log.config
-    cqs = ConsumeQueueStore(root / "cq-bench", cfg.mapped_file_size_consume_queue)
-    cqs.load()
-    index = IndexService(root / "index-bench", cfg.max_hash_slot_num, cfg.max_index_num)
-    index.load()
-    reput = ReputMessageService(log, [cqs, index], 0)
-    t0 = time.perf_counter()
-    reput.catch_up()
-    dispatch_s = time.perf_counter() - t0
-    dispatched = reput.records_dispatched
-    cqs.shutdown()
-    index.shutdown()
-    log.shutdown()
+    dispatch_s, dispatched = asyncio.run(_replay(root, cfg))
     if dispatched != records:
         raise RuntimeError(f"dispatched {dispatched} of {records} records")
     return DispatchResult(shape, records, records / append_s, dispatched / dispatch_s)
+
+
+async def _replay(root: Path, cfg: StoreConfig) -> tuple[float, int]:
+    """Seconds for fresh derived services to catch up with the log under ``root``, and the
+    records the dispatch service applied."""
+    node = await CommitLogNode.open(part_config(cfg, root / "commitlog"))
+    try:
+        t0 = time.perf_counter()
+        apps = [
+            DispatchApp(part_config(cfg, root / "dispatch"), node.port),
+            IndexApp(part_config(cfg, root / "index"), node.port),
+        ]
+        for app in apps:
+            await app.start()
+        for app in apps:
+            if not await app.wait_caught_up(600):
+                raise RuntimeError(f"{app.name} did not catch up")
+        seconds = time.perf_counter() - t0
+        assert apps[0].follower is not None
+        dispatched = apps[0].follower.records_dispatched
+        for app in apps:
+            await app.stop()
+    finally:
+        await node.close()
+    return seconds, dispatched
 
 
 @dataclass

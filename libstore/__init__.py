@@ -1,6 +1,7 @@
 """libstore: a RocketMQ-style message storage engine: CommitLog (flush, checkpoint, recovery),
-ConsumeQueues and IndexFiles built by dispatch, pulls with long polling, consumer offsets;
-:class:`MessageStore` wires them into one embedded store.
+ConsumeQueues and IndexFiles built by dispatch, pulls with long polling, consumer offsets.
+``services.message_store.MessageStore`` wires them, through the services' own objects, into one
+embedded store.
 
 The public surface is listed in ``__all__`` and pinned by tests/unit/libstore/test_exports.py.
 """
@@ -8,7 +9,7 @@ The public surface is listed in ``__all__`` and pinned by tests/unit/libstore/te
 from libstore.commit_log import AppendResult, CommitLog
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
-from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.consumer_offset_manager import ConsumerOffsetManager, QueueProgress
 from libstore.errors import (
     AuthenticationError,
     ConfigError,
@@ -37,7 +38,6 @@ from libstore.index_service import IndexService
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
 from libstore.message_filter import TagFilter
 from libstore.message_id import UniqKeyGenerator, create_message_id, decode_message_id
-from libstore.message_store import MessageStore, QueueProgress
 from libstore.record_codec import DispatchRequest, decode_record
 from libstore.recovery import RecoveryReport
 from libstore.results import (
@@ -75,7 +75,6 @@ __all__ = [
     "MessageIllegalError",
     "MessageNotFoundError",
     "MessageRecord",
-    "MessageStore",
     "MessageSysFlag",
     "NotMasterError",
     "OSPageCacheBusyError",

@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
@@ -28,6 +29,22 @@ from libstore.service_thread import ServiceThread
 log = logging.getLogger(__name__)
 
 TOPIC_GROUP_SEPARATOR = "@"
+
+
+@dataclass(frozen=True)
+class QueueProgress:
+    """A consumer group's position in one queue: committed offset (-1: never), min and max queue
+    offsets, and the lag (messages between the committed offset, or the min when none, and the max)."""
+
+    queue_id: int
+    committed_offset: int
+    min_offset: int
+    max_offset: int
+
+    @property
+    def lag(self) -> int:
+        start = self.committed_offset if self.committed_offset >= 0 else self.min_offset
+        return max(0, self.max_offset - start)
 
 
 class ConsumerOffsetManager:

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+import numpy as np
+
 from libstore import _os, durability_hooks
 from libstore.errors import StoreIOError
 from libstore.tags import java_string_hash
@@ -47,6 +49,7 @@ INVALID_INDEX: Final = 0
 _HEADER = struct.Struct(">qqqqii")
 _SLOT = struct.Struct(">i")
 _ENTRY = struct.Struct(">iqii")
+_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("diff", ">i4"), ("prev", ">i4")])
 _INT_MAX = 0x7FFFFFFF
 
 
@@ -220,6 +223,42 @@ class IndexFile:
         self.hash_slot_count += new_slots
         self._write_header()
         return n
+
+    def roll_back(self, phy_offset: int, durable_count: int) -> int:
+        """Keep only the entries for records before ``phy_offset`` among the first
+        ``durable_count`` entry numbers (those known written, and after a crash known flushed):
+        later entries are zeroed, the hash slots rebuilt from the kept entries, the header set to
+        match, and the file fdatasync'ed. The result equals a file built from those records
+        alone (spec sheet §4's layout). Entries must be in CommitLog order (dispatch writes them
+        so). Returns the new ``index_count`` (1: no entry kept). Raises StoreIOError.
+        """
+        durable = max(1, min(durable_count, self.index_num))
+        entries_at = self._entries_at
+        raw = self._mmap[entries_at : entries_at + durable * INDEX_SIZE]
+        entries = np.frombuffer(raw, dtype=_ENTRY_DTYPE)
+        keep = 1 + int(np.searchsorted(entries["phy"][1:], phy_offset, side="left"))
+        # Zero what follows the kept entries, as far as anything may have been written.
+        written = max(durable, min(self.index_count, self.index_num))
+        tail_from = entries_at + keep * INDEX_SIZE
+        self._mmap[tail_from : entries_at + written * INDEX_SIZE] = bytes((written - keep) * INDEX_SIZE)
+        slots = np.zeros(self.hash_slot_num, dtype=np.int64)
+        if keep > 1:
+            kept = entries[1:keep]
+            np.maximum.at(slots, kept["hash"].astype(np.int64) % self.hash_slot_num, np.arange(1, keep))
+        self._mmap[INDEX_HEADER_SIZE:entries_at] = slots.astype(">i4").tobytes()
+        self.hash_slot_count = int(np.count_nonzero(slots))
+        self.index_count = keep
+        if keep > 1:
+            last = entries[keep - 1]
+            self.end_phy_offset = int(last["phy"])
+            # The entry holds seconds after the begin time: the end is known to the second, and
+            # taken at that second's end so that time-window lookups still reach the entry.
+            self.end_timestamp = self.begin_timestamp + int(last["diff"]) * 1000 + 999
+        else:
+            self.end_phy_offset = self.begin_phy_offset
+            self.end_timestamp = self.begin_timestamp
+        self.flush()
+        return keep
 
     # -- read -----------------------------------------------------------------------------------
     def is_time_matched(self, begin: int, end: int) -> bool:

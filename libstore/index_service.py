@@ -67,6 +67,9 @@ class IndexService:
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
         self.last_indexed_offset = -1
+        # (file name, index count) after the last dispatched batch: every entry below it is
+        # completely written. Sampled for the checkpoint before a flush (see roll_back).
+        self.applied_mark: tuple[str, int] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -120,6 +123,67 @@ class IndexService:
             self.files = files[:cut]
             self._refresh_last_indexed()
         return restart
+
+    def roll_back(self, phy_offset: int, mark: tuple[str, int] | None = None) -> int | None:
+        """Make the files hold only entries for records before ``phy_offset``, keeping what can
+        be trusted instead of deleting whole files.
+
+        ``mark`` is None when every file's header is what this process wrote (a live store, or
+        one shut down cleanly); after a crash it is the :attr:`applied_mark` saved with the
+        checkpoint: that file's entries below its count were flushed, as were the files before
+        it, while the files after it were made since and are deleted. The first file with an
+        entry at or past ``phy_offset`` keeps its entries before it (see IndexFile.roll_back),
+        later files are deleted. Returns the CommitLog offset dispatch must restart from to
+        rebuild what was lost before ``phy_offset``, or None when nothing was. Raises
+        StoreIOError."""
+        with self._lock:
+            files = self.files
+            if mark is None:
+                limit = len(files)  # every header is exact
+            else:
+                names = [f.file_name for f in files]
+                if mark[0] not in names:
+                    # The marked file is gone (removed by hand): keep the files older than it,
+                    # rebuild from where they end.
+                    older = sum(1 for n in names if n < mark[0])
+                    self._delete_locked(older)
+                    return min(phy_offset, files[older - 1].end_phy_offset if older else 0)
+                limit = names.index(mark[0])  # the files before it were flushed whole
+            cut = next(
+                (
+                    i
+                    for i, f in enumerate(files[:limit])
+                    if f.index_count > 1 and f.end_phy_offset >= phy_offset
+                ),
+                None,
+            )
+            if cut is None:
+                if mark is None:
+                    return None
+                cut = limit
+            durable = mark[1] if mark is not None and cut == limit else files[cut].index_count
+            f = files[cut]
+            kept = f.roll_back(phy_offset, durable)
+            self._dirty.discard(f.file_name)
+            log.info(
+                "index file %s rolled back to %d entries (records before CommitLog offset %d)",
+                f.file_name,
+                kept - 1,
+                phy_offset,
+            )
+            self._delete_locked(cut + 1 if kept > 1 else cut)
+        return None
+
+    def _delete_locked(self, first: int) -> None:
+        """Delete files ``first..`` (lock held)."""
+        for f in self.files[first:]:
+            log.info("deleting index file %s (to CommitLog offset %d)", f.file_name, f.end_phy_offset)
+            self._dirty.discard(f.file_name)
+            f.destroy()
+        self.files = self.files[:first]
+        self._refresh_last_indexed()
+        if self.applied_mark is not None and self.applied_mark[0] not in {f.file_name for f in self.files}:
+            self.applied_mark = None
 
     def flush_all(self) -> None:
         """fdatasync every file written since its last flush. Raises StoreIOError; the files it
@@ -187,6 +251,7 @@ class IndexService:
             done += f.put_many(hashes, offsets, timestamps, done)
             self._dirty.add(f.file_name)
         self.last_indexed_offset = last
+        self.applied_mark = (f.file_name, f.index_count)
 
     def _new_file(self, full: IndexFile | None) -> IndexFile:
         now = time.time_ns() // 1_000_000

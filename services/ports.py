@@ -17,8 +17,8 @@ from typing import Protocol
 
 from libstore import Message, PutMessageResults, TopicConfig
 from libstore.consume_queue import BoundaryType
+from libstore.consumer_offset_manager import QueueProgress
 from libstore.errors import StoreError
-from libstore.message_store import QueueProgress
 from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig

@@ -40,7 +40,6 @@ from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
 from services._common.tls import TlsConfig
-from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window
 from services.commitlog.ha import HAController
 from services.commitlog.ha_server import add_to_server as add_replication
 from services.commitlog.local import LocalCommitLog
@@ -49,6 +48,7 @@ from services.commitlog.servicer import add_to_server as add_commitlog
 from services.dispatch.app import DispatchApp
 from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
+from services.embedded import CommitLogNode, EmbeddedStore
 from services.gateway.acl import AccessControl
 from services.gateway.caller import OwnApiAuthInterceptor
 from services.gateway.limits import GatewayLimits
@@ -131,6 +131,8 @@ class Suite:
         if options.role not in ROLES:
             raise ValueError(f"unknown role {options.role!r}; choose one of {', '.join(ROLES)}")
         self.options = options
+        self.embedded: EmbeddedStore | None = None
+        self.node: CommitLogNode | None = None
         self.commit_log: CommitLog | None = None
         self.commitlog_port: LocalCommitLog | None = None
         self.ha: HAController | None = None
@@ -153,9 +155,12 @@ class Suite:
         self._warn_unauthenticated()
         data = Path(self.options.data_dir)
         if role == "embedded":
-            commitlog = await self._start_commitlog(data / "commitlog")
-            await self._start_derived(data, commitlog, embedded=True)
-            assert self.dispatch_app is not None and self.index_app is not None
+            self.embedded = await EmbeddedStore.open(
+                data, store_config(self.options, data), **self._ha_args()
+            )
+            self.dispatch_app, self.index_app = self.embedded.dispatch, self.embedded.index
+            commitlog = await self._adopt_commitlog(self.embedded.node)
+            assert self.index_app is not None
             await self._start_gateway(
                 commitlog, self.dispatch_app.port, self.index_app.port, self.dispatch_app.config
             )
@@ -168,7 +173,7 @@ class Suite:
             await self.server.set_serving(True)
         elif role in ("dispatch", "index"):
             remote = self._remote_commitlog()
-            await self._start_derived(data, remote, embedded=False)
+            await self._start_derived(data, remote)
             if role == "dispatch":
                 assert self.dispatch_app is not None
                 servicer = DispatchServicer(self.dispatch_app.port)
@@ -282,26 +287,28 @@ class Suite:
         self._channels.append(channel)
         return RemoteCommitLog(channel)
 
-    async def _start_commitlog(self, root: Path) -> LocalCommitLog:
+    def _ha_args(self) -> dict[str, Any]:
         options = self.options
-        config = store_config(options, root)
-        self.commit_log = await asyncio.to_thread(CommitLog.open, config)
+        return {
+            "ha_address": options.ha_advertise or _advertised(options.ha_address),
+            "commitlog_address": options.advertise or _advertised(options.address),
+            "peers": options.ha_peers,
+            "tls": options.tls,
+        }
+
+    async def _start_commitlog(self, root: Path) -> LocalCommitLog:
+        """The commitlog role: a CommitLogNode (services.embedded) and its HA server."""
+        node = await CommitLogNode.open(store_config(self.options, root), **self._ha_args())
+        return await self._adopt_commitlog(node)
+
+    async def _adopt_commitlog(self, node: CommitLogNode) -> LocalCommitLog:
+        """Serve ``node``'s replication on the HA address, when there is one."""
+        self.node = node
+        self.commit_log, self.commitlog_port, self.ha = node.commit_log, node.port, node.ha
+        ha_listen = self.options.ha_address
         try:
-            dedup = DedupWindow()
-            loaded, how = await asyncio.to_thread(restore_window, dedup, self.commit_log)
-            log.info("commitlog: %d recent unique keys %s for retry de-duplication", loaded, how)
-            self.commitlog_port = LocalCommitLog(self.commit_log, dedup)
-            ha_listen = options.ha_address
-            self.ha = HAController(
-                self.commitlog_port,
-                ha_address=options.ha_advertise or _advertised(ha_listen),
-                commitlog_address=options.advertise or _advertised(options.address),
-                peers=options.ha_peers,
-                tls=options.tls,
-            )
-            await self.ha.start()  # settles the role (and the epoch) before any slave connects
             if ha_listen:
-                replication = self.ha.replication
+                replication = node.ha.replication
                 self.ha_server = await self._listen(
                     ha_listen, lambda s: add_replication(replication, s), health=False
                 )
@@ -311,12 +318,12 @@ class Suite:
             raise
         log.info(
             "commitlog: %s of broker group %s (epoch %d)%s",
-            self.commit_log.broker_role.value,
-            config.broker_name,
-            self.commit_log.ha_state.last_epoch if self.commit_log.ha_state else 0,
+            node.commit_log.broker_role.value,
+            node.commit_log.config.broker_name,
+            node.commit_log.ha_state.last_epoch if node.commit_log.ha_state else 0,
             f", replication on {ha_listen}" if ha_listen else "",
         )
-        return self.commitlog_port
+        return node.port
 
     async def _listen(
         self,
@@ -363,38 +370,23 @@ class Suite:
         )
 
     async def _stop_commitlog(self) -> None:
-        if self.ha is not None:
-            await self.ha.stop()
+        """Stop the HA server, then the derived services of an embedded store, then the CommitLog."""
         if self.ha_server is not None:
             await self.ha_server.stop(1.0)
             self.ha_server = None
-        if self.commit_log is not None:
-            await asyncio.to_thread(self._persist_dedup)
-            await asyncio.to_thread(self.commit_log.shutdown)
-            self.commit_log = None
+        if self.embedded is not None:
+            await self.embedded.close()
+        elif self.node is not None:
+            await self.node.close()
+        self.embedded = self.node = self.commit_log = None
 
-    def _persist_dedup(self) -> None:
-        """Keep the retry de-duplication window across a clean restart (no log scan at start)."""
-        if self.commit_log is None or self.commitlog_port is None or self.commitlog_port.dedup is None:
-            return
-        self.commit_log.stop_accepting()  # the window must describe the log's final end
-        try:
-            saved = persist_window(self.commitlog_port.dedup, self.commit_log)
-            log.info("commitlog: %d unique keys saved for the next start", saved)
-        except OSError as exc:
-            log.warning("commitlog: the de-duplication window was not saved (%s); the next start scans", exc)
-
-    async def _start_derived(self, data: Path, commitlog: CommitLogPort, *, embedded: bool) -> None:
-        role = self.options.role
-        if embedded or role == "dispatch":
-            self.dispatch_app = DispatchApp(
-                store_config(self.options, data / "dispatch" if embedded else data), commitlog
-            )
+    async def _start_derived(self, data: Path, commitlog: CommitLogPort) -> None:
+        """The dispatch or index role, following a remote CommitLog."""
+        if self.options.role == "dispatch":
+            self.dispatch_app = DispatchApp(store_config(self.options, data), commitlog)
             await self.dispatch_app.start()
-        if embedded or role == "index":
-            self.index_app = IndexApp(
-                store_config(self.options, data / "index" if embedded else data), commitlog
-            )
+        else:
+            self.index_app = IndexApp(store_config(self.options, data), commitlog)
             await self.index_app.start()
 
     async def _serving_when_caught_up(self) -> None:
@@ -417,9 +409,10 @@ class Suite:
             await self.server.stop(grace_s)
         if self.messaging is not None:
             await self.messaging.close()
-        for app in (self.index_app, self.dispatch_app):
-            if app is not None:
-                await app.stop()
+        if self.embedded is None:  # the embedded store stops its own, in _stop_commitlog
+            for app in (self.index_app, self.dispatch_app):
+                if app is not None:
+                    await app.stop()
         for channel in self._channels:
             await channel.close()
         await self._stop_commitlog()

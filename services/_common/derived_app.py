@@ -43,6 +43,7 @@ class DerivedStoreApp:
         self.follower: TailFollower | None = None
         self._flusher: FlushConsumeQueueService | None = None
         self.start_offsets: LogOffsets | None = None
+        self.resume_offset = 0  # where dispatch resumed at start (a CommitLog offset)
 
     # -- hooks ------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -74,6 +75,10 @@ class DerivedStoreApp:
     def _checkpoint_file(self) -> DispatchCheckpoint:
         raise NotImplementedError
 
+    def _index_mark(self) -> tuple[str, int] | None:
+        """The IndexService's applied mark, for services that keep IndexFiles."""
+        return None
+
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.directory = StoreDirectory(self.root)
@@ -87,6 +92,7 @@ class DerivedStoreApp:
         except BaseException:
             self.directory.release()
             raise
+        self.resume_offset = resume
         log.info(
             "%s: resuming dispatch at CommitLog offset %d (log ends at %d)",
             self.name,
@@ -137,8 +143,9 @@ class DerivedStoreApp:
         if f is None:
             return
         offset, log_id, generation = f.position
+        mark = self._index_mark()  # sampled after the offset: covers every record before it
         self._flush_all()
-        self._checkpoint_file().save(offset, log_id, generation)
+        self._checkpoint_file().save(offset, log_id, generation, mark)
 
     def _on_io_error(self, exc: StoreIOError) -> None:
         log.error("%s: I/O error in derived files: %s", self.name, exc)

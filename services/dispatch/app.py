@@ -72,6 +72,7 @@ class DispatchApp(DerivedStoreApp):
             max_batch=config.max_pull_batch_size,
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
+        self.units_cut = 0  # ConsumeQueue units recovery cut at start
         self._background: list[asyncio.Task[None]] = []
         self._background_stop = asyncio.Event()
         self._offset_persist = ConsumerOffsetPersistService(
@@ -94,7 +95,7 @@ class DispatchApp(DerivedStoreApp):
         self.transactions.load()
 
     def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
-        resume, _ = recover_consume_queues(
+        resume, self.units_cut = recover_consume_queues(
             self.queues, self._checkpoint_file(), log_min, log_max, last_exit_ok
         )
         self.pop.journal.rollback(log_max)  # no pop snapshot past the log's end is trusted

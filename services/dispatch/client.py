@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import grpc
 
 from libstore.consume_queue import BoundaryType
+from libstore.consumer_offset_manager import QueueProgress
 from libstore.errors import StoreError
-from libstore.message_store import QueueProgress
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.errors import store_error_of
 from services._common.remote import DEFAULT_TIMEOUT_S, call

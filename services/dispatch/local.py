@@ -11,12 +11,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from libstore import InvalidArgumentError, OffsetOutOfRangeError
 from libstore.consume_queue import BoundaryType, ConsumeQueue
 from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.consumer_offset_manager import ConsumerOffsetManager, QueueProgress
 from libstore.errors import StoreError
 from libstore.get_message import select_units
 from libstore.long_polling import LongPollingService
 from libstore.message_filter import TagFilter
-from libstore.message_store import QueueProgress
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.telemetry import tracer

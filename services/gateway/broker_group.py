@@ -41,7 +41,7 @@ from libstore import (
     TopicConfig,
 )
 from libstore.consume_queue import BoundaryType
-from libstore.message_store import QueueProgress
+from libstore.consumer_offset_manager import QueueProgress
 from libstore.subscription_group import SubscriptionGroupConfig
 from services.ports import (
     CommitLogPort,

@@ -23,21 +23,27 @@ class IndexApp(DerivedStoreApp):
         self.index = IndexService(
             index_dir(self.root), config.max_hash_slot_num, config.max_index_num, config.max_msgs_num_batch
         )
+        self.rebuild_from: int | None = None  # where recovery restarted the IndexFiles, if it did
         self.port = LocalIndex(self.index, lambda: self.derived_status(len(self.index.files)))
 
     def _load(self) -> None:
         self.index.load()
 
     def _recover(self, log_min: int, log_max: int, last_exit_ok: bool) -> int:
-        resume, _ = recover_index(self.index, self._checkpoint_file(), log_min, log_max, last_exit_ok)
+        resume, self.rebuild_from = recover_index(
+            self.index, self._checkpoint_file(), log_min, log_max, last_exit_ok
+        )
         return resume
 
     def _dispatchers(self) -> Sequence[CommitLogDispatcher]:
         return [self.index]
 
     def _cut(self, log_end: int, reput_offset: int) -> int:
-        restart = self.index.discard_after(log_end)
+        restart = self.index.roll_back(log_end)  # live files: their headers are exact
         return min(reput_offset, log_end, restart if restart is not None else log_end)
+
+    def _index_mark(self) -> tuple[str, int] | None:
+        return self.index.applied_mark
 
     def _flush(self, least_pages: int) -> None:
         """IndexFiles are flushed whole, at checkpoints (RocketMQ flushes them when full)."""

@@ -12,7 +12,7 @@ import sys
 import threading
 
 from libstore import FlushDiskType, Message, StoreConfig
-from libstore.message_store import MessageStore
+from services.message_store import MessageStore
 
 TOPIC = "CrashTopic"
 QUEUES = 4

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from libstore import FlushDiskType, Message
-from libstore.message_store import MessageStore
 from libstore.record_codec import BLANK_MAGIC_CODE
+from services.message_store import MessageStore
 from tests.crash._child import TOPIC, body_of, store_config
 
 SEGMENT = 256 * 1024

@@ -30,7 +30,7 @@ def test_a_retry_across_a_clean_restart_is_answered_with_the_first_result(
         with Producer(suite.address) as producer:
             (first,) = producer.send_batch([message])
         suites.stop(suite)
-        with caplog.at_level(logging.INFO, logger="services.serve"):
+        with caplog.at_level(logging.INFO, logger="services.embedded"):
             suite = suites.start(options)
         suites.wait_ready(suite)
         assert any("unique keys saved" in r.getMessage() for r in caplog.records)  # no scan

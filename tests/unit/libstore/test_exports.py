@@ -9,7 +9,6 @@ EXPECTED = {
     "GetMessageResult",
     "GetMessageStatus",
     "IndexService",
-    "MessageStore",
     "QueueProgress",
     "TagFilter",
     "ConsumerOffsetManager",

@@ -220,3 +220,86 @@ def test_a_failed_flush_is_retried_by_the_next_one(tmp_path: Path, monkeypatch):
     service.flush_all()
     assert flushed == [service.files[0].file_name]
     service.shutdown()
+
+
+def _built(root: Path, reqs, slots: int, index_num: int) -> IndexService:
+    service = IndexService(root, slots, index_num)
+    service.load()
+    for start in range(0, len(reqs), 5):
+        service.dispatch_batch(reqs[start : start + 5])
+    return service
+
+
+def _entries_and_slots(f: IndexFile) -> tuple[bytes, bytes]:
+    at = index_file.INDEX_HEADER_SIZE + f.hash_slot_num * index_file.HASH_SLOT_SIZE
+    mm = f._mmap
+    return bytes(mm[index_file.INDEX_HEADER_SIZE : at]), bytes(mm[at : at + f.index_count * 20])
+
+
+def test_roll_back_after_a_crash_keeps_the_flushed_prefix_and_equals_a_fresh_build(tmp_path: Path):
+    """A crash after the checkpoint: the marked file keeps exactly its entries for records before
+    the checkpoint (slots rebuilt, post-checkpoint entries zeroed, torn slots repaired), later
+    files are deleted, and dispatch resumes at the checkpoint instead of the file's start."""
+    reqs = [_req(o * 100, "T", [f"k{o % 13}", f"u{o}"], T0 + o * 10) for o in range(90)]
+    slots, index_num = 11, 64  # 63 entries a file: two keys a record rolls files
+    service = _built(tmp_path / "live", reqs[:60], slots, index_num)
+    checkpoint_at = 60 * 100  # everything before record 60 was dispatched and flushed
+    mark = service.applied_mark
+    assert mark is not None
+    service.flush_all()
+    for start in range(60, 90, 5):  # after the checkpoint: entries, slots, a new file
+        service.dispatch_batch(reqs[start : start + 5])
+    assert len(service.files) == 3 and mark[0] == service.files[1].file_name
+    marked = service.files[1]
+    # A torn slot: pointing at an entry written after the flush, lost in the crash.
+    struct.pack_into(">i", marked._mmap, index_file.INDEX_HEADER_SIZE + 3 * 4, marked.index_count - 1)
+    service.shutdown()
+
+    reopened = IndexService(tmp_path / "live", slots, index_num)
+    reopened.load()
+    assert reopened.roll_back(checkpoint_at, mark) is None  # nothing before the checkpoint lost
+    assert [f.file_name for f in reopened.files] == [service.files[0].file_name, mark[0]]
+    assert reopened.last_indexed_offset == 59 * 100
+    fresh = _built(tmp_path / "fresh", reqs[:60], slots, index_num)
+    for got, want in zip(reopened.files, fresh.files, strict=True):
+        assert _entries_and_slots(got) == _entries_and_slots(want)
+        assert (got.index_count, got.hash_slot_count, got.end_phy_offset) == (
+            want.index_count,
+            want.hash_slot_count,
+            want.end_phy_offset,
+        )
+        assert want.end_timestamp <= got.end_timestamp < want.end_timestamp + 1000
+    for start in range(60, 90, 5):  # dispatch resumes at the checkpoint
+        reopened.dispatch_batch(reqs[start : start + 5])
+        fresh.dispatch_batch(reqs[start : start + 5])
+    for key in [f"k{i}" for i in range(13)] + ["u5", "u61", "u89"]:
+        assert reopened.query_offsets("T", key, 64, 0, T0 + 10_000) == fresh.query_offsets(
+            "T", key, 64, 0, T0 + 10_000
+        )
+    reopened.shutdown()
+    fresh.shutdown()
+
+
+def test_roll_back_of_a_live_index_cuts_inside_a_file(tmp_path: Path):
+    """The log was cut under a running index (a returning master): entries for records past the
+    cut go, the rest of their file stays."""
+    reqs = [_req(o * 100, "T", ["k"], T0 + o) for o in range(10)]
+    service = _built(tmp_path, reqs, 3, 4)  # 3 entries a file: [0..200] [300..500] [600..800] [900]
+    assert service.roll_back(1000) is None and len(service.files) == 4
+    assert service.roll_back(450) is None  # 300 and 400 stay in the second file
+    assert [f.index_count - 1 for f in service.files] == [3, 2]
+    assert service.last_indexed_offset == 400
+    assert service.query_offsets("T", "k", 64, 0, T0 + 10_000) == [400, 300, 200, 100, 0]
+    assert service.roll_back(300) is None and [f.index_count - 1 for f in service.files] == [3]
+    service.shutdown()
+
+
+def test_roll_back_without_the_marked_file_rebuilds_from_the_older_files_end(tmp_path: Path):
+    reqs = [_req(o * 100, "T", ["k"], T0 + o) for o in range(7)]
+    service = _built(tmp_path, reqs, 3, 4)  # files [0..200] [300..500] [600]
+    mark = (service.files[1].file_name, service.files[1].index_count)
+    service.files[1].destroy()
+    service.files = [service.files[0], service.files[2]]
+    assert service.roll_back(600, mark) == 200  # from where the older file ends
+    assert [f.begin_phy_offset for f in service.files] == [0]
+    service.shutdown()

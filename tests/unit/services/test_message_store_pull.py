@@ -15,9 +15,9 @@ from libstore import (
     TopicNotFoundError,
 )
 from libstore.message_filter import TagFilter
-from libstore.message_store import MessageStore
 from libstore.results import GetMessageStatus
 from libstore.tags import tags_code
+from services.message_store import MessageStore
 
 
 @pytest.fixture

@@ -1,126 +1,91 @@
-"""MessageStore: the whole embedded store (RocketMQ's ``DefaultMessageStore``).
+"""MessageStore: the embedded store as one blocking object, for library users, benchmarks and the
+crash tests (RocketMQ's ``DefaultMessageStore`` surface).
 
-One CommitLog, the ConsumeQueues and IndexFiles built from it by dispatch, consumer offsets and
-long polling, behind one object:
+It runs the very objects ``mqstore serve`` runs (services.embedded.EmbeddedStore: the CommitLog
+with its LocalCommitLog port, retry de-duplication and HA controller; DispatchApp and IndexApp
+following the log through their TailFollowers) on an event loop in a thread of its own, and
+answers from them: there is one dispatch loop, one recovery and one shutdown order, whichever way
+the store is used. The folder layout is ``mqstore serve --data``'s (``commitlog/``,
+``dispatch/``, ``index/`` under ``config.store_path_root_dir``), so either can open the other's
+data.
 
-* :meth:`MessageStore.open` = load → recover → start. Recovery runs the CommitLog's (normal or
-  abnormal), then brings each derived store (ConsumeQueues, IndexFiles) back in line with the
-  log: units past the log's end are cut, IndexFiles that may be torn after a crash are deleted,
-  and dispatch resumes from the lowest of their checkpoints (a checkpoint lives inside its
-  folder, so deleting ``consumequeue/`` or ``index/`` rebuilds it from the log).
-* Writes: :meth:`put_messages` (see CommitLog). Reads: :meth:`get_messages` (pull, with tag
-  filter and statuses), :meth:`wait_for_messages` (long polling), :meth:`query_message` (by
-  key), :meth:`look_message_by_id`, offsets by time, consumer offsets and progress.
-* :meth:`shutdown`: refuse puts → dispatch what is confirmed → flush derived files and their
-  checkpoints → persist consumer offsets → shut the CommitLog down (flush, checkpoint, abort
-  file removed).
+* :meth:`MessageStore.open`: CommitLog load → recover → start, then each derived service
+  recovers against the log's bounds and follows it (see services.embedded).
+* Writes: :meth:`put_messages` (LocalCommitLog.append: scheduled messages held, retried
+  UNIQ_KEYs answered from the de-duplication window, SYNC_FLUSH / SYNC_MASTER waits).
+  Reads: :meth:`get_messages` (pull, with tag filter and statuses), :meth:`wait_for_messages`
+  (long polling), :meth:`query_message` (by key), :meth:`look_message_by_id`, offsets by time,
+  consumer offsets and progress.
+* :meth:`shutdown`: stop intake → let dispatch apply what is confirmed → stop the derived
+  services (final flush and checkpoint) → shut the CommitLog down (flush, checkpoint, abort
+  marker removed).
 
 Bad input raises: TopicNotFoundError (unknown topic), QueueIdOutOfRangeError (queue id outside
 the topic's read queues), InvalidArgumentError (negative offset, count outside
-1..maxPullBatchSize, malformed message id). Thread-safety: every public method may be called
-from any thread.
+1..maxPullBatchSize, malformed message id); ServiceNotAvailableError once shut down.
+Thread-safety: every public method may be called from any thread but the store's own loop.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Sequence
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
-from libstore.commit_log import CommitLog
-from libstore.config import StoreConfig
-from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
-from libstore.consume_queue_store import ConsumeQueueStore, FlushConsumeQueueService
-from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffsetPersistService
-from libstore.dispatch import (
-    CommitLogDispatcher,
-    DispatchCheckpoint,
-    ReputMessageService,
-    recover_consume_queues,
-    recover_index,
-)
-from libstore.errors import (
+from libstore import (
+    CommitLog,
     CorruptRecordError,
     InvalidArgumentError,
+    Message,
+    MessageRecord,
     OffsetOutOfRangeError,
+    PutMessageResults,
     QueueIdOutOfRangeError,
     ServiceNotAvailableError,
-    StoreIOError,
+    StoreConfig,
     TopicNotFoundError,
 )
+from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager, QueueProgress
 from libstore.get_message import GetMessageResult, get_messages
 from libstore.index_service import IndexService
 from libstore.long_polling import LongPollingService
-from libstore.message import Message, MessageRecord
 from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.message_id import decode_message_id
 from libstore.record_codec import decode_record
-from libstore.results import GetMessageStatus, PutMessageResults
-from libstore.store_paths import (
-    consume_queue_dir,
-    consumer_offset_path,
-    dispatch_checkpoint_path,
-    index_dir,
-)
-
-log = logging.getLogger(__name__)
+from libstore.results import GetMessageStatus
+from services.embedded import EmbeddedStore
 
 MAX_TIMESTAMP = 2**63 - 1
+SHUTDOWN_CATCH_UP_S = 10.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class QueueProgress:
-    """A consumer group's position in one queue: committed offset (-1: never), max offset, lag."""
-
-    queue_id: int
-    committed_offset: int
-    min_offset: int
-    max_offset: int
-
-    @property
-    def lag(self) -> int:
-        start = self.committed_offset if self.committed_offset >= 0 else self.min_offset
-        return max(0, self.max_offset - start)
-
-
-@dataclass
 class DerivedRecovery:
-    """What recovery did to the derived stores: units cut, index files dropped, where dispatch
-    resumes (a CommitLog offset)."""
+    """What recovery did to the derived stores at open: ConsumeQueue units cut, where the
+    IndexFiles were rebuilt from (None: kept), and where dispatch resumed (the lower of the two
+    services' resume offsets, a CommitLog offset)."""
 
-    consume_queue_units_cut: int = 0
-    index_rebuild_from: int | None = None
-    reput_from_offset: int = 0
+    consume_queue_units_cut: int
+    index_rebuild_from: int | None
+    reput_from_offset: int
 
 
 class MessageStore:
-    """The embedded store (see module docstring)."""
+    """The embedded store (see module docstring). Construct with :meth:`open`."""
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
-        root = config.root_dir
-        self.commit_log = CommitLog(config)
-        self.consume_queue_store = ConsumeQueueStore(
-            consume_queue_dir(root), config.mapped_file_size_consume_queue
-        )
-        self.index_service: IndexService | None = None
-        if config.message_index_enable:
-            self.index_service = IndexService(
-                index_dir(root), config.max_hash_slot_num, config.max_index_num, config.max_msgs_num_batch
-            )
-        self._cq_checkpoint = DispatchCheckpoint(dispatch_checkpoint_path(consume_queue_dir(root)))
-        self._index_checkpoint = DispatchCheckpoint(dispatch_checkpoint_path(index_dir(root)))
-        self.consumer_offsets = ConsumerOffsetManager(
-            consumer_offset_path(root), max_group_length=config.max_group_name_length
-        )
-        self.long_polling = LongPollingService(
-            self.get_max_offset_in_queue, max_waiters=config.max_held_polls
-        )
-        self.reput: ReputMessageService | None = None
-        self.derived_recovery: DerivedRecovery | None = None
-        self._flush_cq: FlushConsumeQueueService | None = None
-        self._offset_persist: ConsumerOffsetPersistService | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mqstore-store", daemon=True)
+        self._store: EmbeddedStore | None = None
         self._running = False
 
     # ------------------------------------------------------------------------------------------
@@ -128,133 +93,94 @@ class MessageStore:
     # ------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, config: StoreConfig) -> MessageStore:
-        """load() → recover() → start(). Raises StoreLockedError, StoreIOError, ConfigError."""
+        """Open (recovering as needed) and start the store rooted at ``config.store_path_root_dir``.
+
+        Raises StoreLockedError (another process holds it), StoreIOError, ConfigError; on failure
+        nothing is left open and an abort marker stays (the next open still recovers abnormally).
+        """
         store = cls(config)
+        store._thread.start()
         try:
-            store.load()
-            store.recover()
-            store.start()
+            store._store = store._call(
+                EmbeddedStore.open(
+                    Path(config.store_path_root_dir), config, index=config.message_index_enable
+                )
+            )
         except BaseException:
-            store._close_after_failed_open()
+            store._stop_loop()
             raise
+        store._running = True
         return store
 
-    def load(self) -> bool:
-        """Lock the store and map every file. Returns whether the last shutdown was clean."""
-        ok = self.commit_log.load()
-        self.consume_queue_store.load()
-        if self.index_service is not None:
-            self.index_service.load()
-        self.consumer_offsets.load()
-        return ok
+    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout_s)
 
-    def recover(self) -> DerivedRecovery:
-        """Recover the CommitLog, then bring the derived stores in line with it."""
-        self.commit_log.recover()
-        log_min, log_max = self.commit_log.min_offset, self.commit_log.max_offset
-        report = DerivedRecovery()
-        reput_from, report.consume_queue_units_cut = recover_consume_queues(
-            self.consume_queue_store, self._cq_checkpoint, log_min, log_max, self.commit_log.last_exit_ok
-        )
-        if self.index_service is not None:
-            index_from, report.index_rebuild_from = recover_index(
-                self.index_service, self._index_checkpoint, log_min, log_max, self.commit_log.last_exit_ok
-            )
-            reput_from = min(reput_from, index_from)
-        report.reput_from_offset = reput_from
-        self.derived_recovery = report
-        log.info(
-            "derived stores: %d ConsumeQueue units cut, dispatch resumes at %d%s",
-            report.consume_queue_units_cut,
-            reput_from,
-            f", index rebuilt from {report.index_rebuild_from}"
-            if report.index_rebuild_from is not None
-            else "",
-        )
-        return report
-
-    def start(self) -> None:
-        """Start the CommitLog, dispatch, the derived-file flusher and the offset persister."""
-        assert self.derived_recovery is not None, "recover() first"
-        cfg = self.config
-        self.commit_log.start()
-        dispatchers: list[CommitLogDispatcher] = [self.consume_queue_store]
-        if self.index_service is not None:
-            dispatchers.append(self.index_service)
-        self.reput = ReputMessageService(
-            self.commit_log,
-            dispatchers,
-            self.derived_recovery.reput_from_offset,
-            on_arrival=self.long_polling.notify_many,
-        )
-        reput = self.reput
-        self.commit_log.add_confirm_listener(lambda _offset: reput.wakeup())
-        self._flush_cq = FlushConsumeQueueService(
-            self.consume_queue_store.flush,
-            self.checkpoint_derived,
-            self._on_io_error,
-            interval_ms=cfg.flush_interval_consume_queue,
-            least_pages=cfg.flush_consume_queue_least_pages,
-            thorough_interval_ms=cfg.flush_consume_queue_thorough_interval,
-        )
-        self._offset_persist = ConsumerOffsetPersistService(
-            self.consumer_offsets, cfg.flush_consumer_offset_interval, self._on_io_error
-        )
-        for svc in (self.reput, self._flush_cq, self._offset_persist):
-            svc.start()
-        self._running = True
-
-    def checkpoint_derived(self) -> None:
-        """Flush the ConsumeQueues and IndexFiles, then record how far they are complete."""
-        reput = self.reput
-        if reput is None:
-            return
-        offset = reput.reput_from_offset  # sampled first: everything before it is in the files
-        self.consume_queue_store.flush_all()
-        self._cq_checkpoint.save(offset)
-        if self.index_service is not None:
-            self.index_service.flush_all()
-            self._index_checkpoint.save(offset)
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def shutdown(self) -> None:
         """Stop in order (see module docstring). Idempotent."""
         if not self._running:
             return
         self._running = False
-        self.commit_log.stop_accepting()
-        self.long_polling.wake_all()
-        if self.reput is not None:
-            self.reput.shutdown()
-            self.reput.catch_up()
-        for svc in (self._flush_cq, self._offset_persist):
-            if svc is not None:
-                svc.shutdown()
-        self.consume_queue_store.shutdown()
-        if self.index_service is not None:
-            self.index_service.shutdown()
-        self.commit_log.shutdown()
+        store = self.embedded
+        store.node.commit_log.stop_accepting()
+        store.dispatch.long_polling.wake_all()
+        self._call(store.wait_dispatched(store.node.commit_log.confirm_offset, SHUTDOWN_CATCH_UP_S))
+        self._call(store.close())
+        self._stop_loop()
 
-    def _close_after_failed_open(self) -> None:
-        for svc in (self.reput, self._flush_cq, self._offset_persist):
-            if svc is not None:
-                svc.shutdown()
-        self.consume_queue_store.shutdown()
-        if self.index_service is not None:
-            for f in self.index_service.files:
-                f.close()
-        self.commit_log.abandon()
+    @property
+    def embedded(self) -> EmbeddedStore:
+        if self._store is None:
+            raise ServiceNotAvailableError("the store is not open")
+        return self._store
 
-    def _on_io_error(self, exc: StoreIOError) -> None:
-        log.error("derived store I/O error: %s", exc)
+    # -- the parts, for tests and tools ---------------------------------------------------------
+    @property
+    def commit_log(self) -> CommitLog:
+        return self.embedded.node.commit_log
+
+    @property
+    def consume_queue_store(self) -> ConsumeQueueStore:
+        return self.embedded.dispatch.queues
+
+    @property
+    def index_service(self) -> IndexService | None:
+        index = self.embedded.index
+        return index.index if index is not None else None
+
+    @property
+    def long_polling(self) -> LongPollingService:
+        return self.embedded.dispatch.long_polling
+
+    @property
+    def consumer_offsets(self) -> ConsumerOffsetManager:
+        return self.embedded.dispatch.offsets
+
+    @property
+    def derived_recovery(self) -> DerivedRecovery:
+        store = self.embedded
+        index = store.index
+        return DerivedRecovery(
+            store.dispatch.units_cut,
+            index.rebuild_from if index is not None else None,
+            min(app.resume_offset for app in store.apps),
+        )
 
     # ------------------------------------------------------------------------------------------
     # write
     # ------------------------------------------------------------------------------------------
     def put_messages(self, messages: Sequence[Message]) -> PutMessageResults:
-        """Append a batch (see CommitLog.put_messages)."""
+        """Append a batch through the CommitLog's port (see LocalCommitLog.append); returns one
+        result per message. Raises ServiceNotAvailableError once shut down, and what the append
+        raises for bad messages (MessageIllegalError, InvalidArgumentError, ...)."""
         if not self._running:
             raise ServiceNotAvailableError("the store is not running")
-        return self.commit_log.put_messages(messages)
+        return self._call(self.embedded.node.port.append(messages))
 
     # ------------------------------------------------------------------------------------------
     # read
@@ -313,13 +239,10 @@ class MessageStore:
             cq.min_offset_in_queue,
             cq.max_offset_in_queue,
             cq.read_units,
-            self._read_records,
+            self.commit_log.read_many,
             filt or ACCEPT_ALL,
             self.config.max_transfer_bytes_on_message_in_memory,
         )
-
-    def _read_records(self, ranges: list[tuple[int, int]]) -> list[bytes | None]:
-        return self.commit_log.read_many(ranges)
 
     def read_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[CqUnit]:
         """Raw ConsumeQueue units from ``offset`` (the dispatch service's GetEntries)."""
@@ -337,7 +260,7 @@ class MessageStore:
     async def wait_for_messages_async(
         self, topic: str, queue_id: int, offset: int, timeout_ms: int | None = None
     ) -> bool:
-        """:meth:`wait_for_messages` for asyncio callers."""
+        """:meth:`wait_for_messages` for asyncio callers (on their own loop)."""
         self._check_queue(topic, queue_id)
         hold = self.config.long_polling_hold_time if timeout_ms is None else timeout_ms
         return await self.long_polling.wait_for_messages_async(topic, queue_id, offset, hold)
@@ -360,11 +283,12 @@ class MessageStore:
             raise InvalidArgumentError("key must be non-empty")
         if max_num <= 0:
             raise InvalidArgumentError(f"max_num must be > 0, got {max_num}")
-        if self.index_service is None:
+        index = self.index_service
+        if index is None:
             raise ServiceNotAvailableError("the message index is disabled (messageIndexEnable=false)")
         if self.commit_log.topic_config.get(topic) is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        offsets = self.index_service.query_offsets(topic, key, max_num, begin_ms, end_ms)
+        offsets = index.query_offsets(topic, key, max_num, begin_ms, end_ms)
         raws = self.commit_log.read_many([(phy, 0) for phy in offsets])  # size 0: the whole record
         out = []
         for phy, raw in zip(offsets, raws, strict=True):
@@ -430,19 +354,14 @@ class MessageStore:
     # ------------------------------------------------------------------------------------------
     @property
     def dispatch_behind(self) -> int:
-        """Confirmed CommitLog bytes not yet in the ConsumeQueues/index."""
-        return self.reput.behind if self.reput is not None else 0
+        """Confirmed CommitLog bytes not yet in the ConsumeQueues or the index (the slower)."""
+        store = self.embedded
+        applied = min(
+            (app.follower.reput_offset for app in store.apps if app.follower is not None), default=0
+        )
+        return max(0, store.node.commit_log.confirm_offset - applied)
 
     def wait_dispatched(self, timeout_s: float = 10.0) -> bool:
         """Block until everything confirmed now is dispatched (tests, start-up readiness)."""
-        if self.reput is None:
-            return False
-        target = self.commit_log.confirm_offset
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.reput.wait_for_reput(target, 0.05):
-                return True
-            if self.reput.reput_from_offset >= self.commit_log.confirm_offset:
-                return True  # a blank END record: nothing left to dispatch
-            if time.monotonic() >= deadline:
-                return False
+        store = self.embedded
+        return self._call(store.wait_dispatched(store.node.commit_log.confirm_offset, timeout_s))

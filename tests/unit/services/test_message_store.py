@@ -1,15 +1,17 @@
-"""MessageStore dispatch and recovery: rebuilt derived files equal incrementally built ones, what
-gets (no) ConsumeQueue unit, checkpoints, and a cut log tail cutting derived state too."""
+"""MessageStore (the embedded suite's objects) dispatch and recovery: rebuilt derived files equal
+incrementally built ones, what gets (no) ConsumeQueue unit, checkpoints, and a cut log tail
+cutting derived state too."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from libstore import Message, MessageSysFlag, StoreConfig, StoreIOError
-from libstore.message_store import MessageStore
+from services.message_store import MessageStore
 
 TX_PREPARED = MessageSysFlag.TRANSACTION_PREPARED_TYPE
 TX_ROLLBACK = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
@@ -58,11 +60,17 @@ def _derived_files(root: Path) -> dict[str, list[bytes]]:
     """Contents of the derived files; IndexFiles by order (their names are creation times)."""
     cq = {
         str(p.relative_to(root)): p.read_bytes()
-        for p in sorted((root / "consumequeue").rglob("*"))
+        for p in sorted((root / "dispatch" / "consumequeue").rglob("*"))
         if p.is_file() and p.name.isdigit()
     }
-    index = [p.read_bytes() for p in sorted((root / "index").iterdir()) if p.name.isdigit()]
+    index = [p.read_bytes() for p in sorted((root / "index" / "index").iterdir()) if p.name.isdigit()]
     return {"cq_names": sorted(cq), "cq": [cq[k] for k in sorted(cq)], "index": index}
+
+
+def _mark_crashed(root: Path) -> None:
+    """Leave the abort markers a crash leaves (every part of the embedded layout has one)."""
+    for part in ("commitlog", "dispatch", "index"):
+        (root / part / "abort").touch()
 
 
 def test_rebuilt_consume_queues_and_index_equal_the_incremental_ones(config: StoreConfig):
@@ -74,8 +82,8 @@ def test_rebuilt_consume_queues_and_index_equal_the_incremental_ones(config: Sto
     assert any(len(cq.queue.mapped_files) > 1 for cq in store.consume_queue_store.queues())
     store.shutdown()
     built = _derived_files(root)
-    shutil.rmtree(root / "consumequeue")
-    shutil.rmtree(root / "index")
+    shutil.rmtree(root / "dispatch" / "consumequeue")
+    shutil.rmtree(root / "index" / "index")
     store = MessageStore.open(config)
     assert store.derived_recovery.reput_from_offset == 0
     assert store.wait_dispatched(30)
@@ -128,12 +136,14 @@ def test_a_cut_log_tail_cuts_units_and_index_entries_past_it(config: StoreConfig
     victim = records[-25]  # tear this record: it and everything after it is cut on restart
     store.shutdown()
     seg = config.mapped_file_size_commit_log
-    path = root / "commitlog" / f"{victim.commit_log_offset - victim.commit_log_offset % seg:020d}"
+    path = (
+        root / "commitlog" / "commitlog" / f"{victim.commit_log_offset - victim.commit_log_offset % seg:020d}"
+    )
     raw = bytearray(path.read_bytes())
     pos = victim.commit_log_offset % seg + 100
     raw[pos : pos + 8] = b"\xff" * 8  # body bytes: the CRC check fails
     path.write_bytes(bytes(raw))
-    (root / "abort").touch()  # as after a crash
+    _mark_crashed(root)
     store = MessageStore.open(config)
     try:
         assert store.commit_log.max_offset == victim.commit_log_offset
@@ -163,14 +173,18 @@ def test_a_failed_open_persists_nothing_and_releases_the_store(config: StoreConf
     _workload(store, rounds=1)
     end = store.commit_log.max_offset
     store.shutdown()
-    (root / "abort").touch()  # as after a crash
-    bad = root / "consumequeue" / "Orders" / "0" / f"{10**12:020d}"
+    _mark_crashed(root)
+    bad = root / "dispatch" / "consumequeue" / "Orders" / "0" / f"{10**12:020d}"
     bad.write_bytes(b"short")  # a segment of the wrong size: loading fails
-    snapshot = (root / "config" / "queueOffsetTable.json").read_bytes()
+    table = root / "commitlog" / "config" / "queueOffsetTable.json"
+    snapshot = json.loads(table.read_bytes())
     with pytest.raises(StoreIOError, match="bytes but segments are"):
         MessageStore.open(config)
-    assert (root / "abort").exists(), "the next open must still recover abnormally"
-    assert (root / "config" / "queueOffsetTable.json").read_bytes() == snapshot
+    assert (root / "commitlog" / "abort").exists(), "the next open must still recover abnormally"
+    # The master's start began a new epoch (a new log generation, stamped on the snapshot); what
+    # the snapshot says of the log is unchanged.
+    after = json.loads(table.read_bytes())
+    assert (after["phyOffset"], after["offsets"]) == (snapshot["phyOffset"], snapshot["offsets"])
     bad.unlink()
     store = MessageStore.open(config)  # the lock was released
     try:

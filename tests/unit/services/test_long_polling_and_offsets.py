@@ -14,7 +14,7 @@ import pytest
 from libstore import InvalidArgumentError, Message, StoreConfig, StoreIOError
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.long_polling import LongPollingService
-from libstore.message_store import MessageStore
+from services.message_store import MessageStore
 
 
 @pytest.fixture

@@ -1,0 +1,175 @@
+"""The store of one process, without its gRPC servers: what ``mqstore serve`` runs and what
+:class:`services.message_store.MessageStore` wraps for library users and the crash tests.
+
+:class:`CommitLogNode` is the CommitLog side: the log (load, recover, start), the retry
+de-duplication window (restored at start, saved at a clean stop), the LocalCommitLog port and
+the HA controller (which settles the broker role and begins an epoch before anything appends).
+
+:class:`EmbeddedStore` adds the derived services' objects on top of a CommitLogNode, wired
+through the local port: DispatchApp (ConsumeQueues, consumer offsets, long polling, pop,
+timer, transactions) and IndexApp (IndexFiles). Each follows the log through its TailFollower,
+exactly as in the split topology, where the same classes follow a remote port.
+
+Folder layout under ``data``: ``commitlog/``, ``dispatch/``, ``index/`` (each one owner's root,
+with its own lock and abort marker): the layout of ``mqstore serve --data``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from libstore import CommitLog, StoreConfig
+from services._common.tls import TlsConfig
+from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window
+from services.commitlog.ha import HAController
+from services.commitlog.local import LocalCommitLog
+from services.dispatch.app import DispatchApp
+from services.index.app import IndexApp
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CommitLogNode:
+    """A started CommitLog with its port and HA controller. Open with :meth:`open`; :meth:`close`."""
+
+    commit_log: CommitLog
+    port: LocalCommitLog
+    ha: HAController
+
+    @classmethod
+    async def open(
+        cls,
+        config: StoreConfig,
+        *,
+        ha_address: str = "",
+        commitlog_address: str = "",
+        peers: Sequence[str] = (),
+        tls: TlsConfig | None = None,
+    ) -> CommitLogNode:
+        """Open the CommitLog rooted at ``config.store_path_root_dir`` (load → recover → start),
+        restore the de-duplication window and settle the role. Raises what CommitLog.open raises
+        (StoreLockedError, StoreIOError, ConfigError); on failure nothing is left open and the
+        abort marker stays (the next open still recovers abnormally)."""
+        commit_log = await asyncio.to_thread(CommitLog.open, config)
+        ha: HAController | None = None
+        try:
+            dedup = DedupWindow()
+            loaded, how = await asyncio.to_thread(restore_window, dedup, commit_log)
+            log.info("commitlog: %d recent unique keys %s for retry de-duplication", loaded, how)
+            port = LocalCommitLog(commit_log, dedup)
+            ha = HAController(
+                port, ha_address=ha_address, commitlog_address=commitlog_address, peers=peers, tls=tls
+            )
+            await ha.start()  # settles the role (and the epoch) before any slave connects
+        except BaseException:
+            if ha is not None:
+                await ha.stop()
+            await asyncio.to_thread(commit_log.abandon)
+            raise
+        return cls(commit_log, port, ha)
+
+    async def close(self) -> None:
+        """Stop the HA controller, save the de-duplication window, shut the CommitLog down
+        (flush, checkpoint, abort marker removed)."""
+        await self.ha.stop()
+        await asyncio.to_thread(self._persist_dedup)
+        await asyncio.to_thread(self.commit_log.shutdown)
+
+    def _persist_dedup(self) -> None:
+        """Keep the retry de-duplication window across a clean restart (no log scan at start)."""
+        if self.port.dedup is None:
+            return
+        self.commit_log.stop_accepting()  # the window must describe the log's final end
+        try:
+            saved = persist_window(self.port.dedup, self.commit_log)
+            log.info("commitlog: %d unique keys saved for the next start", saved)
+        except OSError as exc:
+            log.warning("commitlog: the de-duplication window was not saved (%s); the next start scans", exc)
+
+
+def part_config(config: StoreConfig, root: Path) -> StoreConfig:
+    """``config`` rooted at ``root`` (one part of the embedded layout)."""
+    return config.replace(store_path_root_dir=str(root))
+
+
+class EmbeddedStore:
+    """CommitLogNode + DispatchApp + IndexApp under ``data`` (see module docstring).
+
+    ``config`` gives every setting but the root; ``index=False`` runs without IndexFiles (the
+    message index disabled). Open with :meth:`open`; :meth:`close`.
+    """
+
+    def __init__(self, node: CommitLogNode, dispatch: DispatchApp, index: IndexApp | None) -> None:
+        self.node = node
+        self.dispatch = dispatch
+        self.index = index
+
+    @property
+    def apps(self) -> list[DispatchApp | IndexApp]:
+        return [a for a in (self.dispatch, self.index) if a is not None]
+
+    @classmethod
+    async def open(
+        cls,
+        data: Path,
+        config: StoreConfig,
+        *,
+        index: bool = True,
+        ha_address: str = "",
+        commitlog_address: str = "",
+        peers: Sequence[str] = (),
+        tls: TlsConfig | None = None,
+    ) -> EmbeddedStore:
+        """Open the CommitLog, then recover and start the derived services against it. Raises
+        what CommitLogNode.open and DerivedStoreApp.start raise; on failure whatever was opened
+        is closed again without marking anything clean."""
+        data = Path(data)
+        node = await CommitLogNode.open(
+            part_config(config, data / "commitlog"),
+            ha_address=ha_address,
+            commitlog_address=commitlog_address,
+            peers=peers,
+            tls=tls,
+        )
+        started: list[DispatchApp | IndexApp] = []
+        try:
+            dispatch = DispatchApp(part_config(config, data / "dispatch"), node.port)
+            await dispatch.start()
+            started.append(dispatch)
+            index_app = None
+            if index:
+                index_app = IndexApp(part_config(config, data / "index"), node.port)
+                await index_app.start()
+                started.append(index_app)
+        except BaseException:
+            for app in reversed(started):
+                await app.stop()
+            await node.ha.stop()
+            await asyncio.to_thread(node.commit_log.abandon)
+            raise
+        return cls(node, dispatch, index_app)
+
+    async def wait_caught_up(self, timeout_s: float) -> list[str]:
+        """Wait until each derived service applied what the log had confirmed when it started;
+        returns the names of those that had not within ``timeout_s``."""
+        return [app.name for app in self.apps if not await app.wait_caught_up(timeout_s)]
+
+    async def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
+        """Wait until every derived service applied the log up to ``offset`` (True) or
+        ``timeout_s`` passes (False)."""
+        for app in self.apps:
+            follower = app.follower
+            if follower is None or not await follower.wait_for(offset, timeout_s):
+                return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the derived services (final flush and checkpoint), then the CommitLog."""
+        for app in reversed(self.apps):
+            await app.stop()
+        await self.node.close()
