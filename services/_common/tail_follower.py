@@ -1,14 +1,15 @@
-"""TailFollower: the split topology's reput. It follows a CommitLogPort's Tail stream from its
-reput offset and applies the records to its dispatchers (ConsumeQueues or IndexFiles), then
-reports the queues that grew (long polling).
+"""TailFollower: the reput of every topology (embedded and split). It follows a CommitLogPort's
+Tail stream from its reput offset and applies the records to its dispatchers (ConsumeQueues or
+IndexFiles), then reports the queues that grew (long polling).
 
-Decoding and applying run in a worker thread, so the service's event loop keeps answering RPCs
-while a backlog is replayed. The stream reconnects with backoff after the commitlog service
-goes away. When the log was cut under the follower — it is now shorter than the reput offset
-(it lost an unflushed tail in a crash), or it reports LogDivergedError for the generation the
-follower last read (a crash recovery or a returning master cut bytes it had read, and the log may
-have grown past them since) — ``on_ahead(offset)`` drops what was derived from bytes at or past
-``offset`` and returns where to resume.
+Decoding and applying a large chunk run in a worker thread, so the service's event loop keeps
+answering RPCs while a backlog is replayed; a chunk of a few records (the steady state: one
+append's worth) is applied on the loop, which costs less than the hop. The stream reconnects with
+backoff after the commitlog service goes away. When the log was cut under the follower — it is now
+shorter than the reput offset (it lost an unflushed tail in a crash), or it reports
+LogDivergedError for the generation the follower last read (a crash recovery or a returning master
+cut bytes it had read, and the log may have grown past them since) — ``on_ahead(offset)`` drops
+what was derived from bytes at or past ``offset`` and returns where to resume.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from services.ports import CommitLogPort, TailChunk
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+
+# Chunks up to this size are applied on the event loop (tens of microseconds); larger ones, a
+# backlog being replayed, on a worker thread so the loop keeps answering RPCs meanwhile.
+INLINE_BYTES = 16 * 1024
+INLINE_RECORDS = 16
 
 
 class TailFollower:
@@ -148,7 +154,11 @@ class TailFollower:
             )
         if chunk.data or chunk.records:
             with self._tracer.start_as_current_span(f"{self.name}.dispatch") as span:
-                count, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
+                small = len(chunk.data) <= INLINE_BYTES and len(chunk.records or ()) <= INLINE_RECORDS
+                if small:  # a few records: cheaper here than a hop to a worker thread and back
+                    count, arrived = self._decode_and_apply(chunk)
+                else:
+                    count, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
                 span.set_attribute("mqstore.records", count)
                 span.set_attribute("mqstore.offset", chunk.offset)
             self.records_dispatched += count

@@ -356,7 +356,8 @@ class LocalCommitLog:
                     offset = next_offset
                     continue
                 try:
-                    await asyncio.wait_for(moved.wait(), heartbeat_s)
+                    async with asyncio.timeout(heartbeat_s):  # no extra task, unlike wait_for
+                        await moved.wait()
                 except TimeoutError:
                     yield TailChunk(offset, b"", offset, confirm, log.min_offset, None, lid, stream_gen)
         finally:
@@ -441,6 +442,7 @@ def _check_divergence(
         )
 
 
+@functools.lru_cache(maxsize=4096)
 def _born_host_bytes(text: str) -> bytes:
     """8 encoded bytes of an IPv4 "ip:port", or b"" (IPv6 and empty: leave the record's)."""
     ip, sep, port = text.rpartition(":")

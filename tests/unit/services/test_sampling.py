@@ -1,15 +1,19 @@
-"""Tracing costs next to nothing without an exporter (services._common.telemetry): spans are
-dropped at their start but still carry a trace id; once an exporter is attached, the standard
-OTEL_TRACES_SAMPLER decides."""
+"""Tracing costs next to nothing without an exporter (services._common.telemetry): our tracers
+and the per-RPC interceptor open no span, other spans are dropped at their start; once an
+exporter is attached, the standard OTEL_TRACES_SAMPLER decides."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import INVALID_SPAN
 
-from services._common.telemetry import ExportAwareSampler
+from services._common.telemetry import ExportAwareSampler, GatedTracer, WhileExportingInterceptor
 
 
 def _provider() -> tuple[TracerProvider, ExportAwareSampler, InMemorySpanExporter]:
@@ -41,3 +45,36 @@ def test_once_exporting_the_standard_sampler_variable_decides(monkeypatch: pytes
     with provider.get_tracer("t").start_as_current_span("off") as span:
         assert not span.is_recording()
     assert exporter.get_finished_spans() == ()
+
+
+def test_our_tracers_open_no_span_until_an_exporter_is_attached() -> None:
+    provider, sampler, exporter = _provider()
+    gated = GatedTracer(provider.get_tracer("t"), sampler)
+    with gated.start_as_current_span("skipped") as span:
+        span.set_attribute("mqstore.records", 3)  # a no-op on the invalid span
+        assert span is INVALID_SPAN and trace.get_current_span() is INVALID_SPAN
+    sampler.exporting = True
+    with gated.start_as_current_span("kept") as span:
+        assert span.is_recording() and trace.get_current_span() is span
+    assert [s.name for s in exporter.get_finished_spans()] == ["kept"]
+
+
+def test_the_rpc_span_interceptor_steps_aside_without_an_exporter() -> None:
+    _, sampler, _ = _provider()
+    seen: list[str] = []
+
+    class Inner:
+        async def intercept_service(self, continuation, details):
+            seen.append("inner")
+            return await continuation(details)
+
+    async def continuation(details):
+        seen.append("handler")
+        return "handler"
+
+    gate = WhileExportingInterceptor(Inner(), sampler)  # type: ignore[arg-type]
+    assert asyncio.run(gate.intercept_service(continuation, None)) == "handler"  # type: ignore[arg-type]
+    assert seen == ["handler"]
+    sampler.exporting = True
+    assert asyncio.run(gate.intercept_service(continuation, None)) == "handler"  # type: ignore[arg-type]
+    assert seen == ["handler", "inner", "handler"]
