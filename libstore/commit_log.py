@@ -91,7 +91,13 @@ from libstore.record_codec import (
     record_size_of,
     store_timestamp_at,
 )
-from libstore.recovery import RecoveryReport, rebuild_queue_offsets, recover_commit_log
+from libstore.recovery import (
+    RecoveryReport,
+    read_clean_end,
+    rebuild_queue_offsets,
+    recover_commit_log,
+    write_clean_end,
+)
 from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.scheduled_message import hold_if_scheduled
 from libstore.service_thread import ServiceThread
@@ -99,6 +105,7 @@ from libstore.store_checkpoint import StoreCheckpoint
 from libstore.store_directory import StoreDirectory
 from libstore.store_paths import (
     checkpoint_path,
+    clean_end_path,
     ha_state_path,
     log_generation_path,
     queue_offset_table_path,
@@ -153,6 +160,7 @@ class CommitLog:
         self.queue: MappedFileQueue | None = None
         self.checkpoint: StoreCheckpoint | None = None
         self._directory: StoreDirectory | None = None
+        self._last_record_at = -1  # offset of the last record appended (-1: not known)
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._flush_service: ServiceThread | None = None
@@ -265,7 +273,9 @@ class CommitLog:
             check_crc=self.config.check_crc_on_recover,
             before_cut=self.generation.bump,
             quarantine=self.quarantine,
+            clean_end=read_clean_end(clean_end_path(self.root)) if self.last_exit_ok else None,
         )
+        self._last_record_at = report.last_record_offset
         snapshot = self._load_snapshot(report.end_offset)
         offsets, scanned, used = rebuild_queue_offsets(
             self.queue, snapshot, report.end_offset, (report.start_offset, report.queue_offsets_seen)
@@ -349,6 +359,10 @@ class CommitLog:
                 self.checkpoint.confirm_phy_offset = self.persisted_confirm
                 self.checkpoint.flush()
                 self.save_queue_offset_snapshot()
+                if self._last_record_at >= 0:  # the next start validates this record only
+                    write_clean_end(
+                        clean_end_path(self.root), self.queue.get_max_offset(), self._last_record_at
+                    )
         except StoreIOError as exc:
             log.error("shutdown could not persist state: %s", exc)
             clean = False
@@ -538,6 +552,8 @@ class CommitLog:
                 results = self._append_locked(batch)
             finally:
                 self._begin_time_in_lock = 0.0
+            if results.phy_offsets:
+                self._last_record_at = results.phy_offsets[-1]
         if results.appended:
             self._after_append(results.next_offset)
         return AppendResult(results, batch.wait_store)
@@ -956,6 +972,7 @@ class CommitLog:
             if last_ts:
                 mf.store_timestamp = last_ts
             new_end = offset + n if used == n else mf.file_tail_offset
+            self._last_record_at = -1  # not tracked for replicated bytes: the next start scans
         self._after_append(new_end)
         return new_end
 
@@ -1023,6 +1040,7 @@ class CommitLog:
         queue-offset table, and forget epochs that start past ``offset``."""
         assert self.queue is not None and self.generation is not None and self.ha_state is not None
         self.generation.bump(0 if drop_all else offset)
+        self._last_record_at = -1
         if drop_all:
             self.queue.reset_to_empty(offset)
             offsets: dict[QueueKey, int] = {}

@@ -22,6 +22,7 @@ QUEUE_OFFSET_TABLE_FILE = "queueOffsetTable.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
 HA_STATE_FILE = "haState.json"
 LOG_GENERATION_FILE = "logGeneration.json"
+CLEAN_END_FILE = "cleanEnd.json"
 # Inside consumequeue/ and index/: how far each is built and flushed (deleted with its folder).
 DISPATCH_CHECKPOINT_FILE = "dispatchOffset.json"
 
@@ -79,3 +80,8 @@ def ha_state_path(root: Path) -> Path:
 def log_generation_path(root: Path) -> Path:
     """The CommitLog's truncation history (libstore.log_generation)."""
     return config_dir(root) / LOG_GENERATION_FILE
+
+
+def clean_end_path(root: Path) -> Path:
+    """Where the last clean shutdown left the log's end and its last record (libstore.recovery)."""
+    return config_dir(root) / CLEAN_END_FILE

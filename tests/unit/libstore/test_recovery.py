@@ -183,10 +183,9 @@ def test_queue_offsets_rebuilt_from_the_log_when_the_snapshot_is_lost(store_conf
     cl = CommitLog.open(store_config)
     try:
         rep = cl.recovery_report
-        # Every segment was validated (normal recovery reads the last three): nothing read twice.
-        assert (
-            rep is not None and rep.queue_offset_records_scanned == 0 and not rep.queue_offset_snapshot_used
-        )
+        # A clean restart validates the last record only; the table is rebuilt from the others.
+        assert rep is not None and rep.records_validated == 1 and not rep.queue_offset_snapshot_used
+        assert rep.queue_offset_records_scanned == 499
         assert cl.queue_offset_table() == table
     finally:
         cl.shutdown()
@@ -312,6 +311,9 @@ def test_normal_recovery_moves_the_generation_only_when_it_cuts_records(store_co
     assert cl.generation.generation == generation and not cl.recovery_report.quarantined
     cl.shutdown()
     _patch_file(store_config, res[90].phy_offset + 100, b"\xff")  # damaged while the store was down
+    # Without the clean-end file (a store stopped by an older version) normal recovery validates
+    # the last segments and finds the damage.
+    (Path(store_config.store_path_root_dir) / "config" / "cleanEnd.json").unlink()
     cl = CommitLog.open(store_config)
     try:
         rep = cl.recovery_report
@@ -337,5 +339,47 @@ def test_a_record_torn_in_its_properties_is_cut(store_config: StoreConfig):
     try:
         assert cl.max_offset == torn.phy_offset
         assert cl.recovery_report.truncated_at == torn.phy_offset
+    finally:
+        cl.shutdown()
+
+
+def test_a_clean_restart_validates_only_the_last_record_and_distrusts_a_stale_end(store_config: StoreConfig):
+    """The clean-end file lets normal recovery check one record instead of three segments; when
+    it no longer describes the log (the log grew, or the record there is damaged), recovery
+    validates the segments as before and finds the same end."""
+    root = Path(store_config.store_path_root_dir)
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 300, queues=3)
+    table = cl.queue_offset_table()
+    cl.shutdown()
+    clean_end = root / "config" / "cleanEnd.json"
+    saved = clean_end.read_bytes()
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and rep.normal and rep.records_validated == 1
+        assert rep.start_offset == res[-1].phy_offset and cl.max_offset == res[-1].next_offset
+        assert cl.queue_offset_table() == table
+        more = cl.put_messages([Message("TopicR", b"m" * 20, 1) for _ in range(5)])
+    finally:
+        cl.shutdown()
+    clean_end.write_bytes(saved)  # stale: the log has grown past it
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and rep.records_validated > 1
+        assert cl.max_offset == more[-1].next_offset
+    finally:
+        cl.shutdown()
+    last = more[-1].phy_offset
+    seg = store_config.mapped_file_size_commit_log
+    path = root / "commitlog" / f"{last - last % seg:020d}"
+    raw = bytearray(path.read_bytes())
+    raw[last % seg + 90] ^= 0xFF  # damage the last record's body: its CRC fails
+    path.write_bytes(bytes(raw))
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and rep.records_validated > 1 and cl.max_offset == last
     finally:
         cl.shutdown()
