@@ -274,8 +274,13 @@ class CommitLog:
             before_cut=self.generation.bump,
             quarantine=self.quarantine,
             clean_end=read_clean_end(clean_end_path(self.root)) if self.last_exit_ok else None,
+            flushed_offset=self.checkpoint.flushed_phy_offset,
         )
         self._last_record_at = report.last_record_offset
+        # Recovery forced what it read: the log is durable to its end (and no longer reaches a
+        # flushed offset it cut below).
+        self.checkpoint.flushed_phy_offset = report.end_offset
+        self.checkpoint.flush()
         snapshot = self._load_snapshot(report.end_offset)
         offsets, scanned, used = rebuild_queue_offsets(
             self.queue, snapshot, report.end_offset, (report.start_offset, report.queue_offsets_seen)
@@ -684,6 +689,8 @@ class CommitLog:
         assert self.checkpoint is not None and self.queue is not None
         if self.queue.store_timestamp:
             self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
+        # Clamped: a flush that raced a cut of the log must not point past its new end.
+        self.checkpoint.flushed_phy_offset = min(flushed_where, self.queue.get_max_offset())
         if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             self._notify_confirm(flushed_where)
 
@@ -1041,6 +1048,11 @@ class CommitLog:
         assert self.queue is not None and self.generation is not None and self.ha_state is not None
         self.generation.bump(0 if drop_all else offset)
         self._last_record_at = -1
+        assert self.checkpoint is not None
+        if self.checkpoint.flushed_phy_offset > offset or drop_all:
+            # Lowered durably before the bytes go: recovery must never start past the new end.
+            self.checkpoint.flushed_phy_offset = 0 if drop_all else offset
+            self.checkpoint.flush()
         if drop_all:
             self.queue.reset_to_empty(offset)
             offsets: dict[QueueKey, int] = {}

@@ -82,6 +82,7 @@ def recover_commit_log(
     before_cut: Callable[[int], object] | None = None,
     quarantine: Quarantine | None = None,
     clean_end: tuple[int, int] | None = None,
+    flushed_offset: int = 0,
 ) -> RecoveryReport:
     """Find the end of the valid log, cut everything after it, set the watermarks.
 
@@ -89,7 +90,9 @@ def recover_commit_log(
     (:func:`read_clean_end`): normal recovery then validates that record (CRC included), that it
     ends the log there and that nothing was written past it, instead of the last three
     segments, so a clean restart takes the same time whatever the log's size. When any check
-    fails it validates the segments as usual.
+    fails it validates the segments as usual. ``flushed_offset`` (> 0: the checkpoint's
+    flushedPhyOffset, a record boundary below which everything was durable) is where abnormal
+    recovery starts validating; without it, at the newest segment older than ``recover_timestamp``.
 
     ``normal``: the last shutdown was clean. ``recover_timestamp``: store time (ms) at or before
     which records are known flushed (checkpoint). ``before_cut(end)`` is called once the end is
@@ -115,15 +118,18 @@ def recover_commit_log(
         if MessageSysFlag.gets_queue_offset(req.sys_flag):
             report.queue_offsets_seen[(req.topic, req.queue_id)] = req.consume_queue_offset + 1
         return _finish(queue, report, end, normal, started, before_cut, quarantine)
+    flushed_in = queue.find_mapped_file_by_offset(flushed_offset) if flushed_offset > 0 else None
     if normal:
-        start_index = max(0, len(files) - 3)
+        start = files[max(0, len(files) - 3)].file_from_offset
+    elif flushed_in is not None and flushed_offset >= queue.get_min_offset():
+        start = flushed_offset
     else:
         start_index = 0
         for i in range(len(files) - 1, -1, -1):
             if _is_mapped_file_matched_recover(files[i], recover_timestamp, check_crc):
                 start_index = i
                 break
-    start = files[start_index].file_from_offset
+        start = files[start_index].file_from_offset
     report.start_offset = start
     end = start
     seen_files: set[int] = set()

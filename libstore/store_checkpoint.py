@@ -7,13 +7,16 @@ A 4096-byte file; big-endian int64 fields::
     @16  indexMsgTimestamp    end time (ms) of the last full, flushed IndexFile
     @24  masterFlushedOffset  (RocketMQ 5)
     @32  confirmPhyOffset     (RocketMQ 5)
+    @40  flushedPhyOffset     (mqstore) CommitLog offset, a record boundary, below which every
+                              byte was fdatasync'ed when this checkpoint was written (0: unknown)
 
 ``min_timestamp`` = min(physic, logics) − 3000 ms, floored at 0 (RocketMQ). In mqstore the
 ConsumeQueues are derived state with their own reput offset, so the CommitLog's abnormal
-recovery uses ``commit_log_recover_timestamp`` = physic − 3000 ms: it starts from the newest
-segment whose first record is at least that old. The file is rewritten in place with
-pwrite + fdatasync; a torn write can only make timestamps older (or zero), which makes recovery
-scan more, never less.
+recovery starts at ``flushedPhyOffset`` when it is known, else uses
+``commit_log_recover_timestamp`` = physic − 3000 ms: it starts from the newest segment whose
+first record is at least that old. The file is rewritten in place with pwrite + fdatasync; its
+fields share one disk sector, so a torn write leaves the old values or the new ones, and the
+CommitLog lowers ``flushedPhyOffset`` durably before it cuts the log below it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from libstore import durability_hooks
 from libstore.errors import StoreIOError
 
 CHECKPOINT_FILE_SIZE = 4096
-_LAYOUT = struct.Struct(">qqqqq")
+_LAYOUT = struct.Struct(">qqqqqq")
 
 
 class StoreCheckpoint:
@@ -39,6 +42,7 @@ class StoreCheckpoint:
         self.index_msg_timestamp = 0
         self.master_flushed_offset = 0
         self.confirm_phy_offset = 0
+        self.flushed_phy_offset = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -60,6 +64,7 @@ class StoreCheckpoint:
             self.index_msg_timestamp,
             self.master_flushed_offset,
             self.confirm_phy_offset,
+            self.flushed_phy_offset,
         ) = _LAYOUT.unpack(raw)
 
     @property
@@ -84,6 +89,7 @@ class StoreCheckpoint:
             self.index_msg_timestamp,
             self.master_flushed_offset,
             self.confirm_phy_offset,
+            self.flushed_phy_offset,
         )
         try:
             os.pwrite(self._fd, raw, 0)

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libstore import CommitLog, Message, PutMessageResult, StoreConfig
+from libstore import BrokerRole, CommitLog, Message, PutMessageResult, StoreConfig
 from libstore.mapped_file import offset_to_file_name
 from libstore.store_checkpoint import StoreCheckpoint
 from tests.conftest import SEGMENT
@@ -26,9 +26,14 @@ def _fill(cl: CommitLog, n: int, size: int = 1000, queues: int = 4) -> list[PutM
     return out
 
 
-def _crash_marker(config: StoreConfig) -> None:
-    """Leave the store as a crash would: the abort file present."""
+def _crash_marker(config: StoreConfig, flushed_to: int | None = None) -> None:
+    """Leave the store as a crash would: the abort file present; with ``flushed_to``, the
+    checkpoint vouching only for the bytes before it (the damage a test makes lies past it)."""
     (Path(config.store_path_root_dir) / "abort").touch()
+    if flushed_to is not None:
+        ckpt = StoreCheckpoint(Path(config.store_path_root_dir) / "checkpoint")
+        ckpt.flushed_phy_offset = flushed_to
+        ckpt.shutdown()
 
 
 def _segment_path(config: StoreConfig, offset: int) -> Path:
@@ -95,7 +100,7 @@ def test_abnormal_recovery_stops_at_a_corrupt_record_and_rebuilds_queue_offsets(
     cl.shutdown()
     bad = res[100]
     _patch_file(store_config, bad.phy_offset + 100, b"\xff")  # inside the body: CRC mismatch
-    _crash_marker(store_config)
+    _crash_marker(store_config, flushed_to=res[90].phy_offset)
     cl = CommitLog.open(store_config)
     try:
         rep = cl.recovery_report
@@ -103,8 +108,9 @@ def test_abnormal_recovery_stops_at_a_corrupt_record_and_rebuilds_queue_offsets(
         survivors = list(cl.iter_records(0))
         assert [r.commit_log_offset for r in survivors] == [r.phy_offset for r in res[:100]]
         # The saved snapshot described 120 records; it is past the new end, so offsets come from
-        # the log: from the validation pass itself, no record read twice.
-        assert not rep.queue_offset_snapshot_used and rep.queue_offset_records_scanned == 0
+        # the log: the 10 records validated past the flushed offset, the 90 before it read once.
+        assert rep.records_validated == 10
+        assert not rep.queue_offset_snapshot_used and rep.queue_offset_records_scanned == 90
         assert cl.queue_offset_table() == {("TopicR", q): 25 for q in range(4)}
         assert cl.put_messages([Message("TopicR", b"x", 0)])[0].queue_offset == 25
     finally:
@@ -122,6 +128,7 @@ def test_abnormal_recovery_starts_from_the_checkpoint_segment(store_config: Stor
     limit = first_of[starts[-2]].store_timestamp
     ckpt = StoreCheckpoint(Path(store_config.store_path_root_dir) / "checkpoint")
     ckpt.physic_msg_timestamp = limit + 3000  # recovery trusts records stored ≤ physic − 3 s
+    ckpt.flushed_phy_offset = 0  # unknown (a checkpoint written without it): the timestamp decides
     ckpt.shutdown()
     _crash_marker(store_config)
     # The newest segment whose first record is at or before the limit (records are fast, so the
@@ -159,12 +166,12 @@ def test_stale_records_past_a_truncation_are_never_resurrected(store_config: Sto
     cl.shutdown()
     cut = res[40]
     _patch_file(store_config, cut.phy_offset + 4, b"\x00\x00\x00\x00")  # break record 40's magic
-    _crash_marker(store_config)
+    _crash_marker(store_config, flushed_to=res[30].phy_offset)
     cl = CommitLog.open(store_config)
     # New, smaller records now end in the middle of where old records 40..59 were.
     new = cl.put_messages([Message("TopicR", b"n" * 10, 0) for _ in range(3)])
     cl.shutdown()
-    _crash_marker(store_config)
+    _crash_marker(store_config, flushed_to=res[30].phy_offset)
     cl = CommitLog.open(store_config)
     try:
         assert cl.max_offset == new[-1].next_offset
@@ -334,7 +341,7 @@ def test_a_record_torn_in_its_properties_is_cut(store_config: StoreConfig):
     torn = res[19]
     tail = 12  # the end of its properties, up to the record's end
     _patch_file(store_config, torn.phy_offset + torn.size - tail, bytes(tail))
-    _crash_marker(store_config)
+    _crash_marker(store_config, flushed_to=res[10].phy_offset)
     cl = CommitLog.open(store_config)
     try:
         assert cl.max_offset == torn.phy_offset
@@ -381,5 +388,41 @@ def test_a_clean_restart_validates_only_the_last_record_and_distrusts_a_stale_en
     try:
         rep = cl.recovery_report
         assert rep is not None and rep.records_validated > 1 and cl.max_offset == last
+    finally:
+        cl.shutdown()
+
+
+def test_abnormal_recovery_starts_at_the_checkpoints_flushed_offset(store_config: StoreConfig):
+    """The flush service records how far the log was fdatasync'ed; a crash then validates only
+    what lies past it, whatever the segment sizes, and the queue offsets still come out right."""
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 600, queues=5)
+    table = cl.queue_offset_table()
+    cl.shutdown()
+    _crash_marker(store_config, flushed_to=res[550].phy_offset)
+    cl = CommitLog.open(store_config)
+    try:
+        rep = cl.recovery_report
+        assert rep is not None and not rep.normal and rep.start_offset == res[550].phy_offset
+        assert rep.records_validated == 50 and rep.end_offset == res[-1].next_offset
+        assert cl.queue_offset_table() == table
+        assert cl.checkpoint is not None and cl.checkpoint.flushed_phy_offset == rep.end_offset
+    finally:
+        cl.shutdown()
+
+
+def test_a_cut_lowers_the_flushed_offset_before_the_bytes_go(store_config: StoreConfig):
+    cl = CommitLog.open(store_config)
+    res = _fill(cl, 100)
+    cl.shutdown()
+    cl = CommitLog.open(store_config)  # recovery leaves the flushed offset at the log's end
+    try:
+        assert cl.checkpoint is not None and cl.checkpoint.flushed_phy_offset == res[-1].next_offset
+        cl.set_broker_role(BrokerRole.SLAVE)  # a slave cutting what a returning master wrote
+        cl.truncate_to(res[60].phy_offset)
+        assert cl.checkpoint is not None and cl.checkpoint.flushed_phy_offset <= res[60].phy_offset
+        on_disk = StoreCheckpoint(Path(store_config.store_path_root_dir) / "checkpoint")
+        assert on_disk.flushed_phy_offset <= res[60].phy_offset
+        on_disk.shutdown()
     finally:
         cl.shutdown()
