@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -202,6 +203,7 @@ def run(console: Console, data_dir: Path, facts: dict[str, str], only: str = "")
     workload = Workload()
     rows = []
     t0 = time.monotonic()
+    load_before = os.getloadavg()[0]
     for spec in default_specs():
         if only and only not in spec.key:
             continue
@@ -211,7 +213,7 @@ def run(console: Console, data_dir: Path, facts: dict[str, str], only: str = "")
         rows.append(row)
         console.print(f" {_summary(row)} ({time.monotonic() - started:.0f} s)", markup=False)
     console.print(f"  peers suite: {time.monotonic() - t0:.0f} s")
-    lines = markdown(rows, facts, workload)
+    lines = markdown(rows, facts, workload, (load_before, os.getloadavg()[0]))
     for line in lines:
         console.print(line, markup=False)
     out_dir = Path(__file__).resolve().parent / "results"
@@ -254,12 +256,17 @@ def _ratios(ours: WorkloadResult | None, theirs: WorkloadResult) -> list[str]:
     ]
 
 
-def markdown(rows: list[PeerRow], facts: dict[str, str], workload: Workload) -> list[str]:
-    """The README block: the table, the floor targets, and the skipped or failed rows."""
+def markdown(
+    rows: list[PeerRow], facts: dict[str, str], workload: Workload, load: tuple[float, float] | None = None
+) -> list[str]:
+    """The README block: the table, the floor targets, and the skipped or failed rows. ``load``:
+    the machine's 1-minute load average before and after the run (other work shares the cores)."""
     mqstore = {r.spec.config: r.result for r in rows if r.spec.key.startswith("mqstore") and r.result}
     lines = [
         f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}, "
-        f"data on `{facts['filesystem']}`; every server and the client share the cores. "
+        f"data on `{facts['filesystem']}`; every server and the client share the cores"
+        + (f" (1-minute load average {load[0]:.1f} before the run, {load[1]:.1f} after)" if load else "")
+        + ". "
         f"{workload.rounds} rounds per row, each on a fresh queue: {workload.batch_messages:,} messages "
         f"in batches of {workload.batch_size:,} (one batch in flight), {workload.single_messages:,} one "
         f"at a time, then all {workload.messages_per_round:,} consumed and checked. Rates are medians "
