@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 PB     := services/pb/manifest.json
 
-.PHONY: install run test lint bench soak clean
+.PHONY: install run test lint bench bench-deps soak clean
 
 install: $(STAMP) $(PB)
 
@@ -32,6 +32,15 @@ test: lint
 
 bench: install
 	$(BIN)/python -m bench --write-readme
+
+# The peers of `python -m bench --suite peers`: Debian's redis-server, nats-server and
+# rabbitmq-server (as root, else through sudo) and their Python clients (the bench extra). The
+# suite starts its own instances on free 127.0.0.1 ports; any system service Debian starts is not used.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+bench-deps: install
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server nats-server rabbitmq-server
+	$(BIN)/python -m pip install -q -e '.[bench]'
 
 # The fault loop (tests/fault) for hundreds of faults; MQSTORE_FAULT_SEED=<seed> replays a run.
 SOAK_ROUNDS ?= 300

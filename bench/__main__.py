@@ -35,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark"),
+        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark", "peers"),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
         "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway; "
-        "spark: data source and jobs",
+        "spark: data source and jobs; peers: mqstore next to Redis, NATS JetStream and RabbitMQ",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _spark_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("spark", lines)
+    if args.suite in ("all", "peers"):
+        lines = _peers_suite(console, data_dir, facts, args.only)
+        if args.write_readme:
+            _write_readme("peers", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -407,6 +411,13 @@ def _spark_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> lis
         console.print(f"    {r.name}: {r.rows_per_s:,.0f} rows/s in {r.seconds:.1f} s")
         lines.append(f"| {r.name} | {r.rows:,} | {r.seconds:.1f} | {r.rows_per_s:,.0f} | {r.mb_per_s:.1f} |")
     return lines
+
+
+def _peers_suite(console: Console, data_dir: Path, facts: dict[str, str], only: str) -> list[str]:
+    """The same workload against mqstore, the bare-gRPC floor and the peers that are installed."""
+    from bench import peer_bench
+
+    return peer_bench.run(console, data_dir, facts, only)
 
 
 def _write_readme(block: str, lines: list[str]) -> None:

@@ -119,6 +119,32 @@ def machine_facts(data_dir: Path) -> dict[str, str]:
     }
 
 
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) used so far by process ``pid`` and its live
+    descendants, from /proc/<pid>/stat (clock-tick resolution, usually 10 ms); 0.0 for a pid
+    that is gone. The difference of two readings is the CPU a server spent in between."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        # pid (comm) state ppid ... utime stime: fields 4, 14 and 15; comm may hold spaces
+        fields = stat[stat.rindex(")") + 2 :].split()
+        proc = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(proc)
+        times[proc] = int(fields[11]) + int(fields[12])
+    ticks, todo = 0, [pid]
+    while todo:
+        proc = todo.pop()
+        ticks += times.get(proc, 0)
+        todo.extend(children.get(proc, ()))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
 def scratch_dir(parent: Path, name: str) -> Iterator[Path]:
     """A fresh folder under ``parent`` for one scenario, removed afterwards."""

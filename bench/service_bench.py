@@ -43,9 +43,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class RunningSuite:
+    """A started suite: the gateway's address and the pids of its ``mqstore serve`` processes."""
+
+    address: str
+    pids: tuple[int, ...]
+
+
 @contextmanager
 def running_suite(root: Path, topology: str, flush: str) -> Iterator[str]:
     """Start the suite (``embedded`` or ``split``) and yield the gateway address."""
+    with running_processes(root, topology, flush) as suite:
+        yield suite.address
+
+
+@contextmanager
+def running_processes(root: Path, topology: str, flush: str) -> Iterator[RunningSuite]:
+    """Start the suite (``embedded`` or ``split``) with its data under ``root``; stop it on exit."""
     ports = {r: _free_port() for r in ("gateway", "commitlog", "dispatch", "index")}
     addr = {r: f"127.0.0.1:{p}" for r, p in ports.items()}
     common = ["--flush-disk-type", flush, "--set", f"defaultTopicQueueNums={QUEUES}"]
@@ -82,7 +97,7 @@ def running_suite(root: Path, topology: str, flush: str) -> Iterator[str]:
         with Admin(addr["gateway"]) as admin:
             admin.wait_until_serving(120)
             admin.create_topic(TOPIC, QUEUES)
-        yield addr["gateway"]
+        yield RunningSuite(addr["gateway"], tuple(proc.pid for proc, _ in procs))
     finally:
         for proc, log in reversed(procs):
             proc.send_signal(signal.SIGTERM)
