@@ -35,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark", "peers"),
+        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark", "peers", "recovery"),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
         "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway; "
-        "spark: data source and jobs; peers: mqstore next to Redis, NATS JetStream and RabbitMQ",
+        "spark: data source and jobs; peers: mqstore next to Redis, NATS JetStream and RabbitMQ; "
+        "recovery: clean and SIGKILL restarts as the log grows",
+    )
+    parser.add_argument(
+        "--recovery-gib",
+        default="1,4,8",
+        help="recovery suite: log sizes (GiB, comma-separated) the store grows through",
     )
     parser.add_argument("--only", default="", help="run only scenarios whose name contains this text")
     parser.add_argument("--write-readme", action="store_true", help="update bench/README.md's table")
@@ -77,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         lines = _peers_suite(console, data_dir, facts, args.only)
         if args.write_readme:
             _write_readme("peers", lines)
+    if args.suite in ("all", "recovery"):
+        sizes = tuple(float(x) for x in args.recovery_gib.split(",") if x.strip())
+        lines = _recovery_suite(console, data_dir, facts, sizes)
+        if args.write_readme:
+            _write_readme("recovery", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -418,6 +429,34 @@ def _peers_suite(console: Console, data_dir: Path, facts: dict[str, str], only: 
     from bench import peer_bench
 
     return peer_bench.run(console, data_dir, facts, only)
+
+
+def _recovery_suite(
+    console: Console, data_dir: Path, facts: dict[str, str], sizes: tuple[float, ...]
+) -> list[str]:
+    """Clean and SIGKILL restarts of the embedded suite as one store grows (bench.recovery_bench)."""
+    from bench import recovery_bench
+
+    console.rule("recovery: restart time as the log grows")
+    with scratch_dir(data_dir, "recovery") as d:
+        results = recovery_bench.run(d, sizes)
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}, "
+        f"data on `{facts['filesystem']}`; 1 KiB messages, 16 queues, one key each; the SIGKILL comes "
+        f"after {recovery_bench.KILL_MESSAGES:,} more messages through the gateway.",
+        "",
+        "| log GiB | restart | until SERVING s | recovery | GiB validated | recovery s | s/GiB validated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        per = f"{r.recovery_s / r.scanned_gib:.1f}" if r.scanned_gib > 0.01 else "-"
+        lines.append(
+            f"| {r.log_gib:.1f} | {r.kind} | {r.serving_s:.1f} | {r.recovery} | {r.scanned_gib:.3f} | "
+            f"{r.recovery_s:.2f} | {per} |"
+        )
+    for line in lines:
+        console.print(line, markup=False)
+    return lines
 
 
 def _write_readme(block: str, lines: list[str]) -> None:
