@@ -108,15 +108,13 @@ class GroupCommitService(_FlushServiceBase):
         self._pending = []
         self._requests_read = []
         target = max((r.next_offset for r in requests), default=self.queue.get_max_offset())
+        moved = False
         if not self.io_failed:
             try:
                 if self.commit_first:
                     self.queue.commit_to(self.queue.get_max_wrote_position(), 0)
                 before = self.queue.flushed_where
-                flushed = self.queue.flush_to(target, 0)
-                if flushed != before:
-                    self.flush_rounds += 1
-                    self.on_flushed(flushed)
+                moved = self.queue.flush_to(target, 0) != before
             except StoreIOError as exc:
                 self._fail(exc)
         flushed = self.queue.flushed_where
@@ -130,6 +128,11 @@ class GroupCommitService(_FlushServiceBase):
                 req.wakeup_customer(PutMessageStatus.FLUSH_DISK_TIMEOUT)
             else:
                 self._pending.append(req)
+        if moved:
+            # After the producers' wake-ups: their acknowledgements go out first, the followers
+            # (dispatch, index, replication readers) this wakes come next.
+            self.flush_rounds += 1
+            self.on_flushed(flushed)
 
     def on_shutdown(self) -> None:
         # Serve what was queued before shutdown: producers must not hang.

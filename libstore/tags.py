@@ -50,7 +50,10 @@ _POWERS = np.array([pow(31, k, 1 << 32) for k in range(_MAX_BATCH_WIDTH)][::-1],
 
 def java_string_hashes(texts: Sequence[str]) -> list[int]:
     """``[java_string_hash(t) for t in texts]``, computed as one matrix product for the ASCII
-    strings up to 512 characters (the others one by one)."""
+    strings up to 512 characters (the others one by one). A key or two (one message's) are
+    cheaper one by one than through numpy."""
+    if len(texts) <= 2:
+        return [java_string_hash(t) for t in texts]
     encoded: list[bytes] = []
     where: list[int] = []
     out = [0] * len(texts)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import shutil
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -252,9 +253,8 @@ class LocalCommitLog:
     async def _wait_flush(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
         with self._tracer.start_as_current_span("commitlog.flush_wait"):
             try:
-                return await asyncio.wait_for(
-                    asyncio.wrap_future(future), self.log.config.sync_flush_timeout / 1000.0
-                )
+                async with asyncio.timeout(self.log.config.sync_flush_timeout / 1000.0):
+                    return await asyncio.wrap_future(future)
             except TimeoutError:
                 return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
@@ -329,8 +329,12 @@ class LocalCommitLog:
             )
         loop = asyncio.get_running_loop()
         moved = asyncio.Event()
+        loop_thread = threading.get_ident()
 
         def on_confirm(_offset: int) -> None:
+            if threading.get_ident() == loop_thread:  # an append on this loop (ASYNC_FLUSH)
+                moved.set()  # no wake-up pipe write and read to pay for
+                return
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
                 loop.call_soon_threadsafe(moved.set)
 
