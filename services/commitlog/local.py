@@ -41,6 +41,7 @@ from libstore import (
     PutMessageStatus,
     TopicConfig,
 )
+from libstore.log_scanner import scan_buffer
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_if_scheduled
@@ -50,6 +51,8 @@ from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 DECODED_BATCHES_KEPT = 1024
+DECODED_CHUNKS_KEPT = 32  # up to 32 MiB of log, decoded: what two followers catching up share
+INLINE_DECODE_BYTES = 16 * 1024  # smaller chunks are decoded on the loop, larger on a worker
 DEFAULT_HEARTBEAT_MS = 1000
 
 
@@ -64,12 +67,16 @@ class LocalCommitLog:
         # (end offset, requests with their final offsets). In-process followers take these
         # instead of decoding the same bytes again; an older offset reads the log as usual.
         self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
+        # Chunks read back from the log and decoded for a follower: start -> (end, requests).
+        self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
+        self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
         self._sync_wait_ms = _sync_wait_histogram()
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
         changed role): what they point at may no longer be in the log."""
         self._decoded.clear()
+        self._chunks.clear()
         if self.dedup is not None:
             self.dedup.clear()
 
@@ -155,6 +162,28 @@ class LocalCommitLog:
                 results.status = await self._wait_durable(max(ends), True)
             span.set_attribute("mqstore.status", results.status.name)
             return results
+
+    async def _decode_chunk(self, data: bytes, offset: int, next_offset: int) -> list[DispatchRequest] | None:
+        """The records of a chunk read from the log, decoded once for every in-process follower
+        (dispatch and index read the same chunks while catching up): kept among the last
+        DECODED_CHUNKS_KEPT. None when the bytes are not whole records (and maybe a closing blank
+        END record): the follower then gets the raw bytes and reports them."""
+        if len(data) > INLINE_DECODE_BYTES:
+            done = asyncio.get_running_loop().create_future()
+            self._decoding[offset] = done
+            try:
+                records, scanned_to, invalid = await asyncio.to_thread(scan_buffer, data, offset)
+            finally:
+                del self._decoding[offset]
+                done.set_result(None)
+        else:
+            records, scanned_to, invalid = scan_buffer(data, offset)
+        if invalid is not None or scanned_to != offset + len(data):  # all of it: records, a blank
+            return None
+        self._chunks[offset] = (next_offset, records)
+        while len(self._chunks) > DECODED_CHUNKS_KEPT:
+            self._chunks.popitem(last=False)
+        return records
 
     def _keep_decoded(self, batch: EncodedBatch, results: PutMessageResults) -> None:
         n = results.appended
@@ -308,8 +337,10 @@ class LocalCommitLog:
         generation: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset`` (a record boundary), forever. With
-        ``decoded``, a batch appended as client-encoded records comes as its decoded requests
-        (``records``, no bytes) while it is among the last DECODED_BATCHES_KEPT batches.
+        ``decoded`` (in-process followers) chunks come as decoded requests (``records``, no
+        bytes): a batch appended as client-encoded records as its validation decoded it while it
+        is among the last DECODED_BATCHES_KEPT batches, other bytes decoded here once and shared
+        by the followers that read the same chunk (:meth:`_decode_chunk`).
 
         Raises LogDivergedError when the log was cut since the caller's ``(log_id,
         generation)`` (at the start, or later while streaming), OffsetOutOfRangeError when
@@ -346,17 +377,30 @@ class LocalCommitLog:
                 moved.clear()
                 if gens.generation != stream_gen:
                     self._decoded.clear()
+                    self._chunks.clear()
                     _check_divergence(lid, gens.generation, lid, stream_gen, gens.divergence_point)
                     stream_gen = gens.generation
                 confirm = log.confirm_offset
                 if offset < confirm:
-                    hit = self._decoded.get(offset) if decoded else None
+                    hit = (self._decoded.get(offset) or self._chunks.get(offset)) if decoded else None
                     if hit is not None and hit[0] <= confirm:
                         yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1], lid, stream_gen)
                         offset = hit[0]
                         continue
+                    pending = self._decoding.get(offset) if decoded else None
+                    if pending is not None:  # another follower is decoding this chunk: share it
+                        await asyncio.shield(pending)
+                        continue
                     data, next_offset = log.read_chunk(offset, confirm, max_bytes)
-                    yield TailChunk(offset, data, next_offset, confirm, log.min_offset, None, lid, stream_gen)
+                    records = await self._decode_chunk(data, offset, next_offset) if decoded else None
+                    if records is not None:
+                        yield TailChunk(
+                            offset, b"", next_offset, confirm, log.min_offset, records, lid, stream_gen
+                        )
+                    else:
+                        yield TailChunk(
+                            offset, data, next_offset, confirm, log.min_offset, None, lid, stream_gen
+                        )
                     offset = next_offset
                     continue
                 try:
