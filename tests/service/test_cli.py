@@ -127,6 +127,9 @@ def test_stats_report_what_recovery_moved_to_quarantine(suites, tmp_path: Path):
     with open(root / "commitlog" / "commitlog" / offset_to_file_name(0), "r+b") as fh:
         fh.seek(bad + 300)
         fh.write(b"\xff")
+    # A clean restart checks only the last record (config/cleanEnd.json); without that file it
+    # validates the last segments, as after a shutdown by an older version.
+    (root / "commitlog" / "config" / "cleanEnd.json").unlink()
     suite = suites.start(options)
     suites.wait_ready(suite)
     stats = mqstore("stats", "-a", suite.address)
