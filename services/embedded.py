@@ -17,14 +17,22 @@ with its own lock and abort marker): the layout of ``mqstore serve --data``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from libstore import CommitLog, StoreConfig
+from libstore import BrokerRole, CommitLog, StoreConfig
 from services._common.tls import TlsConfig
-from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window
+from services.commitlog.dedup_window import (
+    SAVE_INTERVAL_S,
+    DedupWindow,
+    persist_window,
+    restore_window,
+    window_path,
+    write_window,
+)
 from services.commitlog.ha import HAController
 from services.commitlog.local import LocalCommitLog
 from services.dispatch.app import DispatchApp
@@ -35,11 +43,42 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CommitLogNode:
-    """A started CommitLog with its port and HA controller. Open with :meth:`open`; :meth:`close`."""
+    """A started CommitLog with its port and HA controller. Open with :meth:`open`; :meth:`close`.
+
+    While it runs as a master it saves the de-duplication window every SAVE_INTERVAL_S seconds
+    (services.commitlog.dedup_window), so a start after a crash scans only what came since."""
 
     commit_log: CommitLog
     port: LocalCommitLog
     ha: HAController
+    _saver: asyncio.Task[None] | None = None
+
+    def start_saving_window(self, interval_s: float = SAVE_INTERVAL_S) -> None:
+        self._saver = asyncio.get_running_loop().create_task(self._save_window_every(interval_s))
+
+    async def stop_saving_window(self) -> None:
+        if self._saver is not None:
+            self._saver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._saver
+            self._saver = None
+
+    async def _save_window_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            log_ = self.commit_log
+            dedup, gen = self.port.dedup, log_.generation
+            if dedup is None or gen is None or log_.broker_role is BrokerRole.SLAVE:
+                continue
+            # Taken together on the loop, where appends run: every keyed record before ``end``
+            # is in ``entries`` (as far as the window holds keys).
+            entries, end = dedup.snapshot(), log_.max_offset
+            try:
+                await asyncio.to_thread(
+                    write_window, window_path(log_.root), entries, gen.log_id, gen.generation, end
+                )
+            except OSError as exc:
+                log.warning("commitlog: the de-duplication window was not saved (%s)", exc)
 
     @classmethod
     async def open(
@@ -71,11 +110,14 @@ class CommitLogNode:
                 await ha.stop()
             await asyncio.to_thread(commit_log.abandon)
             raise
-        return cls(commit_log, port, ha)
+        node = cls(commit_log, port, ha)
+        node.start_saving_window()
+        return node
 
     async def close(self) -> None:
         """Stop the HA controller, save the de-duplication window, shut the CommitLog down
         (flush, checkpoint, abort marker removed)."""
+        await self.stop_saving_window()
         await self.ha.stop()
         await asyncio.to_thread(self._persist_dedup)
         await asyncio.to_thread(self.commit_log.shutdown)
@@ -149,6 +191,7 @@ class EmbeddedStore:
         except BaseException:
             for app in reversed(started):
                 await app.stop()
+            await node.stop_saving_window()
             await node.ha.stop()
             await asyncio.to_thread(node.commit_log.abandon)
             raise

@@ -5,14 +5,15 @@ Bounded by count (oldest dropped first) and age. It survives a restart, so a ret
 straddles a commitlog restart is still caught; beyond the window the guarantee is at-least-once,
 and consumers can de-duplicate on UNIQ_KEY:
 
-* a clean shutdown saves it (:meth:`save`, ``config/dedupWindow.bin``, tagged with the log's id,
-  generation and end) and the next start loads it (:meth:`load`) when the log is still exactly
-  where it was saved: no scan, whatever the log's size;
-* otherwise (after a crash) :meth:`prefill` reads the newest segments back to front, one at a
-  time, and stops once it holds ``capacity`` keys or meets records older than the window: it
-  reads at most the window's worth of records plus one segment, never every record of the last
-  ``ttl_ms`` (2M records at 100k msgs/s when the window keeps 200k). With the default 1 GiB
-  segments that can still be a whole segment.
+* a running master saves it every SAVE_INTERVAL_S seconds and a clean shutdown once more
+  (:func:`write_window`, ``config/dedupWindow.bin``, tagged with the log's id, generation and
+  the end offset it covers); the next start takes it (:meth:`catch_up`) when the log still holds
+  everything it describes (nothing at or before that end cut since, by the log's generation
+  history) and scans only what was appended after it: nothing after a clean shutdown, about
+  ten seconds of appends after a crash, whatever the log's size;
+* otherwise (no usable file; a slave, which saves none) :meth:`prefill` reads the newest
+  segments back to front, one at a time, and stops once it holds ``capacity`` keys or meets
+  records older than the window: at most the window's worth of records plus one segment.
 
 Thread-safety: used from the commitlog service's event loop only.
 """
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 _MAGIC = b"MQDW1"
 _TAG = struct.Struct(">H32sqq")  # id length, log id (padded), generation, log end offset
 _ENTRY = struct.Struct(">Hqiqq")  # key length, phy offset, size, queue offset, store time
+MAX_CATCH_UP_BYTES = 256 * 1024 * 1024  # past a saved window, at most this much log is scanned
+SAVE_INTERVAL_S = 10.0  # how often a running master saves its window (services.embedded)
 
 
 def window_path(root: Path) -> Path:
@@ -116,55 +119,66 @@ class DedupWindow:
                 self.put(topic, uniq, placed)
         return min(held, self.capacity)
 
-    def save(self, path: Path, log_id: str, generation: int, end_offset: int) -> int:
-        """Write the window to ``path`` (atomically: a temporary file, fsynced, then renamed),
-        tagged with the log it describes (id, generation, end offset). Returns how many keys
-        were written. Raises OSError."""
-        ident = log_id.encode()[:32]
-        parts = [_MAGIC, _TAG.pack(len(ident), ident, generation, end_offset)]
-        for key, placed in self._entries.items():
-            raw = key.encode()
-            parts.append(
-                _ENTRY.pack(
-                    len(raw), placed.phy_offset, placed.size, placed.queue_offset, placed.store_timestamp
-                )
-            )
-            parts.append(raw)
-        tmp = path.with_name(path.name + ".tmp")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(b"".join(parts))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return len(self._entries)
+    def snapshot(self) -> list[tuple[str, Placed]]:
+        """The entries, oldest first (a copy: written out on another thread, see :func:`write_window`)."""
+        return list(self._entries.items())
 
-    def load(self, path: Path, log_id: str, generation: int, end_offset: int) -> bool:
-        """Take the window a clean shutdown saved at ``path`` if it describes this log exactly
-        (same id and generation, same end offset); the file is removed either way, so a later
-        crash never brings back a stale window. Keys older than ``ttl_ms`` are dropped. Returns
-        whether it was taken; False also for a missing or unreadable file."""
+    def save(self, path: Path, log_id: str, generation: int, end_offset: int) -> int:
+        """Write the window to ``path`` (see :func:`write_window`). Returns how many keys were
+        written. Raises OSError."""
+        return write_window(path, self.snapshot(), log_id, generation, end_offset)
+
+    def catch_up(self, path: Path, log: CommitLog, max_scan_bytes: int = MAX_CATCH_UP_BYTES) -> int | None:
+        """Take the window last saved at ``path`` (periodically or at a clean shutdown) when the
+        log still holds everything it describes, then add the keys of the records appended since
+        (a scan of at most ``max_scan_bytes``). Returns the bytes scanned, or None when the file
+        is missing, unreadable, of another log, describes bytes a cut has since removed, or is
+        too far behind (the caller then falls back to :meth:`prefill`)."""
+        gen = log.generation
+        if gen is None:
+            return None
+        tag = self._read(path)
+        if tag is None:
+            return None
+        saved_id, saved_generation, saved_end, entries = tag
+        end = log.max_offset
+        if saved_id != gen.log_id.encode()[:32] or saved_end > end or end - saved_end > max_scan_bytes:
+            return None
+        cut = (
+            gen.divergence_point(gen.log_id, saved_generation) if saved_generation != gen.generation else None
+        )
+        if cut is not None and cut < saved_end:
+            return None  # the log lost bytes the window points at
+        self.clear()
+        for key, placed in entries[-self.capacity :]:
+            self._entries[key] = placed
+        since = time.time_ns() // 1_000_000 - self.ttl_ms
+        for req in log.scan_records(saved_end, end, decode_properties=True):
+            if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
+                self.put(
+                    req.topic,
+                    req.uniq_key,
+                    Placed(
+                        req.commit_log_offset, req.msg_size, req.consume_queue_offset, req.store_timestamp
+                    ),
+                )
+        return end - saved_end
+
+    def _read(self, path: Path) -> tuple[bytes, int, int, list[tuple[str, Placed]]] | None:
+        """(log id, generation, end offset, entries younger than ``ttl_ms``) from a saved window."""
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return False
+            return None
         except OSError as exc:
             log.warning("dedup window %s unreadable (%s): rebuilding it from the log", path, exc)
-            return False
-        finally:
-            path.unlink(missing_ok=True)
+            return None
         try:
             if not data.startswith(_MAGIC):
                 raise ValueError("not a saved window")
             pos = len(_MAGIC)
             id_len, ident, saved_generation, saved_end = _TAG.unpack_from(data, pos)
             pos += _TAG.size
-            if (ident[:id_len], saved_generation, saved_end) != (
-                log_id.encode()[:32],
-                generation,
-                end_offset,
-            ):
-                return False
             since = time.time_ns() // 1_000_000 - self.ttl_ms
             entries: list[tuple[str, Placed]] = []
             while pos < len(data):
@@ -176,11 +190,33 @@ class DedupWindow:
                     entries.append((key, Placed(phy, size, queue_offset, stored)))
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
             log.warning("dedup window %s is damaged (%s): rebuilding it from the log", path, exc)
-            return False
-        self.clear()
-        for key, placed in entries[-self.capacity :]:
-            self._entries[key] = placed
-        return True
+            return None
+        return ident[:id_len], saved_generation, saved_end, entries
+
+
+def write_window(
+    path: Path, entries: list[tuple[str, Placed]], log_id: str, generation: int, end_offset: int
+) -> int:
+    """Write ``entries`` to ``path`` (atomically: a temporary file, fsynced, then renamed), tagged
+    with the log they describe: its id, generation and end offset (every record before that end
+    has its key in the window, as far as the window holds keys). Returns how many keys were
+    written. Raises OSError."""
+    ident = log_id.encode()[:32]
+    parts = [_MAGIC, _TAG.pack(len(ident), ident, generation, end_offset)]
+    for key, placed in entries:
+        raw = key.encode()
+        parts.append(
+            _ENTRY.pack(len(raw), placed.phy_offset, placed.size, placed.queue_offset, placed.store_timestamp)
+        )
+        parts.append(raw)
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as fh:
+        fh.write(b"".join(parts))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return len(entries)
 
 
 def _first_store_timestamp(mf: MappedFile) -> int:
@@ -189,14 +225,14 @@ def _first_store_timestamp(mf: MappedFile) -> int:
 
 
 def restore_window(window: DedupWindow, commit_log: CommitLog) -> tuple[int, str]:
-    """Fill ``window`` for a starting ``commit_log``: the window its clean shutdown saved when
-    it still describes the log, else a :meth:`DedupWindow.prefill` scan. Returns (keys held,
-    "saved" or "scanned")."""
-    gen = commit_log.generation
-    assert gen is not None
-    if window.load(window_path(commit_log.root), gen.log_id, gen.generation, commit_log.max_offset):
-        return len(window), "saved"
-    return window.prefill(commit_log), "scanned"
+    """Fill ``window`` for a starting ``commit_log``: the window last saved (at a clean shutdown,
+    or periodically while running) caught up with what was appended since, when the log still
+    holds what it describes; else a :meth:`DedupWindow.prefill` scan. Returns (keys held, how:
+    "saved", "saved + N bytes scanned" or "scanned")."""
+    scanned = window.catch_up(window_path(commit_log.root), commit_log)
+    if scanned is None:
+        return window.prefill(commit_log), "scanned"
+    return len(window), "saved" if scanned == 0 else f"saved + {scanned} bytes scanned"
 
 
 def persist_window(window: DedupWindow, commit_log: CommitLog) -> int:

@@ -1,23 +1,24 @@
-"""The retry de-duplication window across restarts (services.commitlog.dedup_window): after a
-crash it is rebuilt from the newest segments only, as far as it holds keys; after a clean
-shutdown it is loaded as saved, with no scan, when the log is still where it was saved."""
+"""The retry de-duplication window across restarts (services.commitlog.dedup_window): the window
+last saved (periodically, or at a clean shutdown) is taken and caught up with what came after
+it, unless the log lost bytes it points at; without one it is rebuilt from the newest segments
+only, as far as it holds keys."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from libstore import CommitLog, Message
+from libstore import BrokerRole, CommitLog, Message, StoreConfig
 from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window, window_path
 from tests.conftest import SEGMENT
 
 RECORD_BODY = 2000  # about 125 records per 256 KiB segment
 
 
-def _fill(log: CommitLog, n: int) -> list[str]:
-    keys = [f"K{i:06d}" for i in range(n)]
+def _fill(log: CommitLog, n: int, prefix: str = "K") -> list[str]:
+    keys = [f"{prefix}{i:06d}" for i in range(n)]
     for start in range(0, n, 100):
         batch = [
             Message("T", b"x" * RECORD_BODY, 0, properties={"UNIQ_KEY": k}) for k in keys[start : start + 100]
@@ -61,20 +62,74 @@ def test_a_clean_shutdown_keeps_the_window_for_the_next_start(open_log: Callable
     again = DedupWindow(capacity=1000)
     assert restore_window(again, log) == (300, "saved")
     assert again.get("T", keys[0]) == window.get("T", keys[0])
-    assert not path.exists()  # taken once: a later crash never brings it back
 
 
-def test_a_saved_window_that_no_longer_describes_the_log_is_not_trusted(
-    open_log: Callable[..., CommitLog], tmp_path: Path
-) -> None:
+def test_a_saved_window_is_caught_up_with_what_came_after_it(open_log: Callable[..., CommitLog]) -> None:
+    """Saved periodically, then the log moved on (a crash later): the next start takes the saved
+    keys and scans only the records appended since."""
     log = open_log()
     window = DedupWindow(capacity=1000)
-    _fill(log, 100)
+    first = _fill(log, 100)
     window.prefill(log)
     persist_window(window, log)
-    _fill(log, 10)  # the log moved on after the save (say, a crash later)
+    saved_end = log.max_offset
+    later = _fill(log, 10, prefix="L")
     fresh = DedupWindow(capacity=1000)
-    assert restore_window(fresh, log) == (110, "scanned")
-    path = window_path(log.root)
-    path.write_bytes(b"MQDW1garbage")
-    assert not DedupWindow().load(path, "id", 1, 0) and not path.exists()
+    assert restore_window(fresh, log) == (110, f"saved + {log.max_offset - saved_end} bytes scanned")
+    assert fresh.get("T", first[0]) == window.get("T", first[0])
+    assert fresh.get("T", later[-1]) is not None and window.get("T", later[-1]) is None
+    window_path(log.root).write_bytes(b"MQDW1garbage")
+    assert restore_window(DedupWindow(capacity=1000), log) == (110, "scanned")
+
+
+def test_a_saved_window_is_not_trusted_past_a_cut(open_log: Callable[..., CommitLog]) -> None:
+    """The log lost bytes the saved window points at (a SLAVE cut what a returning master wrote):
+    the window is rebuilt from the log instead."""
+    log = open_log()
+    window = DedupWindow(capacity=1000)
+    keys = _fill(log, 60)
+    window.prefill(log)
+    persist_window(window, log)
+    cut_at = window.get("T", keys[40])
+    assert cut_at is not None
+    log.set_broker_role(BrokerRole.SLAVE)
+    log.truncate_to(cut_at.phy_offset)
+    fresh = DedupWindow(capacity=1000)
+    assert fresh.catch_up(window_path(log.root), log) is None
+    assert restore_window(fresh, log) == (40, "scanned")
+    assert fresh.get("T", keys[40]) is None and fresh.get("T", keys[39]) is not None
+
+
+def test_a_running_master_saves_its_window_for_a_start_after_a_crash(store_config: StoreConfig) -> None:
+    """CommitLogNode saves the window while it runs; a node opened on the same files after a
+    crash (nothing shut down cleanly) takes it and scans only the appends that followed."""
+    from services.commitlog.dedup_window import SAVE_INTERVAL_S
+    from services.embedded import CommitLogNode
+
+    assert SAVE_INTERVAL_S <= 30  # a crash costs at most that much of the log to scan
+
+    async def run() -> tuple[str, int, int]:
+        node = await CommitLogNode.open(store_config)
+        await node.stop_saving_window()
+        messages = [Message("T", b"x" * 100, 0, properties={"UNIQ_KEY": f"K{i}"}) for i in range(50)]
+        assert (await node.port.append(messages)).all_ok
+        node.start_saving_window(interval_s=0.05)
+        path = window_path(node.commit_log.root)
+        for _ in range(200):
+            if path.exists():
+                break
+            await asyncio.sleep(0.02)
+        await node.stop_saving_window()
+        saved_end = node.commit_log.max_offset
+        more = [Message("T", b"y" * 100, 0, properties={"UNIQ_KEY": f"L{i}"}) for i in range(5)]
+        assert (await node.port.append(more)).all_ok
+        end = node.commit_log.max_offset
+        await asyncio.to_thread(node.commit_log.abandon)  # a crash: no clean-shutdown save
+        reopened = CommitLog.open(store_config)
+        try:
+            return restore_window(DedupWindow(), reopened), saved_end, end
+        finally:
+            reopened.shutdown()
+
+    (held, how), saved_end, end = asyncio.run(run())
+    assert (held, how) == (55, f"saved + {end - saved_end} bytes scanned")
