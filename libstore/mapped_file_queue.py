@@ -262,6 +262,27 @@ class MappedFileQueue:
         self._discard_created_ahead(self.segment_start_of(offset) + self.mapped_file_size)
         return moved
 
+    def trust_end(self, offset: int) -> None:
+        """End the log at ``offset`` as a clean shutdown recorded it (libstore.recovery): the
+        segment holding it takes its positions there and segments past it (empty ones the
+        allocator made ahead) are deleted, without reading or zeroing a byte. Raises StoreIOError."""
+        with self._flush_lock:
+            keep: list[MappedFile] = []
+            gone: list[MappedFile] = []
+            for mf in self.mapped_files:
+                if mf.file_tail_offset <= offset:
+                    keep.append(mf)
+                elif offset >= mf.file_from_offset:
+                    mf.set_positions(offset - mf.file_from_offset)
+                    keep.append(mf)
+                else:
+                    gone.append(mf)
+            self.mapped_files = keep
+            self.flushed_where = min(self.flushed_where, offset)
+            self.committed_where = min(self.committed_where, offset)
+            self._remove(gone, None, f"beyond the log end {offset}")
+            self._discard_created_ahead(self.segment_start_of(offset) + self.mapped_file_size)
+
     def reset_to_empty(self, start_offset: int) -> None:
         """Delete every segment, durably; the next append creates the segment holding
         ``start_offset``. Raises StoreIOError."""

@@ -117,7 +117,8 @@ def recover_commit_log(
         report.scanned_file_names = [queue.file_name_of(queue.segment_start_of(req.commit_log_offset))]
         if MessageSysFlag.gets_queue_offset(req.sys_flag):
             report.queue_offsets_seen[(req.topic, req.queue_id)] = req.consume_queue_offset + 1
-        return _finish(queue, report, end, normal, started, before_cut, quarantine)
+        queue.trust_end(end)  # verified: nothing to read past it, nothing to cut or force
+        return _done(queue, report, end, normal, started)
     flushed_in = queue.find_mapped_file_by_offset(flushed_offset) if flushed_offset > 0 else None
     if normal:
         start = files[max(0, len(files) - 3)].file_from_offset
@@ -197,6 +198,13 @@ def _finish(
     for mf in queue.mapped_files:
         if mf.file_from_offset >= first:
             mf.force()
+    return _done(queue, report, end, normal, started)
+
+
+def _done(
+    queue: MappedFileQueue, report: RecoveryReport, end: int, normal: bool, started: float
+) -> RecoveryReport:
+    """Set the watermarks at ``end`` and log what recovery did."""
     queue.flushed_where = end
     queue.committed_where = end
     report.end_offset = end
