@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,9 +82,20 @@ class Server:
         self.proc = subprocess.Popen(args, cwd=REPO, stdout=self._log, stderr=self._log)
 
     def wait_serving(self, timeout_s: float) -> float:
-        """Seconds from the process start until SERVING."""
+        """Seconds from the process start until SERVING. The port is probed every 10 ms first,
+        so gRPC's reconnect back-off (seconds, once a connection was refused) is not measured."""
         from services.client import Admin
 
+        host, _, port = self.address.rpartition(":")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"mqstore serve did not listen on {self.address}") from None
+                time.sleep(0.01)
         with Admin(self.address) as admin:
             admin.wait_until_serving(timeout_s)
         return time.perf_counter() - self.started

@@ -32,6 +32,8 @@ from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Final, NamedTuple
 
+import numpy as np
+
 from libstore.errors import StoreIOError
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
@@ -41,6 +43,15 @@ log = logging.getLogger(__name__)
 CQ_STORE_UNIT_SIZE: Final = 20
 _UNIT = struct.Struct(">qiq")  # CommitLog offset, size, tags code
 BLANK_UNIT_SIZE: Final = 0x7FFFFFFF  # size field of a pre-fill unit (Integer.MAX_VALUE)
+_UNIT_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tag", ">i8")])  # _UNIT, for whole files
+
+
+def _units_of(mf: MappedFile, count: int) -> np.ndarray:
+    """The first ``count`` units of ``mf`` as a numpy view of its mapping (recovery scans them
+    at once, not one by one); the caller drops the view before the file may be unmapped."""
+    return np.frombuffer(mf.buffer, dtype=_UNIT_DTYPE, count=count)
+
+
 _BLANK_UNIT = _UNIT.pack(0, BLANK_UNIT_SIZE, 0)
 
 
@@ -103,17 +114,19 @@ class ConsumeQueue:
         max_phy = -1
         kept = 0
         for mf in files[start:]:
-            buf = mf.buffer
-            pos = 0
             size = mf.file_size
-            while pos + CQ_STORE_UNIT_SIZE <= size:
-                offset, unit_size, _ = _UNIT.unpack_from(buf, pos)
-                if offset < 0 or unit_size <= 0:
-                    break
-                if unit_size != BLANK_UNIT_SIZE:
-                    max_phy = offset + unit_size
-                pos += CQ_STORE_UNIT_SIZE
-                kept += 1
+            count = size // CQ_STORE_UNIT_SIZE
+            units = _units_of(mf, count)
+            offsets, sizes = units["phy"], units["size"]
+            bad = np.flatnonzero((offsets < 0) | (sizes <= 0))
+            valid = int(bad[0]) if len(bad) else count
+            real = np.flatnonzero(sizes[:valid] != BLANK_UNIT_SIZE)
+            if len(real):
+                last = int(real[-1])
+                max_phy = int(offsets[last]) + int(sizes[last])
+            del units, offsets, sizes  # views of the mapping: gone before it may be unmapped
+            pos = valid * CQ_STORE_UNIT_SIZE
+            kept += valid
             end_logic = mf.file_from_offset + pos
             if pos < size:
                 break
@@ -350,12 +363,16 @@ class ConsumeQueue:
             if first_size != BLANK_UNIT_SIZE and first_phy >= phy_offset:
                 cut = mf.file_from_offset
                 continue
-            pos = 0
-            while pos < mf.wrote_position:
-                offset, size, _ = _UNIT.unpack_from(mf.buffer, pos)
-                if size != BLANK_UNIT_SIZE and (offset < 0 or size <= 0 or offset >= phy_offset):
-                    break
-                pos += CQ_STORE_UNIT_SIZE
+            count = mf.wrote_position // CQ_STORE_UNIT_SIZE
+            units = _units_of(mf, count)
+            offsets, sizes = units["phy"], units["size"]
+            past = np.flatnonzero(
+                (sizes != BLANK_UNIT_SIZE) & ((offsets < 0) | (sizes <= 0) | (offsets >= phy_offset))
+            )
+            pos = (int(past[0]) if len(past) else count) * CQ_STORE_UNIT_SIZE
+            del units, offsets, sizes
+            if pos >= count * CQ_STORE_UNIT_SIZE:
+                pos = mf.wrote_position  # every unit kept (a partial unit at the end stays as it was)
             cut = mf.file_from_offset + pos
             break
         if cut is None or cut >= self.queue.get_max_wrote_position():
