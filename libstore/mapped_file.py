@@ -162,6 +162,11 @@ class MappedFile:
 
     # -- positions ----------------------------------------------------------------------------
     @property
+    def fd(self) -> int:
+        """The segment's file descriptor (for lseek SEEK_DATA and the like; do not close it)."""
+        return self._fd
+
+    @property
     def buffer(self) -> mmap.mmap:
         """The mapping, for in-place decoding (``struct.unpack_from``); do not keep views of it."""
         return self._mmap

@@ -20,6 +20,7 @@ than the master's and the master streams everything from the new end.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -48,17 +49,42 @@ class QuarantineSummary:
 
 def nonzero_end(mf: MappedFile, position: int) -> int:
     """Position just past the last non-zero byte of ``mf`` at or after ``position`` (``position``
-    itself when every byte from there is zero)."""
-    buf = mf.buffer
+    itself when every byte from there is zero). Holes the file system reports (SEEK_DATA /
+    SEEK_HOLE: never-written space of a pre-allocated segment, which reads as zeros) are skipped
+    unread; where it cannot tell, every byte is read."""
     end = mf.file_size
+    last = position
+    pos = position
+    while pos < end:
+        try:
+            data = os.lseek(mf.fd, pos, os.SEEK_DATA)
+            hole = os.lseek(mf.fd, data, os.SEEK_HOLE)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but holes from ``pos`` on
+                break
+            data, hole = pos, end  # no SEEK_DATA here: read it all
+        if data >= end:
+            break
+        hole = min(hole, end)
+        found = _last_nonzero(mf, data, hole)
+        if found > data:
+            last = found
+        pos = hole
+    return last
+
+
+def _last_nonzero(mf: MappedFile, start: int, stop: int) -> int:
+    """Just past the last non-zero byte of ``mf`` in ``[start, stop)``, or ``start``."""
+    buf = mf.buffer
     zeros = bytes(_CHUNK)
-    while end > position:
-        start = max(position, end - _CHUNK)
-        chunk = buf[start:end]
-        if chunk != zeros[: end - start]:
-            return start + len(chunk.rstrip(b"\0"))
-        end = start
-    return position
+    end = stop
+    while end > start:
+        begin = max(start, end - _CHUNK)
+        chunk = buf[begin:end]
+        if chunk != zeros[: end - begin]:
+            return begin + len(chunk.rstrip(b"\0"))
+        end = begin
+    return start
 
 
 class Quarantine:
