@@ -1,15 +1,20 @@
 """CommitLog recovery after a restart (spec sheet §5) and the queue-offset table rebuild.
 
-* Normal recovery (the abort file is absent: the last shutdown was clean): validate records
-  from the third-to-last segment to the end (RocketMQ 4.9); older segments are not read.
-* Abnormal recovery (the abort file is present: a crash): walk back from the last segment to
-  the newest one whose first record is valid and was stored at or before the checkpoint's
-  ``commit_log_recover_timestamp`` (so it was flushed); none qualifies → segment 0. Validate
-  every record from there, CRC included.
+* Normal recovery (the abort file is absent: the last shutdown was clean): when the clean
+  shutdown recorded the log's end and its last record (``config/cleanEnd.json``), validate that
+  record, CRC included, check that nothing was written past it, and take that end as it is
+  (mqstore: a clean restart costs the same whatever the log's size). Otherwise validate
+  records from the third-to-last segment to the end (RocketMQ 4.9); older segments are not read.
+* Abnormal recovery (the abort file is present: a crash): validate every record, CRC
+  included, from the checkpoint's ``flushedPhyOffset`` (mqstore: below it the flush service
+  had fdatasync'ed everything) or, when the checkpoint has none, from the newest segment whose
+  first record is valid and was stored at or before its ``commit_log_recover_timestamp`` (so
+  it was flushed); none qualifies → segment 0.
 
 Either way the first bytes that are not a valid record (a torn write, zeros) end the log at E:
 segments past E are deleted, the tail of E's segment is zeroed (so stale records can never be
-mistaken for valid ones later), the segments recovery read are fdatasynced (a killed process may
+mistaken for valid ones later; finding non-zero bytes there skips the holes the file system
+reports), the segments recovery read are fdatasynced (a killed process may
 have left records only in the page cache) and the flush/commit watermarks are set to E. When that drops
 bytes that are not zeros (a torn last write, or a damaged record in the middle of the log with
 every later record behind it), they are moved to the quarantine folder first
