@@ -154,7 +154,7 @@ def recover_index(
         index.roll_back(log_max)  # every header is what the last run wrote and flushed
         return resume, None
     bound = min(resume, log_max)
-    mark = checkpoint.load_index_mark() if checkpoint.load() is not None else None
+    mark = checkpoint.load_index_mark()
     restart = index.roll_back(bound, mark) if mark is not None else index.discard_after(bound)
     if restart is None:
         return resume, None

@@ -104,24 +104,11 @@ class IndexService:
         file after it. Returns the CommitLog offset dispatch must restart from to rebuild what
         was deleted (the first deleted entry's), or None when nothing was deleted."""
         with self._lock:
-            files = self.files
-            cut = next(
-                (i for i, f in enumerate(files) if f.index_count > 1 and f.end_phy_offset >= phy_offset),
-                None,
-            )
+            cut = _first_reaching(self.files, phy_offset)
             if cut is None:
                 return None
-            restart = files[cut].begin_phy_offset
-            for f in files[cut:]:
-                log.info(
-                    "deleting index file %s (entries up to CommitLog offset %d)",
-                    f.file_name,
-                    f.end_phy_offset,
-                )
-                self._dirty.discard(f.file_name)
-                f.destroy()
-            self.files = files[:cut]
-            self._refresh_last_indexed()
+            restart = self.files[cut].begin_phy_offset
+            self._delete_locked(cut)
         return restart
 
     def roll_back(self, phy_offset: int, mark: tuple[str, int] | None = None) -> int | None:
@@ -149,14 +136,7 @@ class IndexService:
                     self._delete_locked(older)
                     return min(phy_offset, files[older - 1].end_phy_offset if older else 0)
                 limit = names.index(mark[0])  # the files before it were flushed whole
-            cut = next(
-                (
-                    i
-                    for i, f in enumerate(files[:limit])
-                    if f.index_count > 1 and f.end_phy_offset >= phy_offset
-                ),
-                None,
-            )
+            cut = _first_reaching(files[:limit], phy_offset)
             if cut is None:
                 if mark is None:
                     return None
@@ -287,3 +267,10 @@ class IndexService:
             if f.begin_timestamp < begin:
                 break
         return out
+
+
+def _first_reaching(files: Sequence[IndexFile], phy_offset: int) -> int | None:
+    """Index of the first file holding an entry for a record at or past ``phy_offset``, or None."""
+    return next(
+        (i for i, f in enumerate(files) if f.index_count > 1 and f.end_phy_offset >= phy_offset), None
+    )

@@ -244,14 +244,19 @@ class MappedFileQueue:
         with self._flush_lock:
             return self._truncate_locked(offset, move_to)
 
-    def _truncate_locked(self, offset: int, move_to: Path | None) -> list[Path]:
+    def _truncate_locked(self, offset: int, move_to: Path | None, *, zero_tail: bool = True) -> list[Path]:
+        """See :meth:`truncate_dirty_files`; without ``zero_tail`` the segment holding ``offset``
+        only takes its positions there (its tail is known to be never written)."""
         keep: list[MappedFile] = []
         gone: list[MappedFile] = []
         for mf in self.mapped_files:
             if mf.file_tail_offset <= offset:
                 keep.append(mf)
             elif offset >= mf.file_from_offset:
-                mf.truncate_to(offset - mf.file_from_offset)
+                if zero_tail:
+                    mf.truncate_to(offset - mf.file_from_offset)
+                else:
+                    mf.set_positions(offset - mf.file_from_offset)
                 keep.append(mf)
             else:
                 gone.append(mf)
@@ -267,21 +272,7 @@ class MappedFileQueue:
         segment holding it takes its positions there and segments past it (empty ones the
         allocator made ahead) are deleted, without reading or zeroing a byte. Raises StoreIOError."""
         with self._flush_lock:
-            keep: list[MappedFile] = []
-            gone: list[MappedFile] = []
-            for mf in self.mapped_files:
-                if mf.file_tail_offset <= offset:
-                    keep.append(mf)
-                elif offset >= mf.file_from_offset:
-                    mf.set_positions(offset - mf.file_from_offset)
-                    keep.append(mf)
-                else:
-                    gone.append(mf)
-            self.mapped_files = keep
-            self.flushed_where = min(self.flushed_where, offset)
-            self.committed_where = min(self.committed_where, offset)
-            self._remove(gone, None, f"beyond the log end {offset}")
-            self._discard_created_ahead(self.segment_start_of(offset) + self.mapped_file_size)
+            self._truncate_locked(offset, None, zero_tail=False)
 
     def reset_to_empty(self, start_offset: int) -> None:
         """Delete every segment, durably; the next append creates the segment holding

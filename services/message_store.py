@@ -112,9 +112,10 @@ class MessageStore:
         store._running = True
         return store
 
-    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the store's loop and wait for its result (its own timeouts bound it)."""
         future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout_s)
+        return future.result()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

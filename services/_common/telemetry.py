@@ -157,13 +157,12 @@ class GatedTracer:
     back the invalid span at once (attributes and events on it are no-ops): no ids are drawn,
     no context is attached, and the request path pays nothing for tracing."""
 
-    def __init__(self, inner: trace.Tracer, sampler: Sampler) -> None:
+    def __init__(self, inner: trace.Tracer, sampler: ExportAwareSampler) -> None:
         self.inner = inner
         self.sampler = sampler
 
     def start_as_current_span(self, name: str, **kwargs: Any) -> AbstractContextManager[trace.Span]:
-        sampler = self.sampler
-        if isinstance(sampler, ExportAwareSampler) and not sampler.exporting:
+        if not self.sampler.exporting:
             return _NO_SPAN
         return self.inner.start_as_current_span(name, **kwargs)
 
@@ -171,7 +170,13 @@ class GatedTracer:
 def tracer(name: str) -> GatedTracer:
     """A tracer for one service or library layer (``mqstore.gateway``, ``mqstore.commitlog``...)."""
     provider = configure_tracing()
-    return GatedTracer(provider.get_tracer(name), provider.sampler)
+    return GatedTracer(provider.get_tracer(name), _export_sampler(provider))
+
+
+def _export_sampler(provider: TracerProvider) -> ExportAwareSampler:
+    sampler = provider.sampler
+    assert isinstance(sampler, ExportAwareSampler), "configure_tracing installs it"
+    return sampler
 
 
 class WhileExportingInterceptor(grpc.aio.ServerInterceptor):
@@ -197,11 +202,12 @@ def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     """Per-RPC server spans (outermost, so failures are recorded; only while an exporter is
     attached), then error mapping."""
     provider = configure_tracing()
-    spans = aio_server_interceptor(tracer_provider=provider)
-    sampler = provider.sampler
-    if isinstance(sampler, ExportAwareSampler):
-        spans = WhileExportingInterceptor(spans, sampler)
-    return [spans, StoreErrorInterceptor()]
+    return [
+        WhileExportingInterceptor(
+            aio_server_interceptor(tracer_provider=provider), _export_sampler(provider)
+        ),
+        StoreErrorInterceptor(),
+    ]
 
 
 def client_interceptors() -> list[Any]:

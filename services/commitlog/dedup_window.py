@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from libstore import BrokerRole, CommitLog
 from libstore.mapped_file import MappedFile
-from libstore.record_codec import check_record
+from libstore.record_codec import DispatchRequest, check_record
 from libstore.store_paths import config_dir
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,11 @@ class Placed(NamedTuple):
     size: int
     queue_offset: int
     store_timestamp: int
+
+    @classmethod
+    def of(cls, req: DispatchRequest) -> Placed:
+        """Where the record ``req`` describes went."""
+        return cls(req.commit_log_offset, req.msg_size, req.consume_queue_offset, req.store_timestamp)
 
 
 class DedupWindow:
@@ -105,10 +110,7 @@ class DedupWindow:
             found = []
             for req in log.scan_records(start, min(end, start + mf.file_size), decode_properties=True):
                 if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
-                    placed = Placed(
-                        req.commit_log_offset, req.msg_size, req.consume_queue_offset, req.store_timestamp
-                    )
-                    found.append((req.topic, req.uniq_key, placed))
+                    found.append((req.topic, req.uniq_key, Placed.of(req)))
             per_segment.append(found)
             held += len(found)
             if held >= self.capacity or _first_store_timestamp(mf) < since:
@@ -155,13 +157,7 @@ class DedupWindow:
         since = time.time_ns() // 1_000_000 - self.ttl_ms
         for req in log.scan_records(saved_end, end, decode_properties=True):
             if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
-                self.put(
-                    req.topic,
-                    req.uniq_key,
-                    Placed(
-                        req.commit_log_offset, req.msg_size, req.consume_queue_offset, req.store_timestamp
-                    ),
-                )
+                self.put(req.topic, req.uniq_key, Placed.of(req))
         return end - saved_end
 
     def _read(self, path: Path) -> tuple[bytes, int, int, list[tuple[str, Placed]]] | None:

@@ -393,14 +393,10 @@ class LocalCommitLog:
                         continue
                     data, next_offset = log.read_chunk(offset, confirm, max_bytes)
                     records = await self._decode_chunk(data, offset, next_offset) if decoded else None
-                    if records is not None:
-                        yield TailChunk(
-                            offset, b"", next_offset, confirm, log.min_offset, records, lid, stream_gen
-                        )
-                    else:
-                        yield TailChunk(
-                            offset, data, next_offset, confirm, log.min_offset, None, lid, stream_gen
-                        )
+                    raw = data if records is None else b""
+                    yield TailChunk(
+                        offset, raw, next_offset, confirm, log.min_offset, records, lid, stream_gen
+                    )
                     offset = next_offset
                     continue
                 try:
