@@ -7,6 +7,11 @@ COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY libstore ./libstore
 COPY services ./services
+# The record codec's C module (libstore/_codec.c) needs a compiler and zlib's headers to build;
+# the runtime image has zlib already (Python's zlib module links it).
+RUN apt-get update -q \
+    && apt-get install -y -q --no-install-recommends gcc libc6-dev zlib1g-dev \
+    && rm -rf /var/lib/apt/lists/*
 # Generated gRPC code first (services/pb is not committed), then the project with it built in.
 RUN python -m venv /opt/mqstore \
     && /opt/mqstore/bin/pip install "grpcio-tools>=1.66,<2" \

@@ -10,7 +10,8 @@ PB     := services/pb/manifest.json
 
 install: $(STAMP) $(PB)
 
-$(STAMP): pyproject.toml
+# pip also builds the record codec's C module (libstore/_codec.c: needs cc, Python.h, zlib.h).
+$(STAMP): pyproject.toml libstore/_codec.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,spark]'
@@ -48,4 +49,4 @@ soak: install
 	MQSTORE_FAULT_ROUNDS=$(SOAK_ROUNDS) $(BIN)/python -m pytest -q -s tests/fault/test_fault_loop.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis services/pb
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis services/pb libstore/*.so

@@ -71,6 +71,7 @@ from libstore.message import Message, MessageRecord
 from libstore.message_id import encode_host
 from libstore.producer_input import (
     PRODUCER_SYS_FLAGS,
+    STORE_PROPERTIES,
     check_producer_properties,
     check_producer_topic,
 )
@@ -520,6 +521,7 @@ class CommitLog:
             born_host=born_host,
             check_topic=check_producer_topic,
             check_properties=check_producer_properties,
+            forbidden_properties=STORE_PROPERTIES,
             sys_flag_mask=PRODUCER_SYS_FLAGS,
             max_records=max_records,
         )

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,15 @@ try:  # ISA-L's CRC-32 is the same function as zlib's (java.util.zip.CRC32), abo
     from isal.isal_zlib import crc32 as _crc32
 except ImportError:  # pragma: no cover - platforms without an isal wheel
     from zlib import crc32 as _crc32
+
+# The hot loops in C (libstore/_codec.c, built by `make install`); these pure-Python functions
+# are the reference it is tested against and the fallback without it (or with MQSTORE_PURE_PYTHON=1).
+_ext: Any = None
+if not os.environ.get("MQSTORE_PURE_PYTHON"):
+    try:
+        from libstore import _codec as _ext
+    except ImportError:  # pragma: no cover - a build without the C compiler
+        _ext = None
 
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7, v1
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, v2: 2-byte topic length
@@ -484,6 +494,7 @@ class RecordEncoder:
         born_host: bytes = b"",
         check_topic: Callable[[str], None] | None = None,
         check_properties: Callable[[Iterable[str]], None] | None = None,
+        forbidden_properties: frozenset[str] | None = None,
         sys_flag_mask: int = -1,
         max_records: int = 0,
     ) -> EncodedBatch:
@@ -500,7 +511,9 @@ class RecordEncoder:
         this store's and a zero BORNTIMESTAMP ``now_ms``; offsets are left for the put lock. The
         decoded requests are kept in the batch (``requests``) for dispatch. What a producer may
         put (libstore.producer_input): ``check_topic`` is called once per topic and
-        ``check_properties`` with each record's property names (both raise to refuse), and
+        ``check_properties`` with each record's property names (both raise to refuse;
+        ``forbidden_properties``, when given, are the names ``check_properties`` refuses, so the
+        C path can test them itself and leave the wording of the refusal to it), and
         SYSFLAG is masked in place to ``sys_flag_mask`` (the host-layout bits stay). Raises
         MessageIllegalError (or a subclass) naming the first bad record, or when there are more
         than ``max_records`` records (0: no bound); nothing is kept.
@@ -514,80 +527,134 @@ class RecordEncoder:
         buf = bytearray(raw)
         limit = len(buf)
         limits: dict[str, int] = {}
+        # The C run (libstore._codec) takes the common records and stops at the first one that
+        # needs this Python code: to refuse it, or to meet its topic.
+        forbidden = frozenset() if check_properties is None else forbidden_properties
+        fast = _ext is not None and forbidden is not None
         pos = 0
         index = 0
-        store_host = self.store_host
-        max_body = self.max_message_size
-        no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
         while pos < limit:
-            if max_records and index >= max_records:
-                raise MessageIllegalError(f"a request carries at most {max_records} records")
-            req, fields, _, props_at = _check_record(buf, pos, limit, True, 0, True)
-            if not req.success or req.msg_size == 0:
-                raise MessageIllegalError(
-                    f"record {index}: not a valid CommitLog record (size, magic or CRC)"
+            if fast:
+                pos, index = _ext.adopt_run(
+                    buf,
+                    pos,
+                    index,
+                    now_ms,
+                    self.store_host,
+                    born_host,
+                    sys_flag_mask,
+                    self.max_message_size,
+                    max_records,
+                    forbidden,
+                    limits,
+                    choose_queue,
+                    out,
                 )
-            size = req.msg_size
-            if props_at < pos + size:  # the body CRC covers the body only: check them as encoding would
-                problem = _properties_problem(bytes(buf[props_at : pos + size]))
-                if problem:
-                    raise MessageIllegalError(f"record {index}: {problem}")
-                if check_properties is not None:
-                    try:
-                        check_properties(bytes_to_properties(buf[props_at : pos + size]))
-                    except MessageIllegalError as exc:
-                        raise type(exc)(f"record {index}: {exc}") from None
-            sys_flag = req.sys_flag
-            masked = sys_flag & (sys_flag_mask | _HOST_V6_FLAGS)
-            if masked != sys_flag:
-                _INT.pack_into(buf, pos + SYS_FLAG_POSITION, masked)
-                req.sys_flag = sys_flag = masked
-            if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG:
-                raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")
-            topic = req.topic
-            if req.queue_id == -1 and choose_queue is not None:
-                req.queue_id = choose_queue(topic)
-                _INT.pack_into(buf, pos + QUEUE_ID_POSITION, req.queue_id)
-            queue_limit = limits.get(topic)
-            if queue_limit is None:
-                try:
-                    self._topic_prefix(topic)  # validates the name
-                    if check_topic is not None:
-                        check_topic(topic)
-                except MessageIllegalError as exc:
-                    raise type(exc)(f"record {index}: {exc}") from None
-                queue_limit = limits[topic] = queue_nums(topic) if queue_nums else 0x7FFFFFFF
-            if not 0 <= req.queue_id < queue_limit:
-                raise QueueIdOutOfRangeError(
-                    f"record {index}: queue id {req.queue_id} out of range: "
-                    f"topic {topic!r} has {queue_limit} queues"
-                )
-            body_len = fields[-1]  # BODYLEN, the last field of the fixed header
-            if body_len > max_body:
-                raise MessageIllegalError(
-                    f"record {index}: body is {body_len} bytes, the limit is {max_body}"
-                )
-            ts_position = _store_ts_position(sys_flag)
-            buf[pos + ts_position + 8 : pos + ts_position + 16] = store_host
-            born_v4 = not sys_flag & MessageSysFlag.BORNHOST_V6_FLAG
-            if born_host and born_v4 and buf[pos + 48 : pos + 56] == STORE_HOST_PLACEHOLDER:
-                buf[pos + 48 : pos + 56] = born_host
-            if req.born_timestamp == 0:
-                STORE_TIMESTAMP.pack_into(buf, pos + 40, now_ms)
-            pos += size
-            out.positions.append(pos)
-            out.sizes.append(size)
-            out.store_ts_positions.append(ts_position)
-            out.queue_keys.append(None if sys_flag & no_queue_offset else (topic, req.queue_id))
-            out.topics.append(topic)
-            out.uniq_keys.append(req.uniq_key)
-            out.requests.append(req)
-            if req.scheduled:
-                out.scheduled = True
+                if pos >= limit:
+                    break
+            pos = self._adopt_one(
+                out,
+                buf,
+                pos,
+                index,
+                now_ms,
+                limits,
+                queue_nums,
+                choose_queue,
+                born_host,
+                check_topic,
+                check_properties,
+                sys_flag_mask,
+                max_records,
+            )
             index += 1
         out.buf = buf
         out.wait_store = True
         return out
+
+    def _adopt_one(
+        self,
+        out: EncodedBatch,
+        buf: bytearray,
+        pos: int,
+        index: int,
+        now_ms: int,
+        limits: dict[str, int],
+        queue_nums: Callable[[str], int] | None,
+        choose_queue: Callable[[str], int] | None,
+        born_host: bytes,
+        check_topic: Callable[[str], None] | None,
+        check_properties: Callable[[Iterable[str]], None] | None,
+        sys_flag_mask: int,
+        max_records: int,
+    ) -> int:
+        """Adopt record ``index`` at ``pos`` into ``out`` (see :meth:`adopt_records`), or raise
+        naming it. Returns where the next record starts."""
+        limit = len(buf)
+        if max_records and index >= max_records:
+            raise MessageIllegalError(f"a request carries at most {max_records} records")
+        req, fields, _, props_at = _check_record(buf, pos, limit, True, 0, True)
+        if not req.success or req.msg_size == 0:
+            raise MessageIllegalError(f"record {index}: not a valid CommitLog record (size, magic or CRC)")
+        size = req.msg_size
+        if props_at < pos + size:  # the body CRC covers the body only: check them as encoding would
+            problem = _properties_problem(bytes(buf[props_at : pos + size]))
+            if problem:
+                raise MessageIllegalError(f"record {index}: {problem}")
+            if check_properties is not None:
+                try:
+                    check_properties(bytes_to_properties(buf[props_at : pos + size]))
+                except MessageIllegalError as exc:
+                    raise type(exc)(f"record {index}: {exc}") from None
+        sys_flag = req.sys_flag
+        masked = sys_flag & (sys_flag_mask | _HOST_V6_FLAGS)
+        if masked != sys_flag:
+            _INT.pack_into(buf, pos + SYS_FLAG_POSITION, masked)
+            req.sys_flag = sys_flag = masked
+        if sys_flag & MessageSysFlag.STOREHOSTADDRESS_V6_FLAG:
+            raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")
+        topic = req.topic
+        if req.queue_id == -1 and choose_queue is not None:
+            req.queue_id = choose_queue(topic)
+            _INT.pack_into(buf, pos + QUEUE_ID_POSITION, req.queue_id)
+        queue_limit = limits.get(topic)
+        if queue_limit is None:
+            try:
+                self._topic_prefix(topic)  # validates the name
+                if check_topic is not None:
+                    check_topic(topic)
+            except MessageIllegalError as exc:
+                raise type(exc)(f"record {index}: {exc}") from None
+            queue_limit = limits[topic] = queue_nums(topic) if queue_nums else 0x7FFFFFFF
+        if not 0 <= req.queue_id < queue_limit:
+            raise QueueIdOutOfRangeError(
+                f"record {index}: queue id {req.queue_id} out of range: "
+                f"topic {topic!r} has {queue_limit} queues"
+            )
+        body_len = fields[-1]  # BODYLEN, the last field of the fixed header
+        if body_len > self.max_message_size:
+            raise MessageIllegalError(
+                f"record {index}: body is {body_len} bytes, the limit is {self.max_message_size}"
+            )
+        ts_position = _store_ts_position(sys_flag)
+        buf[pos + ts_position + 8 : pos + ts_position + 16] = self.store_host
+        born_v4 = not sys_flag & MessageSysFlag.BORNHOST_V6_FLAG
+        if born_host and born_v4 and buf[pos + 48 : pos + 56] == STORE_HOST_PLACEHOLDER:
+            buf[pos + 48 : pos + 56] = born_host
+        if req.born_timestamp == 0:
+            STORE_TIMESTAMP.pack_into(buf, pos + 40, now_ms)
+        pos += size
+        out.positions.append(pos)
+        out.sizes.append(size)
+        out.store_ts_positions.append(ts_position)
+        no_queue_offset = sys_flag & MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
+        out.queue_keys.append(None if no_queue_offset else (topic, req.queue_id))
+        out.topics.append(topic)
+        out.uniq_keys.append(req.uniq_key)
+        out.requests.append(req)
+        if req.scheduled:
+            out.scheduled = True
+        return pos
 
 
 STORE_HOST_PLACEHOLDER: Final = bytes(8)  # 0.0.0.0:0 as STOREHOST in client-encoded records
@@ -737,7 +804,9 @@ def check_record(
     otherwise pass. Never raises on bad bytes: returns ``success`` False instead. The record's
     offset in the log is taken from its PHYSICALOFFSET field into ``commit_log_offset``.
     """
-    return _check_record(buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_crc)[0]
+    return _check_record(
+        buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_crc, False
+    )[0]
 
 
 _NO_FIELDS: tuple[Any, ...] = ()
@@ -751,10 +820,33 @@ def _check_record(
     expected_phy_offset: int,
     decode_properties: bool,
     check_properties: bool = False,
+    want_fields: bool = True,
 ) -> tuple[DispatchRequest, tuple[Any, ...], int, int]:
     """:func:`check_record`, also returning what it unpacked for :func:`decode_record`: the
-    fixed header's fields (TOTALSIZE .. BODYLEN), where the body starts and where the
-    properties start. For a blank or bad bytes: (request, (), -1, -1)."""
+    fixed header's fields (TOTALSIZE .. BODYLEN; () unless ``want_fields``), where the body
+    starts and where the properties start. For a blank or bad bytes: (request, (), -1, -1).
+    Runs in C (libstore._codec) when the extension is built, else :func:`_check_record_py`."""
+    if _ext is not None:
+        out = _ext.check_record(
+            buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_properties, want_fields
+        )
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+    return _check_record_py(
+        buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_properties
+    )
+
+
+def _check_record_py(
+    buf: Any,
+    pos: int,
+    limit: int,
+    check_crc: bool,
+    expected_phy_offset: int,
+    decode_properties: bool,
+    check_properties: bool = False,
+) -> tuple[DispatchRequest, tuple[Any, ...], int, int]:
+    """The reference :func:`_check_record` (fields always unpacked), in pure Python."""
     remaining = limit - pos
     if remaining < END_FILE_MIN_BLANK_LENGTH:
         return DispatchRequest(False, -1), _NO_FIELDS, -1, -1
@@ -873,7 +965,7 @@ def record_topics(raw: bytes | bytearray | memoryview, max_records: int = 0) -> 
             raise MessageIllegalError(
                 f"a request carries at most {max_records} records (maxMessagesPerRequest)"
             )
-        req, _, _, _ = _check_record(raw, pos, limit, False, -1, False)
+        req, _, _, _ = _check_record(raw, pos, limit, False, -1, False, False, False)
         if not req.success or req.msg_size <= 0:
             raise MessageIllegalError(f"bytes at {pos} are not a CommitLog record")
         topics.add(req.topic)
@@ -963,3 +1055,7 @@ def store_timestamp_at(buf: Any, pos: int) -> int:
     """STORETIMESTAMP (ms) of the record at ``pos`` (its header must be in ``buf``)."""
     sys_flag = _INT.unpack_from(buf, pos + SYS_FLAG_POSITION)[0]
     return STORE_TIMESTAMP.unpack_from(buf, pos + _store_ts_position(sys_flag))[0]
+
+
+if _ext is not None:
+    _ext.configure(DispatchRequest, SYSTEM_TOPICS, _crc32)

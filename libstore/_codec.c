@@ -1,0 +1,824 @@
+/*
+ * libstore._codec: the record codec's hot loops in C (check a CommitLog record, adopt a run of
+ * client-encoded records). The layout is RocketMQ's v1/v2 record as drawn in record_codec.py.
+ *
+ * Every function here is a fast path of a pure-Python function in libstore/record_codec.py and
+ * answers exactly as it does; anything off the common path (a system topic's properties, a record
+ * the checks refuse, a topic not seen yet in a batch, odd arguments) is handed back to the Python
+ * code, which stays the reference. tests/unit/libstore/test_codec_ext.py compares the two byte for
+ * byte. MQSTORE_PURE_PYTHON=1 in the environment makes record_codec.py ignore this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define MAGIC_V1 ((int32_t)0xDAA320A7)
+#define MAGIC_V2 ((int32_t)0xDAA320AB)
+#define MAGIC_BLANK ((int32_t)0xCBD43194)
+#define MIN_BLANK 8
+#define RECORD_OVERHEAD_V1_IPV4 91
+#define BORNHOST_V6 0x10
+#define STOREHOST_V6 0x20
+#define TX_NO_QUEUE_OFFSET 0x4 /* PREPARED 0x4 and ROLLBACK 0xC share it */
+#define SYS_FLAG_POSITION 36
+#define QUEUE_ID_POSITION 12
+#define BORN_TS_POSITION 40
+#define BORN_HOST_POSITION 48
+
+/* DispatchRequest's slots, in the order of its __init__ parameters. */
+enum {
+    F_SUCCESS, F_MSG_SIZE, F_TOPIC, F_QUEUE_ID, F_COMMIT_LOG_OFFSET, F_CONSUME_QUEUE_OFFSET,
+    F_SYS_FLAG, F_BORN_TIMESTAMP, F_STORE_TIMESTAMP, F_PREPARED_TX_OFFSET, F_TAGS, F_TAGS_CODE,
+    F_KEYS, F_UNIQ_KEY, F_SCHEDULED, F_COUNT
+};
+static const char *const FIELD_NAMES[F_COUNT] = {
+    "success", "msg_size", "topic", "queue_id", "commit_log_offset", "consume_queue_offset",
+    "sys_flag", "born_timestamp", "store_timestamp", "prepared_transaction_offset", "tags",
+    "tags_code", "keys", "uniq_key", "scheduled",
+};
+
+typedef struct {
+    PyTypeObject *request_type; /* libstore.record_codec.DispatchRequest */
+    PyObject *descr[F_COUNT];   /* its member descriptors */
+    PyObject *system_topics;    /* frozenset[str]: decoded by the Python code */
+    PyObject *topic_names;      /* dict bytes -> str */
+    PyObject *empty_tuple;
+    PyObject *empty_str;
+    PyObject *space;
+    PyObject *crc_func; /* crc32(bytes-like) -> int, or NULL for zlib */
+    int configured;
+} State;
+
+static State S;
+
+static inline int32_t rd32(const unsigned char *p) {
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]);
+}
+static inline int16_t rd16(const unsigned char *p) { return (int16_t)(((uint16_t)p[0] << 8) | p[1]); }
+static inline int64_t rd64(const unsigned char *p) {
+    return (int64_t)(((uint64_t)(uint32_t)rd32(p) << 32) | (uint32_t)rd32(p + 4));
+}
+static inline void wr32(unsigned char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24); p[1] = (unsigned char)(u >> 16);
+    p[2] = (unsigned char)(u >> 8); p[3] = (unsigned char)u;
+}
+static inline void wr64(unsigned char *p, int64_t v) {
+    wr32(p, (int32_t)((uint64_t)v >> 32));
+    wr32(p + 4, (int32_t)(uint64_t)v);
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (n > 0) { /* zlib takes an unsigned int length */
+        unsigned int step = n > 0x40000000 ? 0x40000000u : (unsigned int)n;
+        crc = crc32(crc, p, step);
+        p += step;
+        n -= step;
+    }
+    return (uint32_t)crc;
+}
+
+/* ---------------------------------------------------------------- header */
+
+typedef struct {
+    int32_t total, magic, body_crc, queue_id, flag, sys_flag, reconsume, body_len;
+    int64_t queue_offset, phy_offset, born_ts, store_ts, prepared_tx;
+    Py_ssize_t born_at, born_len, store_at, store_len, header_size;
+} Header;
+
+static void read_header(const unsigned char *r, Header *h) {
+    h->total = rd32(r);
+    h->magic = rd32(r + 4);
+    h->body_crc = rd32(r + 8);
+    h->queue_id = rd32(r + 12);
+    h->flag = rd32(r + 16);
+    h->queue_offset = rd64(r + 20);
+    h->phy_offset = rd64(r + 28);
+    h->sys_flag = rd32(r + 36);
+    h->born_ts = rd64(r + 40);
+    h->born_at = 48;
+    h->born_len = (h->sys_flag & BORNHOST_V6) ? 20 : 8;
+    Py_ssize_t p = 48 + h->born_len;
+    h->store_ts = rd64(r + p);
+    h->store_at = p + 8;
+    h->store_len = (h->sys_flag & STOREHOST_V6) ? 20 : 8;
+    p = h->store_at + h->store_len;
+    h->reconsume = rd32(r + p);
+    h->prepared_tx = rd64(r + p + 4);
+    h->body_len = rd32(r + p + 12);
+    h->header_size = p + 16;
+}
+
+/* The fixed header as record_codec's struct unpacks it (TOTALSIZE .. BODYLEN). */
+static PyObject *header_tuple(const unsigned char *r, const Header *h) {
+    return Py_BuildValue(
+        "(iiiiiLLiLy#Ly#iLi)", h->total, h->magic, h->body_crc, h->queue_id, h->flag,
+        (long long)h->queue_offset, (long long)h->phy_offset, h->sys_flag, (long long)h->born_ts,
+        (const char *)r + h->born_at, h->born_len, (long long)h->store_ts,
+        (const char *)r + h->store_at, h->store_len, h->reconsume, (long long)h->prepared_tx,
+        h->body_len);
+}
+
+/* ------------------------------------------------------------ properties */
+
+/* Java String.hashCode over the UTF-16 code units of ``text`` (libstore.tags, spec §3). */
+static long java_hash(PyObject *text) {
+    uint32_t h = 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c > 0xFFFF) {
+            c -= 0x10000;
+            h = 31u * h + (0xD800u + (c >> 10));
+            h = 31u * h + (0xDC00u + (c & 0x3FF));
+        } else {
+            h = 31u * h + c;
+        }
+    }
+    return (long)(int32_t)h;
+}
+
+/* What dispatch reads from the properties: the value ranges of TAGS, KEYS, UNIQ_KEY (the last
+ * entry of each name wins, as in record_codec's regex) and whether a scheduling name appears. */
+typedef struct {
+    const unsigned char *tags, *keys, *uniq;
+    Py_ssize_t tags_len, keys_len, uniq_len;
+    int scheduled;
+} Found;
+
+static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
+    size_t len = strlen(name);
+    return (Py_ssize_t)len == n && memcmp(p, name, len) == 0;
+}
+
+static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
+    memset(f, 0, sizeof(*f));
+    f->tags_len = f->keys_len = f->uniq_len = -1;
+    Py_ssize_t i = 0;
+    while (i <= n) {
+        /* one entry: p[i .. e), e at the next \x02 or the end */
+        const unsigned char *start = p + i;
+        const unsigned char *stop = memchr(start, 0x02, (size_t)(n - i));
+        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
+        const unsigned char *sep = memchr(start, 0x01, (size_t)(e - i));
+        if (sep != NULL) {
+            Py_ssize_t name_len = sep - start;
+            const unsigned char *value = sep + 1;
+            Py_ssize_t value_len = (p + e) - value;
+            if (name_is(start, name_len, "TAGS")) {
+                f->tags = value; f->tags_len = value_len;
+            } else if (name_is(start, name_len, "KEYS")) {
+                f->keys = value; f->keys_len = value_len;
+            } else if (name_is(start, name_len, "UNIQ_KEY")) {
+                f->uniq = value; f->uniq_len = value_len;
+            } else if (name_is(start, name_len, "DELAY") || name_is(start, name_len, "TIMER_DELIVER_MS")
+                       || name_is(start, name_len, "TIMER_DELAY_SEC")
+                       || name_is(start, name_len, "TIMER_DELAY_MS")) {
+                f->scheduled = 1;
+            }
+        }
+        if (stop == NULL) break;
+        i = e + 1;
+    }
+}
+
+static int is_ascii(const unsigned char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] & 0x80) return 0;
+    }
+    return 1;
+}
+
+/* record_codec._properties_look_written: ends with \x02, no NUL, valid UTF-8. -1 on error. */
+static int look_written(const unsigned char *p, Py_ssize_t n) {
+    if (n == 0 || p[n - 1] != 0x02 || memchr(p, 0, (size_t)n) != NULL) return 0;
+    if (is_ascii(p, n)) return 1;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (text == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(text);
+    return 1;
+}
+
+/* record_codec._properties_problem's verdict: 0 when fine, 1 when not (the Python code words
+ * the error), -1 on a Python error. */
+static int properties_bad(const unsigned char *p, Py_ssize_t n) {
+    if (!is_ascii(p, n)) {
+        PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+            PyErr_Clear();
+            return 1;
+        }
+        Py_DECREF(text);
+    }
+    if (n == 0 || p[n - 1] != 0x02) return 1;
+    Py_ssize_t i = 0;
+    while (i < n) { /* entries of p[0 .. n-1), each "name \x01 value" with one \x01, name not empty */
+        const unsigned char *stop = memchr(p + i, 0x02, (size_t)(n - i));
+        Py_ssize_t e = (Py_ssize_t)(stop - p); /* found: p[n-1] is \x02 */
+        int ones = 0;
+        for (Py_ssize_t k = i; k < e; k++) ones += p[k] == 0x01;
+        if (ones != 1 || p[i] == 0x01) return 1;
+        i = e + 1;
+    }
+    return 0;
+}
+
+/* Whether a producer's properties name one the store sets (libstore.producer_input): the names
+ * that record_codec.bytes_to_properties would return (pieces of >= 3 characters split at the
+ * first \x01, name and value not empty). 1 yes, 0 no, -1 error. Only called on valid UTF-8. */
+static int names_forbidden(const unsigned char *p, Py_ssize_t n, PyObject *forbidden) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        const unsigned char *stop = memchr(p + i, 0x02, (size_t)(n - i));
+        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
+        const unsigned char *sep = memchr(p + i, 0x01, (size_t)(e - i));
+        if (sep != NULL && sep > p + i && sep + 1 < p + e) {
+            /* pieces shorter than 3 characters cannot have both a name and a value */
+            PyObject *name = PyUnicode_DecodeUTF8((const char *)p + i, sep - (p + i), "replace");
+            if (name == NULL) return -1;
+            int hit = PySet_Contains(forbidden, name);
+            Py_DECREF(name);
+            if (hit != 0) return hit;
+        }
+        i = e + 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- check */
+
+static PyObject *topic_name(const unsigned char *p, Py_ssize_t n) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)p, n);
+    if (raw == NULL) return NULL;
+    PyObject *name = PyDict_GetItemWithError(S.topic_names, raw);
+    if (name != NULL) {
+        Py_DECREF(raw);
+        Py_INCREF(name);
+        return name;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(raw);
+        return NULL;
+    }
+    name = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (name == NULL) {
+        Py_DECREF(raw);
+        return NULL; /* UnicodeDecodeError: the caller turns it into "not a record" */
+    }
+    if (PyDict_GET_SIZE(S.topic_names) > 10000) PyDict_Clear(S.topic_names);
+    if (PyDict_SetItem(S.topic_names, raw, name) < 0) {
+        Py_DECREF(raw);
+        Py_DECREF(name);
+        return NULL;
+    }
+    Py_DECREF(raw);
+    return name;
+}
+
+/* A DispatchRequest from its slot values (new references, stolen; NULL where the __init__
+ * default applies). Returns NULL with an exception set on failure (values released). */
+static PyObject *build_request(PyObject *values[F_COUNT]) {
+    PyObject *req = S.request_type->tp_alloc(S.request_type, 0);
+    int rc = req == NULL ? -1 : 0;
+    for (int i = 0; i < F_COUNT; i++) {
+        PyObject *v = values[i];
+        if (v == NULL && rc == 0) {
+            switch (i) {
+            case F_TOPIC: v = Py_NewRef(S.empty_str); break;
+            case F_COMMIT_LOG_OFFSET: v = PyLong_FromLong(-1); break;
+            case F_TAGS: case F_UNIQ_KEY: v = Py_NewRef(Py_None); break;
+            case F_KEYS: v = PyList_New(0); break;
+            case F_SUCCESS: case F_SCHEDULED: v = Py_NewRef(Py_False); break;
+            default: v = PyLong_FromLong(0); break;
+            }
+            if (v == NULL) rc = -1;
+        }
+        if (rc == 0) rc = Py_TYPE(S.descr[i])->tp_descr_set(S.descr[i], req, v);
+        Py_XDECREF(v);
+    }
+    if (rc < 0) {
+        Py_XDECREF(req);
+        return NULL;
+    }
+    return req;
+}
+
+static int set_field(PyObject *req, int field, PyObject *value /* stolen */) {
+    if (value == NULL) return -1;
+    PyObject *d = S.descr[field];
+    int rc = Py_TYPE(d)->tp_descr_set(d, req, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* (request, fields, body_at, props_at) for a blank or bad bytes. */
+static PyObject *refused(int success, long long msg_size) {
+    PyObject *values[F_COUNT] = {NULL};
+    values[F_SUCCESS] = PyBool_FromLong(success);
+    values[F_MSG_SIZE] = PyLong_FromLongLong(msg_size);
+    PyObject *req = build_request(values);
+    if (req == NULL) return NULL;
+    return Py_BuildValue("(NOii)", req, S.empty_tuple, -1, -1);
+}
+
+static PyObject *pack4(PyObject *req, PyObject *fields, Py_ssize_t body_at, Py_ssize_t props_at) {
+    /* steals req and fields */
+    PyObject *out = PyTuple_New(4);
+    PyObject *a = PyLong_FromSsize_t(body_at), *b = PyLong_FromSsize_t(props_at);
+    if (out == NULL || a == NULL || b == NULL) {
+        Py_XDECREF(out); Py_XDECREF(a); Py_XDECREF(b); Py_DECREF(req); Py_DECREF(fields);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, req);
+    PyTuple_SET_ITEM(out, 1, fields);
+    PyTuple_SET_ITEM(out, 2, a);
+    PyTuple_SET_ITEM(out, 3, b);
+    return out;
+}
+
+/* CRC-32 of n bytes at p: the configured function (ISA-L's, ~3x zlib's speed per KiB) or zlib. */
+static int body_crc(const unsigned char *p, Py_ssize_t n, uint32_t *crc) {
+    if (S.crc_func == NULL || n < 64) {
+        *crc = crc32_of(p, n);
+        return 0;
+    }
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL) return -1;
+    PyObject *v = PyObject_CallOneArg(S.crc_func, view);
+    Py_DECREF(view);
+    if (v == NULL) return -1;
+    unsigned long u = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (u == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    *crc = (uint32_t)u;
+    return 0;
+}
+
+#define FALLBACK Py_NotImplemented
+
+/* What adopt_run needs of a good record besides the request (borrowed references). */
+typedef struct {
+    Header header;
+    Py_ssize_t props_at; /* stays -1 unless the record is good */
+    PyObject *topic, *uniq_key;
+    int scheduled;
+} Checked;
+
+/* The core of record_codec._check_record over the buffer ``buf`` (``limit`` <= its length).
+ * Returns a new reference to the 4-tuple, NotImplemented (borrowed, FALLBACK) when the Python
+ * code must answer, or NULL with an exception set. ``out`` (may be NULL) is filled for a good
+ * record. */
+static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t limit, int check_crc,
+                           long long expected_phy, int decode_props, int check_props, int want_fields,
+                           Checked *out) {
+    Py_ssize_t remaining = limit - pos;
+    if (remaining < MIN_BLANK) return refused(0, -1);
+    const unsigned char *r = buf + pos;
+    int32_t total = rd32(r), magic = rd32(r + 4);
+    if (magic == MAGIC_BLANK) return refused(1, 0);
+    int topic_len_size;
+    if (magic == MAGIC_V1) topic_len_size = 1;
+    else if (magic == MAGIC_V2) topic_len_size = 2;
+    else return refused(0, -1);
+    if (total < RECORD_OVERHEAD_V1_IPV4 || total > remaining) return refused(0, total);
+    Header h;
+    read_header(r, &h);
+    if (h.header_size > total) return refused(0, total);
+    if (expected_phy >= 0 && expected_phy != h.phy_offset) return refused(0, total);
+    Py_ssize_t body_at = h.header_size, end = total;
+    if (h.body_len < 0 || body_at + (Py_ssize_t)h.body_len + topic_len_size + 2 > end) return refused(0, total);
+    if (check_crc) {
+        uint32_t crc;
+        if (body_crc(r + body_at, h.body_len, &crc) < 0) return NULL;
+        if ((int64_t)(crc & 0x7FFFFFFFu) != (int64_t)h.body_crc) return refused(0, total);
+    }
+    Py_ssize_t p = body_at + h.body_len;
+    Py_ssize_t topic_len = topic_len_size == 1 ? (Py_ssize_t)r[p] : (Py_ssize_t)rd16(r + p);
+    p += topic_len_size;
+    if (topic_len <= 0 || p + topic_len + 2 > end) return refused(0, total);
+    PyObject *topic = topic_name(r + p, topic_len);
+    if (topic == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return NULL;
+        PyErr_Clear();
+        return refused(0, total);
+    }
+    p += topic_len;
+    Py_ssize_t prop_len = rd16(r + p);
+    p += 2;
+    if (prop_len < 0 || p + prop_len != end) {
+        Py_DECREF(topic);
+        return refused(0, total);
+    }
+    if (check_props && prop_len) {
+        int ok = look_written(r + p, prop_len);
+        if (ok <= 0) {
+            Py_DECREF(topic);
+            return ok < 0 ? NULL : refused(0, total);
+        }
+    }
+    if (decode_props) {
+        int system = PySet_Contains(S.system_topics, topic);
+        if (system != 0) {
+            Py_DECREF(topic);
+            return system < 0 ? NULL : FALLBACK;
+        }
+    }
+    PyObject *values[F_COUNT] = {NULL};
+    values[F_TOPIC] = topic; /* owned by values from here */
+    if (decode_props && prop_len) {
+        Found f;
+        find_properties(r + p, prop_len, &f);
+        if (f.tags_len > 0) {
+            PyObject *tags = PyUnicode_DecodeUTF8((const char *)f.tags, f.tags_len, "replace");
+            if (tags == NULL) goto error;
+            values[F_TAGS] = tags;
+            values[F_TAGS_CODE] = PyLong_FromLong(java_hash(tags));
+            if (values[F_TAGS_CODE] == NULL) goto error;
+        }
+        if (f.keys_len > 0) {
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)f.keys, f.keys_len, "replace");
+            if (text == NULL) goto error;
+            PyObject *keys;
+            if (memchr(f.keys, ' ', (size_t)f.keys_len) == NULL) {
+                keys = PyList_New(1);
+                if (keys == NULL) {
+                    Py_DECREF(text);
+                    goto error;
+                }
+                PyList_SET_ITEM(keys, 0, text);
+            } else {
+                PyObject *parts = PyUnicode_Split(text, S.space, -1);
+                Py_DECREF(text);
+                if (parts == NULL) goto error;
+                keys = PyList_New(0);
+                for (Py_ssize_t k = 0; keys != NULL && k < PyList_GET_SIZE(parts); k++) {
+                    PyObject *part = PyList_GET_ITEM(parts, k);
+                    if (PyUnicode_GET_LENGTH(part) && PyList_Append(keys, part) < 0) Py_CLEAR(keys);
+                }
+                Py_DECREF(parts);
+                if (keys == NULL) goto error;
+            }
+            values[F_KEYS] = keys;
+        }
+        if (f.uniq_len > 0) {
+            values[F_UNIQ_KEY] = PyUnicode_DecodeUTF8((const char *)f.uniq, f.uniq_len, "replace");
+            if (values[F_UNIQ_KEY] == NULL) goto error;
+        }
+        if (f.scheduled) values[F_SCHEDULED] = Py_NewRef(Py_True);
+    }
+    values[F_SUCCESS] = Py_NewRef(Py_True);
+    if ((values[F_MSG_SIZE] = PyLong_FromLong(total)) == NULL
+        || (values[F_QUEUE_ID] = PyLong_FromLong(h.queue_id)) == NULL
+        || (values[F_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(h.phy_offset)) == NULL
+        || (values[F_CONSUME_QUEUE_OFFSET] = PyLong_FromLongLong(h.queue_offset)) == NULL
+        || (values[F_SYS_FLAG] = PyLong_FromLong(h.sys_flag)) == NULL
+        || (values[F_BORN_TIMESTAMP] = PyLong_FromLongLong(h.born_ts)) == NULL
+        || (values[F_STORE_TIMESTAMP] = PyLong_FromLongLong(h.store_ts)) == NULL
+        || (values[F_PREPARED_TX_OFFSET] = PyLong_FromLongLong(h.prepared_tx)) == NULL)
+        goto error;
+    if (out != NULL) { /* borrowed: the request holds them */
+        out->topic = values[F_TOPIC];
+        out->uniq_key = values[F_UNIQ_KEY] ? values[F_UNIQ_KEY] : Py_None;
+        out->scheduled = values[F_SCHEDULED] != NULL;
+    }
+    PyObject *req = build_request(values); /* releases values */
+    if (req == NULL) return NULL;
+    if (out != NULL) {
+        out->header = h;
+        out->props_at = pos + p;
+    }
+    PyObject *fields = want_fields ? header_tuple(r, &h) : Py_NewRef(S.empty_tuple);
+    if (fields == NULL) {
+        Py_DECREF(req);
+        return NULL;
+    }
+    return pack4(req, fields, pos + body_at, pos + p);
+error:
+    for (int i = 0; i < F_COUNT; i++) Py_XDECREF(values[i]);
+    return NULL;
+}
+
+static int need_configured(void) {
+    if (!S.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "libstore._codec.configure() was not called");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(check_record_doc,
+"check_record(buf, pos, limit, check_crc, expected_phy_offset, decode_properties,\n"
+"             check_properties, want_fields) -> (DispatchRequest, fields, body_at, props_at)\n"
+"    | NotImplemented\n\n"
+"record_codec._check_record in C (fields is () unless want_fields). NotImplemented means the\n"
+"Python code must answer (a system topic's properties, positions outside the buffer).");
+
+static PyObject *py_check_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "check_record takes 8 arguments");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    long long expected = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int check_crc = PyObject_IsTrue(args[3]), decode = PyObject_IsTrue(args[5]);
+    int check_props = PyObject_IsTrue(args[6]), want = PyObject_IsTrue(args[7]);
+    if (check_crc < 0 || decode < 0 || check_props < 0 || want < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *out;
+    if (pos < 0 || limit > view.len) {
+        out = Py_NewRef(FALLBACK);
+    } else {
+        out = check_one((const unsigned char *)view.buf, pos, limit, check_crc, expected, decode,
+                        check_props, want, NULL);
+        if (out == FALLBACK) Py_INCREF(out);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* ---------------------------------------------------------------- adopt */
+
+PyDoc_STRVAR(adopt_run_doc,
+"adopt_run(buf, pos, index, now_ms, store_host, born_host, sys_flag_mask, max_body, max_records,\n"
+"          forbidden, limits, choose_queue, out) -> (pos, index)\n\n"
+"The common case of RecordEncoder.adopt_records in C, from record ``index`` at ``pos`` of the\n"
+"bytearray ``buf``: each record that checks out (CRC included), names a topic already in\n"
+"``limits`` (dict topic -> queue count), passes the property and size checks and the queue id\n"
+"check is made this store's in place and appended to ``out`` (an EncodedBatch); the run stops\n"
+"at the first record that needs the Python code (to refuse it or to meet its topic) and\n"
+"returns where that record starts.");
+
+static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "adopt_run takes 13 arguments");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    PyObject *buf_obj = args[0];
+    if (!PyByteArray_Check(buf_obj)) {
+        PyErr_SetString(PyExc_TypeError, "adopt_run needs a bytearray");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t index = PyLong_AsSsize_t(args[2]);
+    long long now_ms = PyLong_AsLongLong(args[3]);
+    long sys_flag_mask = PyLong_AsLong(args[6]);
+    long long max_body = PyLong_AsLongLong(args[7]);
+    Py_ssize_t max_records = PyLong_AsSsize_t(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    const char *store_host, *born_host;
+    Py_ssize_t store_host_len, born_host_len;
+    if (PyBytes_AsStringAndSize(args[4], (char **)&store_host, &store_host_len) < 0
+        || PyBytes_AsStringAndSize(args[5], (char **)&born_host, &born_host_len) < 0)
+        return NULL;
+    if (store_host_len != 8 || (born_host_len != 0 && born_host_len != 8)) {
+        PyErr_SetString(PyExc_ValueError, "store_host must be 8 bytes and born_host 0 or 8");
+        return NULL;
+    }
+    PyObject *forbidden = args[9], *limits = args[10], *choose = args[11], *out = args[12];
+    if (!PyAnySet_Check(forbidden) || !PyDict_Check(limits)) {
+        PyErr_SetString(PyExc_TypeError, "forbidden must be a set and limits a dict");
+        return NULL;
+    }
+    PyObject *positions = NULL, *sizes = NULL, *ts_positions = NULL, *queue_keys = NULL;
+    PyObject *topics = NULL, *uniq_keys = NULL, *requests = NULL, *result = NULL;
+    positions = PyObject_GetAttrString(out, "positions");
+    sizes = PyObject_GetAttrString(out, "sizes");
+    ts_positions = PyObject_GetAttrString(out, "store_ts_positions");
+    queue_keys = PyObject_GetAttrString(out, "queue_keys");
+    topics = PyObject_GetAttrString(out, "topics");
+    uniq_keys = PyObject_GetAttrString(out, "uniq_keys");
+    requests = PyObject_GetAttrString(out, "requests");
+    int scheduled = 0;
+    if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests) goto done;
+    if (!PyList_Check(positions) || !PyList_Check(sizes) || !PyList_Check(ts_positions) || !PyList_Check(queue_keys)
+        || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests)) {
+        PyErr_SetString(PyExc_TypeError, "the batch's lists are not lists");
+        goto done;
+    }
+    Py_ssize_t limit = PyByteArray_GET_SIZE(buf_obj);
+    if (pos < 0 || pos > limit) {
+        PyErr_SetString(PyExc_ValueError, "pos outside the buffer");
+        goto done;
+    }
+    while (pos < limit) {
+        if (max_records && index >= max_records) break;
+        /* the buffer may move only if Python code resizes it; nothing called here does */
+        unsigned char *buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
+        Checked c;
+        c.props_at = -1;
+        PyObject *checked = check_one(buf, pos, limit, 1, 0, 1, 0, 0, &c);
+        if (checked == NULL) goto done;
+        if (checked == FALLBACK) break;
+        const Header h = c.header;
+        Py_ssize_t props_at = c.props_at;
+        if (props_at < 0) { /* a blank or bad bytes: the Python code refuses them */
+            Py_DECREF(checked);
+            break;
+        }
+        PyObject *req = PyTuple_GET_ITEM(checked, 0);
+        Py_ssize_t size = h.total, end = pos + size;
+        if (props_at < end) {
+            int bad = properties_bad(buf + props_at, end - props_at);
+            if (bad == 0 && PySet_GET_SIZE(forbidden)) bad = names_forbidden(buf + props_at, end - props_at, forbidden);
+            if (bad != 0) {
+                Py_DECREF(checked);
+                if (bad < 0) goto done;
+                break;
+            }
+        }
+        int32_t sys_flag = h.sys_flag;
+        int32_t masked = sys_flag & (int32_t)(sys_flag_mask | BORNHOST_V6 | STOREHOST_V6);
+        PyObject *topic = Py_NewRef(c.topic);
+        PyObject *limit_obj = PyDict_GetItemWithError(limits, topic);
+        if ((masked & STOREHOST_V6) || limit_obj == NULL || (h.body_len > max_body)) {
+            Py_DECREF(topic);
+            Py_DECREF(checked);
+            if (PyErr_Occurred()) goto done;
+            break;
+        }
+        long long queue_limit = PyLong_AsLongLong(limit_obj);
+        if (queue_limit == -1 && PyErr_Occurred()) {
+            Py_DECREF(topic);
+            Py_DECREF(checked);
+            goto done;
+        }
+        long long queue_id = h.queue_id;
+        if (queue_id == -1 && choose != Py_None) {
+            if (queue_limit <= 0) { /* the Python code words the refusal */
+                Py_DECREF(topic);
+                Py_DECREF(checked);
+                break;
+            }
+            PyObject *chosen = PyObject_CallOneArg(choose, topic);
+            if (chosen == NULL) {
+                Py_DECREF(topic);
+                Py_DECREF(checked);
+                goto done;
+            }
+            queue_id = PyLong_AsLongLong(chosen);
+            Py_DECREF(chosen);
+            if (PyErr_Occurred() || queue_id < INT32_MIN || queue_id > INT32_MAX) {
+                Py_DECREF(topic);
+                Py_DECREF(checked);
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "chosen queue id out of range");
+                goto done;
+            }
+            buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
+            if (PyByteArray_GET_SIZE(buf_obj) != limit) {
+                Py_DECREF(topic);
+                Py_DECREF(checked);
+                PyErr_SetString(PyExc_RuntimeError, "the buffer changed size during adopt_run");
+                goto done;
+            }
+        }
+        if (!(0 <= queue_id && queue_id < queue_limit)) {
+            /* hand the record back for the Python code to refuse, with the queue id chosen
+             * written in (so it is not chosen twice) */
+            if (queue_id != h.queue_id) wr32(buf + pos + QUEUE_ID_POSITION, (int32_t)queue_id);
+            Py_DECREF(topic);
+            Py_DECREF(checked);
+            break;
+        }
+        /* from here the record is accepted: make it this store's */
+        if (masked != sys_flag) {
+            wr32(buf + pos + SYS_FLAG_POSITION, masked);
+            if (set_field(req, F_SYS_FLAG, PyLong_FromLong(masked)) < 0) goto fail_record;
+        }
+        if (queue_id != h.queue_id) {
+            wr32(buf + pos + QUEUE_ID_POSITION, (int32_t)queue_id);
+            if (set_field(req, F_QUEUE_ID, PyLong_FromLongLong(queue_id)) < 0) goto fail_record;
+        }
+        Py_ssize_t ts_position = 48 + h.born_len;
+        memcpy(buf + pos + ts_position + 8, store_host, 8);
+        if (born_host_len && !(masked & BORNHOST_V6)) {
+            static const unsigned char zero[8] = {0};
+            if (memcmp(buf + pos + BORN_HOST_POSITION, zero, 8) == 0) memcpy(buf + pos + BORN_HOST_POSITION, born_host, 8);
+        }
+        if (h.born_ts == 0) wr64(buf + pos + BORN_TS_POSITION, now_ms);
+        pos = end;
+        PyObject *key;
+        if (masked & TX_NO_QUEUE_OFFSET) {
+            key = Py_NewRef(Py_None);
+        } else {
+            key = Py_BuildValue("(OL)", topic, queue_id);
+            if (key == NULL) goto fail_record;
+        }
+        PyObject *uniq = c.uniq_key; /* borrowed */
+        PyObject *pos_obj = PyLong_FromSsize_t(pos), *size_o = PyLong_FromSsize_t(size);
+        PyObject *ts_o = PyLong_FromSsize_t(ts_position);
+        int rc = (pos_obj && size_o && ts_o) ? 0 : -1;
+        if (rc == 0) {
+            rc = (PyList_Append(positions, pos_obj) | PyList_Append(sizes, size_o) | PyList_Append(ts_positions, ts_o)
+                  | PyList_Append(queue_keys, key) | PyList_Append(topics, topic) | PyList_Append(uniq_keys, uniq)
+                  | PyList_Append(requests, req));
+        }
+        if (c.scheduled) scheduled = 1;
+        Py_XDECREF(pos_obj);
+        Py_XDECREF(size_o);
+        Py_XDECREF(ts_o);
+        Py_DECREF(key);
+        Py_DECREF(topic);
+        Py_DECREF(checked);
+        if (rc < 0) goto done;
+        index++;
+        continue;
+    fail_record:
+        Py_DECREF(topic);
+        Py_DECREF(checked);
+        goto done;
+    }
+    if (scheduled && PyObject_SetAttrString(out, "scheduled", Py_True) < 0) goto done;
+    result = Py_BuildValue("(nn)", pos, index);
+done:
+    Py_XDECREF(positions);
+    Py_XDECREF(sizes);
+    Py_XDECREF(ts_positions);
+    Py_XDECREF(queue_keys);
+    Py_XDECREF(topics);
+    Py_XDECREF(uniq_keys);
+    Py_XDECREF(requests);
+    return result;
+}
+
+/* ------------------------------------------------------------- configure */
+
+PyDoc_STRVAR(configure_doc,
+"configure(request_type, system_topics, crc32) -> None\n\n"
+"Tell the module the DispatchRequest class it builds (its slots, in __init__ order), the\n"
+"topics whose properties the Python code decodes, and the CRC-32 function to call for bodies\n"
+"(None: zlib's).");
+
+static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyFrozenSet_Check(args[1])
+        || (args[2] != Py_None && !PyCallable_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "configure(request_type: type, system_topics: frozenset, crc32)");
+        return NULL;
+    }
+    PyObject *descr[F_COUNT];
+    for (int i = 0; i < F_COUNT; i++) {
+        descr[i] = PyObject_GetAttrString(args[0], FIELD_NAMES[i]);
+        if (descr[i] == NULL || Py_TYPE(descr[i])->tp_descr_set == NULL) {
+            for (int k = 0; k <= i; k++) Py_XDECREF(descr[k]);
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "slot %s is not settable", FIELD_NAMES[i]);
+            return NULL;
+        }
+    }
+    for (int i = 0; i < F_COUNT; i++) {
+        Py_XSETREF(S.descr[i], descr[i]);
+    }
+    Py_XSETREF(S.request_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(S.system_topics, Py_NewRef(args[1]));
+    Py_XSETREF(S.crc_func, args[2] == Py_None ? NULL : Py_NewRef(args[2]));
+    S.configured = 1;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(crc32_doc, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object (java.util.zip.CRC32).");
+
+static PyObject *py_crc32(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    uint32_t crc = crc32_of((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
+    {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
+    {"adopt_run", (PyCFunction)(void (*)(void))py_adopt_run, METH_FASTCALL, adopt_run_doc},
+    {"crc32", py_crc32, METH_O, crc32_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "libstore._codec",
+    "The record codec's hot loops in C; libstore.record_codec is the reference.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__codec(void) {
+    S.topic_names = PyDict_New();
+    S.empty_tuple = PyTuple_New(0);
+    S.empty_str = PyUnicode_FromStringAndSize("", 0);
+    S.space = PyUnicode_FromString(" ");
+    if (S.topic_names == NULL || S.empty_tuple == NULL || S.empty_str == NULL || S.space == NULL) return NULL;
+    return PyModule_Create(&module);
+}

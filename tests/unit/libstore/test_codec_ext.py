@@ -1,0 +1,254 @@
+"""The record codec's C module (libstore/_codec.c) against its pure-Python reference
+(libstore/record_codec.py), byte for byte: the same DispatchRequest, header fields and
+positions for every record and every damaged variant of one, and the same adopted batch (bytes,
+positions, queue keys, requests) or the same error for client-encoded records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from libstore import record_codec
+from libstore.errors import MessageIllegalError
+from libstore.message import Message, MessageConst
+from libstore.message_id import encode_host
+from libstore.producer_input import STORE_PROPERTIES, check_producer_properties
+from libstore.record_codec import (
+    STORE_HOST_PLACEHOLDER,
+    DispatchRequest,
+    EncodedBatch,
+    RecordEncoder,
+    _check_record,
+    _check_record_py,
+    encode_blank,
+)
+from libstore.system_topics import TIMER_TOPIC
+
+STORE_HOST = encode_host("192.168.1.2", 10911)
+BORN_TS = 1_700_000_000_000
+EXT = record_codec._ext
+
+
+def test_the_c_module_is_built_and_used():
+    """`make install` builds it; without it every other test here would compare Python with
+    itself, so a missing build fails here instead of passing quietly."""
+    assert EXT is not None, "libstore._codec is not built (needs gcc, Python headers, zlib1g-dev)"
+    assert _check_record.__module__ == "libstore.record_codec"
+    raw = _encoded([Message("T", b"body", 0, tags="a")])
+    out = EXT.check_record(raw, 0, len(raw), True, -1, True, True, True)
+    assert out is not NotImplemented and out[0].tags == "a"
+
+
+def test_pure_python_mode_ignores_the_c_module():
+    code = "from libstore import record_codec; print(record_codec._ext is None)"
+    env = {**os.environ, "MQSTORE_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def _slots(req: DispatchRequest) -> tuple:
+    return tuple(getattr(req, name) for name in DispatchRequest.__slots__)
+
+
+def _encoded(msgs: list[Message], phy_offset: int = 0) -> bytes:
+    encoder = RecordEncoder(STORE_HOST, 4 * 1024 * 1024, 255)
+    batch = encoder.encode_batch(msgs, BORN_TS, unassigned_queue_ok=True)
+    for i in range(len(batch)):
+        batch.patch(i, 10 + i, phy_offset + batch.positions[i], BORN_TS + 5)
+    return bytes(batch.buf)
+
+
+# Property values the scan must read as RocketMQ does: spaces in KEYS, non-ASCII and astral
+# characters in TAGS (Java hashes UTF-16 units), scheduling names, store-only names.
+_text = st.text(alphabet=st.sampled_from("ab Z9_-é中😀 "), max_size=12)
+_props = st.dictionaries(
+    st.sampled_from(
+        [
+            "TAGS",
+            "KEYS",
+            "UNIQ_KEY",
+            "DELAY",
+            "TIMER_DELIVER_MS",
+            "TIMER_DELAY_SEC",
+            "x",
+            "TAG",
+            "WAIT",
+            MessageConst.REAL_TOPIC,
+            "KEYSX",
+        ]
+    ),
+    _text.filter(lambda v: "\x01" not in v and "\x02" not in v),
+    max_size=5,
+)
+_message = st.builds(
+    lambda topic, body, queue, props, v6, sys_flag: Message(
+        topic,
+        body,
+        queue,
+        properties=props,
+        born_host=("fd00::7", 9) if v6 else ("10.1.2.3", 77),
+        sys_flag=sys_flag,
+    ),
+    st.sampled_from(["T", "Topic_A", "x" * 200, TIMER_TOPIC]),
+    st.binary(max_size=300),
+    st.integers(-1, 7),
+    _props,
+    st.booleans(),
+    st.sampled_from([0, 0x4, 0x8, 0xC, 0x1]),
+)
+_edit = st.tuples(st.integers(0, 10_000), st.integers(0, 255))
+
+
+def _compare_at(buf: bytes | bytearray, pos: int, limit: int) -> None:
+    for check_crc in (True, False):
+        for expected in (-1, pos, pos + 1):
+            for decode in (True, False):
+                args = (buf, pos, limit, check_crc, expected, decode, check_crc)
+                want = _check_record_py(*args)
+                got = _check_record(*args)
+                assert _slots(got[0]) == _slots(want[0]), args[1:]
+                assert got[1:] == want[1:], args[1:]
+                quick = EXT.check_record(*args, False)
+                if quick is not NotImplemented:
+                    assert _slots(quick[0]) == _slots(want[0]) and quick[2:] == want[2:]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_message, min_size=1, max_size=4), st.lists(_edit, max_size=4), st.integers(0, 40))
+def test_check_record_matches_the_python_reference(msgs, edits, cut):
+    raw = bytearray(_encoded(msgs))
+    clean = bytes(raw)
+    for at, value in edits:  # damage: any byte, header and properties included
+        raw[at % len(raw)] = value
+    for buf in (clean, raw, raw[: max(0, len(raw) - cut)]):
+        pos = 0
+        while pos < len(buf):
+            _compare_at(buf, pos, len(buf))
+            size = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+            if size <= 0:
+                break
+            pos += size
+        _compare_at(buf, 0, min(len(buf), 7))  # too short for a blank
+
+
+def test_check_record_reads_blanks_mmaps_and_odd_positions_like_python(tmp_path):
+    import mmap
+
+    raw = _encoded([Message("T", b"x" * 100, 1, tags="t")]) + encode_blank(4000)
+    path = tmp_path / "seg"
+    path.write_bytes(raw + bytes(64))
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        for pos in (0, len(raw) - 8, len(raw), -8):
+            for buf in (raw, mm, memoryview(raw)):
+                limit = min(len(buf), len(raw))
+                args = (buf, pos, limit, True, -1, True, True)
+                want, got = _check_record_py(*args), _check_record(*args)
+                assert (_slots(got[0]), got[1:]) == (_slots(want[0]), want[1:])
+        with pytest.raises(ValueError):  # as struct would: closed mapping
+            mm.close()
+            _check_record(mm, 0, 100, True, -1, True)
+
+
+def _client_records(msgs: list[Message]) -> bytes:
+    client = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255)
+    return bytes(client.encode_batch(msgs, 0, unassigned_queue_ok=True).buf)
+
+
+def _adopt(raw: bytes, pure: bool) -> tuple:
+    with pytest.MonkeyPatch.context() as m:
+        if pure:
+            m.setattr(record_codec, "_ext", None)
+        counters: dict[str, int] = {}
+
+        def choose(topic: str) -> int:
+            counters[topic] = counters.get(topic, -1) + 1
+            return counters[topic] % 3
+
+        def queue_nums(topic: str) -> int:
+            if topic == "Unknown":
+                raise MessageIllegalError("no such topic")
+            return 4 if topic != "Narrow" else 1
+
+        def check_topic(topic: str) -> None:
+            if topic.startswith("SYS_"):
+                raise MessageIllegalError("store only")
+
+        try:
+            batch: EncodedBatch = RecordEncoder(STORE_HOST, 600, 255).adopt_records(
+                raw,
+                BORN_TS,
+                queue_nums,
+                choose_queue=choose,
+                born_host=encode_host("172.16.0.9", 5),
+                check_topic=check_topic,
+                check_properties=check_producer_properties,
+                forbidden_properties=STORE_PROPERTIES,
+                sys_flag_mask=0x1 | 0x8,
+                max_records=6,
+            )
+        except MessageIllegalError as exc:
+            return ("error", type(exc), str(exc))
+    return (
+        bytes(batch.buf),
+        batch.positions,
+        batch.sizes,
+        batch.store_ts_positions,
+        batch.queue_keys,
+        batch.topics,
+        batch.uniq_keys,
+        [_slots(r) for r in batch.requests],
+        batch.scheduled,
+        batch.wait_store,
+    )
+
+
+_client_message = st.builds(
+    lambda topic, body, queue, props, v6, sys_flag: Message(
+        topic,
+        body,
+        queue,
+        properties=props,
+        born_host=("fd00::7", 9) if v6 else ("0.0.0.0", 0),
+        sys_flag=sys_flag,
+    ),
+    st.sampled_from(["T", "T", "T", "Other", "Narrow", "Unknown", "SYS_X", TIMER_TOPIC]),
+    st.binary(max_size=700),
+    st.integers(-1, 5),
+    _props,
+    st.booleans(),
+    st.sampled_from([0, 0x1, 0x4, 0x8, 0xC]),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_client_message, min_size=1, max_size=8), st.lists(_edit, max_size=2))
+def test_adopt_records_matches_the_python_reference(msgs, edits):
+    raw = bytearray(_client_records(msgs))
+    assert _adopt(bytes(raw), False) == _adopt(bytes(raw), True)
+    for at, value in edits:
+        raw[at % len(raw)] = value
+    assert _adopt(bytes(raw), False) == _adopt(bytes(raw), True)
+
+
+def test_adopt_records_in_c_takes_a_whole_common_batch(monkeypatch):
+    """The fast path does the work: a plain batch never reaches the per-record Python code
+    after the first record of each topic."""
+    msgs = [Message("T", b"b" * 100, -1, tags="a", properties={"UNIQ_KEY": f"U{i}"}) for i in range(50)]
+    calls = []
+    real = RecordEncoder._adopt_one
+
+    def counting(self, *args, **kw):
+        calls.append(args[3])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(RecordEncoder, "_adopt_one", counting)
+    batch = RecordEncoder(STORE_HOST, 4096).adopt_records(
+        _client_records(msgs), BORN_TS, lambda t: 4, choose_queue=lambda t: 2
+    )
+    assert calls == [0] and len(batch) == 50 and batch.uniq_keys[49] == "U49"
+    assert {k for k in batch.queue_keys} == {("T", 2)}
