@@ -80,6 +80,46 @@ class DedupWindow:
             return None
         return placed
 
+    def get_many(self, topics: list[str], uniq_keys: list[str | None]) -> dict[int, Placed]:
+        """The hits of a batch: {index: where record ``index``'s key went}, for the records
+        whose UNIQ_KEY (``uniq_keys[i]``, None for none) is in the window."""
+        entries = self._entries
+        if not entries:
+            return {}
+        since = time.time_ns() // 1_000_000 - self.ttl_ms
+        hits: dict[int, Placed] = {}
+        for i, (topic, uniq) in enumerate(zip(topics, uniq_keys, strict=True)):
+            if uniq:
+                placed = entries.get(topic + "#" + uniq)
+                if placed is not None and placed.store_timestamp >= since:
+                    hits[i] = placed
+        return hits
+
+    def put_many(
+        self,
+        topics: list[str],
+        uniq_keys: list[str | None],
+        phy_offsets: list[int],
+        sizes: list[int],
+        queue_offsets: list[int],
+        store_timestamp: int,
+    ) -> None:
+        """:meth:`put` for the first ``len(phy_offsets)`` records of a batch (those without a
+        UNIQ_KEY are skipped), all stored at ``store_timestamp`` (ms)."""
+        entries = self._entries
+        make = tuple.__new__  # Placed(...) without its Python-level __new__, once per record
+        # strict=False: the batch's lists may be longer than the records appended (phy_offsets)
+        rows = zip(topics, uniq_keys, phy_offsets, sizes, queue_offsets, strict=False)
+        for topic, uniq, phy, size, queue_offset in rows:
+            if uniq:
+                key = topic + "#" + uniq
+                held = len(entries)
+                entries[key] = make(Placed, (phy, size, queue_offset, store_timestamp))
+                if len(entries) == held:  # a re-put (rare: fresh records missed the window)
+                    entries.move_to_end(key)
+        for _ in range(len(entries) - self.capacity):
+            entries.popitem(last=False)
+
     def clear(self) -> None:
         self._entries.clear()
 

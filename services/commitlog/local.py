@@ -132,30 +132,22 @@ class LocalCommitLog:
                 return await self.append(_messages_of(batch))
             n = len(batch.sizes)
             span.set_attribute("mqstore.messages", n)
-            placed: dict[int, Placed] = {}
             dedup = self.dedup
-            if dedup is not None:
-                for i, (topic, uniq) in enumerate(zip(batch.topics, batch.uniq_keys, strict=True)):
-                    if uniq:
-                        hit = dedup.get(topic, uniq)
-                        if hit is not None:
-                            placed[i] = hit
+            placed = dedup.get_many(batch.topics, batch.uniq_keys) if dedup is not None else {}
             fresh_batch = batch.subset([i for i in range(n) if i not in placed]) if placed else batch
             appended = log.append_batch(fresh_batch) if fresh_batch.sizes else None
             if appended is not None:
                 self._keep_decoded(fresh_batch, appended.results)
             if appended is not None and dedup is not None:
                 res = appended.results
-                for i in range(res.appended):
-                    uniq = fresh_batch.uniq_keys[i]
-                    if uniq:
-                        dedup.put(
-                            fresh_batch.topics[i],
-                            uniq,
-                            Placed(
-                                res.phy_offsets[i], res.sizes[i], res.queue_offsets[i], res.store_timestamp
-                            ),
-                        )
+                dedup.put_many(
+                    fresh_batch.topics,
+                    fresh_batch.uniq_keys,
+                    res.phy_offsets[: res.appended],
+                    res.sizes,
+                    res.queue_offsets,
+                    res.store_timestamp,
+                )
             results = self._merge(range(n), appended.results if appended else None, placed)
             ends = [p + s for p, s in zip(results.phy_offsets, results.sizes, strict=True)]
             if ends:

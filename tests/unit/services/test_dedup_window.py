@@ -6,12 +6,13 @@ only, as far as it holds keys."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
 
 from libstore import BrokerRole, CommitLog, Message, StoreConfig
-from services.commitlog.dedup_window import DedupWindow, persist_window, restore_window, window_path
+from services.commitlog.dedup_window import DedupWindow, Placed, persist_window, restore_window, window_path
 from tests.conftest import SEGMENT
 
 RECORD_BODY = 2000  # about 125 records per 256 KiB segment
@@ -133,3 +134,17 @@ def test_a_running_master_saves_its_window_for_a_start_after_a_crash(store_confi
 
     (held, how), saved_end, end = asyncio.run(run())
     assert (held, how) == (55, f"saved + {end - saved_end} bytes scanned")
+
+
+def test_batch_lookups_and_puts_keep_the_newest_keys_within_capacity() -> None:
+    window = DedupWindow(capacity=3, ttl_ms=60_000)
+    now = time.time_ns() // 1_000_000
+    window.put_many(["T", "T", "T"], ["a", None, "b"], [0, 100, 200], [100, 100, 100], [0, 1, 2], now)
+    assert len(window) == 2 and window.get_many(["T", "U"], ["a", "a"]) == {0: Placed(0, 100, 0, now)}
+    # a re-put key becomes the newest, so capacity drops "b" first, then the oldest new one
+    window.put_many(["T", "T", "T"], ["a", "c", "d"], [300, 400, 500], [10, 10, 10], [3, 4, 5], now + 1)
+    assert [key for key, _ in window.snapshot()] == ["T#a", "T#c", "T#d"]
+    assert window.get("T", "a") == Placed(300, 10, 3, now + 1) and window.get("T", "b") is None
+    # only the appended records (the first len(phy_offsets)) go in; expired keys are not hits
+    window.put_many(["T", "T"], ["e", "f"], [600], [10, 10], [6, 7], now - 120_000)
+    assert window.get_many(["T", "T"], ["e", "f"]) == {} and [k for k, _ in window.snapshot()][-1] == "T#e"
