@@ -48,6 +48,10 @@ typedef struct {
     PyObject *empty_str;
     PyObject *space;
     PyObject *crc_func; /* crc32(bytes-like) -> int, or NULL for zlib */
+    PyObject *sep_entry; /* "\x02" */
+    PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
+    PyObject *record_descr[18];
+    PyObject *decode_host; /* encoded host bytes -> (ip, port) */
     int configured;
 } State;
 
@@ -370,7 +374,8 @@ static int body_crc(const unsigned char *p, Py_ssize_t n, uint32_t *crc) {
 typedef struct {
     Header header;
     Py_ssize_t props_at; /* stays -1 unless the record is good */
-    PyObject *topic, *uniq_key;
+    Py_ssize_t body_at;
+    PyObject *topic, *uniq_key; /* borrowed from the request; owned when no request is built */
     int scheduled;
 } Checked;
 
@@ -380,7 +385,7 @@ typedef struct {
  * record. */
 static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t limit, int check_crc,
                            long long expected_phy, int decode_props, int check_props, int want_fields,
-                           Checked *out) {
+                           Checked *out, int build) {
     Py_ssize_t remaining = limit - pos;
     if (remaining < MIN_BLANK) return refused(0, -1);
     const unsigned char *r = buf + pos;
@@ -432,6 +437,13 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
             Py_DECREF(topic);
             return system < 0 ? NULL : FALLBACK;
         }
+    }
+    if (!build) { /* a good record, and the caller wants no request: Py_None, ``out`` filled */
+        out->header = h;
+        out->props_at = pos + p;
+        out->body_at = pos + body_at;
+        out->topic = topic; /* the caller owns it */
+        return Py_NewRef(Py_None);
     }
     PyObject *values[F_COUNT] = {NULL};
     values[F_TOPIC] = topic; /* owned by values from here */
@@ -546,7 +558,7 @@ static PyObject *py_check_record(PyObject *self, PyObject *const *args, Py_ssize
         out = Py_NewRef(FALLBACK);
     } else {
         out = check_one((const unsigned char *)view.buf, pos, limit, check_crc, expected, decode,
-                        check_props, want, NULL);
+                        check_props, want, NULL, 1);
         if (out == FALLBACK) Py_INCREF(out);
     }
     PyBuffer_Release(&view);
@@ -624,7 +636,7 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
         unsigned char *buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
         Checked c;
         c.props_at = -1;
-        PyObject *checked = check_one(buf, pos, limit, 1, 0, 1, 0, 0, &c);
+        PyObject *checked = check_one(buf, pos, limit, 1, 0, 1, 0, 0, &c, 1);
         if (checked == NULL) goto done;
         if (checked == FALLBACK) break;
         const Header h = c.header;
@@ -758,6 +770,144 @@ done:
     return result;
 }
 
+/* --------------------------------------------------------------- decode */
+
+static PyObject *hex_id(const unsigned char *host, Py_ssize_t host_len, int64_t phy_offset) {
+    /* libstore.message_id.create_message_id: (store host + >q offset).hex().upper() */
+    static const char digits[] = "0123456789ABCDEF";
+    unsigned char raw[28];
+    memcpy(raw, host, (size_t)host_len);
+    wr64(raw + host_len, phy_offset);
+    Py_ssize_t n = host_len + 8;
+    PyObject *out = PyUnicode_New(2 * n, 127);
+    if (out == NULL) return NULL;
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        d[2 * i] = (Py_UCS1)digits[raw[i] >> 4];
+        d[2 * i + 1] = (Py_UCS1)digits[raw[i] & 15];
+    }
+    return out;
+}
+
+/* record_codec.bytes_to_properties: decoded with "replace", split on \x02, pieces of >= 3
+ * characters split at the first \x01, entries with an empty name or value dropped. */
+static PyObject *parse_properties(const unsigned char *p, Py_ssize_t n) {
+    PyObject *out = PyDict_New();
+    if (out == NULL || n == 0) return out;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+    if (text == NULL) goto error;
+    PyObject *pieces = PyUnicode_Split(text, S.sep_entry, -1);
+    Py_DECREF(text);
+    if (pieces == NULL) goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pieces); i++) {
+        PyObject *piece = PyList_GET_ITEM(pieces, i);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(piece);
+        if (len < 3) continue;
+        Py_ssize_t at = PyUnicode_FindChar(piece, 0x01, 0, len, 1);
+        if (at == -2) {
+            Py_DECREF(pieces);
+            goto error;
+        }
+        if (at <= 0 || at == len - 1) continue; /* no separator, empty name or empty value */
+        PyObject *key = PyUnicode_Substring(piece, 0, at);
+        PyObject *value = key ? PyUnicode_Substring(piece, at + 1, len) : NULL;
+        int rc = value ? PyDict_SetItem(out, key, value) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        if (rc < 0) {
+            Py_DECREF(pieces);
+            goto error;
+        }
+    }
+    Py_DECREF(pieces);
+    return out;
+error:
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyObject *decoded_host(const unsigned char *raw, Py_ssize_t len) {
+    PyObject *b = PyBytes_FromStringAndSize((const char *)raw, len);
+    if (b == NULL) return NULL;
+    PyObject *out = PyObject_CallOneArg(S.decode_host, b);
+    Py_DECREF(b);
+    return out;
+}
+
+PyDoc_STRVAR(decode_record_doc,
+"decode_record(buf, pos, limit, check_crc) -> MessageRecord | NotImplemented\n\n"
+"record_codec.decode_record in C for a valid record; NotImplemented for anything else (the\n"
+"Python code then raises CorruptRecordError with its wording).");
+
+static PyObject *py_decode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "decode_record takes 4 arguments");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    if (S.record_type == NULL) Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    int check_crc = PyObject_IsTrue(args[3]);
+    if (check_crc < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL;
+    if (pos < 0 || limit > view.len) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Checked c;
+    c.props_at = -1;
+    PyObject *checked = check_one(buf, pos, limit, check_crc, -1, 0, 0, 0, &c, 0);
+    if (checked == NULL) goto done;
+    if (checked != Py_None) { /* refused (a tuple) or FALLBACK: the Python code words it */
+        if (checked != FALLBACK) Py_DECREF(checked);
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    Py_DECREF(checked);
+    const Header *h = &c.header;
+    const unsigned char *r = buf + pos;
+    PyObject *v[18] = {NULL};
+    v[0] = PyLong_FromLong(h->total);
+    v[1] = PyLong_FromLong(h->magic);
+    v[2] = PyLong_FromLong(h->body_crc);
+    v[3] = PyLong_FromLong(h->queue_id);
+    v[4] = PyLong_FromLong(h->flag);
+    v[5] = PyLong_FromLongLong(h->queue_offset);
+    v[6] = PyLong_FromLongLong(h->phy_offset);
+    v[7] = PyLong_FromLong(h->sys_flag);
+    v[8] = PyLong_FromLongLong(h->born_ts);
+    v[9] = decoded_host(r + h->born_at, h->born_len);
+    v[10] = PyLong_FromLongLong(h->store_ts);
+    v[11] = decoded_host(r + h->store_at, h->store_len);
+    v[12] = PyLong_FromLong(h->reconsume);
+    v[13] = PyLong_FromLongLong(h->prepared_tx);
+    v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len);
+    v[15] = c.topic; /* owned */
+    Py_ssize_t end = pos + h->total;
+    v[16] = parse_properties(buf + c.props_at, end - c.props_at);
+    v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset);
+    int ok = 1;
+    for (int i = 0; i < 18; i++) ok &= v[i] != NULL;
+    PyObject *rec = ok ? S.record_type->tp_alloc(S.record_type, 0) : NULL;
+    for (int i = 0; i < 18; i++) {
+        if (rec != NULL && Py_TYPE(S.record_descr[i])->tp_descr_set(S.record_descr[i], rec, v[i]) < 0)
+            Py_CLEAR(rec);
+        Py_XDECREF(v[i]);
+    }
+    result = rec;
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* ------------------------------------------------------------- configure */
 
 PyDoc_STRVAR(configure_doc,
@@ -791,6 +941,32 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(configure_record_doc,
+"configure_record(record_type, field_names, decode_host) -> None\n\n"
+"The MessageRecord class decode_record builds (its 18 slots, in field order) and the function\n"
+"that turns an encoded host into (ip, port).");
+
+static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 18
+        || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "configure_record(record_type, field_names: 18-tuple, decode_host)");
+        return NULL;
+    }
+    PyObject *descr[18];
+    for (int i = 0; i < 18; i++) {
+        descr[i] = PyObject_GetAttr(args[0], PyTuple_GET_ITEM(args[1], i));
+        if (descr[i] == NULL || Py_TYPE(descr[i])->tp_descr_set == NULL) {
+            for (int k = 0; k <= i; k++) Py_XDECREF(descr[k]);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a MessageRecord field is not a slot");
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 18; i++) Py_XSETREF(S.record_descr[i], descr[i]);
+    Py_XSETREF(S.record_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(S.decode_host, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(crc32_doc, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object (java.util.zip.CRC32).");
 
 static PyObject *py_crc32(PyObject *self, PyObject *arg) {
@@ -805,6 +981,9 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
     {"adopt_run", (PyCFunction)(void (*)(void))py_adopt_run, METH_FASTCALL, adopt_run_doc},
+    {"decode_record", (PyCFunction)(void (*)(void))py_decode_record, METH_FASTCALL, decode_record_doc},
+    {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,
+     configure_record_doc},
     {"crc32", py_crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -819,6 +998,8 @@ PyMODINIT_FUNC PyInit__codec(void) {
     S.empty_tuple = PyTuple_New(0);
     S.empty_str = PyUnicode_FromStringAndSize("", 0);
     S.space = PyUnicode_FromString(" ");
+    S.sep_entry = PyUnicode_FromString("\x02");
+    if (S.sep_entry == NULL) return NULL;
     if (S.topic_names == NULL || S.empty_tuple == NULL || S.empty_str == NULL || S.space == NULL) return NULL;
     return PyModule_Create(&module);
 }

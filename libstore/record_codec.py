@@ -37,6 +37,7 @@ small caches and may be shared; everything else here is a pure function.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -982,6 +983,10 @@ def decode_record(
     Raises CorruptRecordError when the bytes are not a valid record (or are a blank).
     """
     end_limit = len(buf) if limit is None else limit
+    if _ext is not None:
+        record = _ext.decode_record(buf, pos, end_limit, check_crc)
+        if record is not NotImplemented:
+            return record  # type: ignore[no-any-return]
     check, fields, body_at, props_at = _check_record(buf, pos, end_limit, check_crc, -1, False)
     if not check.success or check.msg_size == 0:
         what = "a blank end-of-file record" if check.success else "not a valid record"
@@ -1059,3 +1064,6 @@ def store_timestamp_at(buf: Any, pos: int) -> int:
 
 if _ext is not None:
     _ext.configure(DispatchRequest, SYSTEM_TOPICS, _crc32)
+    _ext.configure_record(
+        MessageRecord, tuple(f.name for f in dataclasses.fields(MessageRecord)), _decoded_host
+    )

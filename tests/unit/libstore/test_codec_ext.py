@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libstore import record_codec
-from libstore.errors import MessageIllegalError
+from libstore.errors import CorruptRecordError, MessageIllegalError
 from libstore.message import Message, MessageConst
 from libstore.message_id import encode_host
 from libstore.producer_input import STORE_PROPERTIES, check_producer_properties
@@ -25,6 +25,7 @@ from libstore.record_codec import (
     RecordEncoder,
     _check_record,
     _check_record_py,
+    decode_record,
     encode_blank,
 )
 from libstore.system_topics import TIMER_TOPIC
@@ -104,8 +105,19 @@ _message = st.builds(
 _edit = st.tuples(st.integers(0, 10_000), st.integers(0, 255))
 
 
+def _decoded(buf: bytes | bytearray, pos: int, limit: int, check_crc: bool, pure: bool) -> object:
+    with pytest.MonkeyPatch.context() as m:
+        if pure:
+            m.setattr(record_codec, "_ext", None)
+        try:
+            return decode_record(buf, pos, limit, check_crc=check_crc)
+        except CorruptRecordError as exc:
+            return ("error", str(exc))
+
+
 def _compare_at(buf: bytes | bytearray, pos: int, limit: int) -> None:
     for check_crc in (True, False):
+        assert _decoded(buf, pos, limit, check_crc, False) == _decoded(buf, pos, limit, check_crc, True)
         for expected in (-1, pos, pos + 1):
             for decode in (True, False):
                 args = (buf, pos, limit, check_crc, expected, decode, check_crc)
