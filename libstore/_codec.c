@@ -52,6 +52,8 @@ typedef struct {
     PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
     PyObject *record_descr[18];
     PyObject *decode_host; /* encoded host bytes -> (ip, port) */
+    PyObject *n_topic, *n_body, *n_queue_id, *n_properties, *n_born_host, *n_sys_flag, *n_flag,
+        *n_born_timestamp, *n_reconsume_times, *n_prepared_transaction_offset; /* attribute names */
     int configured;
 } State;
 
@@ -908,6 +910,408 @@ done:
     return result;
 }
 
+/* -------------------------------------------------------- queue offsets */
+
+PyDoc_STRVAR(assign_offsets_doc,
+"assign_offsets(buf, positions, ts_positions, keys, table, start, stop, delta, store_ts, qoffs)\n"
+"    -> None\n\n"
+"record_codec.assign_offsets in C: the put lock's loop over records start..stop-1 of an\n"
+"encoded batch (``buf`` a bytearray, ``table`` a dict).");
+
+static PyObject *py_assign_offsets(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "assign_offsets takes 10 arguments");
+        return NULL;
+    }
+    PyObject *buf_obj = args[0], *positions = args[1], *ts_positions = args[2], *keys = args[3];
+    PyObject *table = args[4], *qoffs = args[9];
+    if (!PyByteArray_Check(buf_obj) || !PyList_Check(positions) || !PyList_Check(ts_positions)
+        || !PyList_Check(keys) || !PyDict_Check(table) || !PyList_Check(qoffs)) {
+        PyErr_SetString(PyExc_TypeError, "assign_offsets: bytearray, lists and a dict expected");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[5]), stop = PyLong_AsSsize_t(args[6]);
+    long long delta = PyLong_AsLongLong(args[7]), store_ts = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred()) return NULL;
+    if (start < 0 || stop < start || stop > PyList_GET_SIZE(positions) || stop > PyList_GET_SIZE(ts_positions)
+        || stop > PyList_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_IndexError, "assign_offsets: start/stop outside the batch");
+        return NULL;
+    }
+    PyObject *zero = NULL;
+    for (Py_ssize_t k = start; k < stop; k++) {
+        Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, k));
+        Py_ssize_t ts_at = PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
+        if (PyErr_Occurred()) return NULL;
+        Py_ssize_t len = PyByteArray_GET_SIZE(buf_obj);
+        if (pos < 0 || pos + 36 > len || ts_at < 0 || pos + ts_at + 8 > len) {
+            PyErr_SetString(PyExc_ValueError, "assign_offsets: a record lies outside the buffer");
+            return NULL;
+        }
+        PyObject *key = PyList_GET_ITEM(keys, k);
+        long long queue_offset = 0;
+        PyObject *qo_obj;
+        if (key == Py_None) {
+            if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+            qo_obj = Py_NewRef(zero);
+        } else {
+            PyObject *next = PyDict_GetItemWithError(table, key);
+            if (next == NULL && PyErr_Occurred()) goto error;
+            if (next != NULL) {
+                queue_offset = PyLong_AsLongLong(next);
+                if (queue_offset == -1 && PyErr_Occurred()) goto error;
+                qo_obj = Py_NewRef(next);
+            } else {
+                if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+                qo_obj = Py_NewRef(zero);
+            }
+            PyObject *after = PyLong_FromLongLong(queue_offset + 1);
+            if (after == NULL || PyDict_SetItem(table, key, after) < 0) {
+                Py_XDECREF(after);
+                Py_DECREF(qo_obj);
+                goto error;
+            }
+            Py_DECREF(after);
+        }
+        /* the dict calls above may run Python code (a key's __eq__): reread the buffer */
+        unsigned char *buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
+        if (PyByteArray_GET_SIZE(buf_obj) != len) {
+            Py_DECREF(qo_obj);
+            PyErr_SetString(PyExc_RuntimeError, "the buffer changed size during assign_offsets");
+            goto error;
+        }
+        wr64(buf + pos + 20, queue_offset);
+        wr64(buf + pos + 28, pos + delta);
+        wr64(buf + pos + ts_at, store_ts);
+        int rc = PyList_Append(qoffs, qo_obj);
+        Py_DECREF(qo_obj);
+        if (rc < 0) goto error;
+    }
+    Py_XDECREF(zero);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(zero);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- encode */
+
+static int as_int(PyObject *obj, long long lo, long long hi, long long *out) {
+    /* an exact int within [lo, hi]; 0 otherwise (no exception left set) */
+    if (obj == NULL || !PyLong_CheckExact(obj)) {
+        PyErr_Clear();
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v < lo || v > hi) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Serialized properties of one message as properties_to_bytes writes them, into a new bytes
+ * object; ``*waits`` becomes 0 when WAIT is "false". Returns NULL with no exception set when
+ * the Python code must encode them (and word any refusal), or with one set on a real error. */
+static PyObject *encode_properties(PyObject *props, int *waits) {
+    PyObject *items = NULL;
+    Py_ssize_t n;
+    if (PyDict_CheckExact(props)) {
+        n = PyDict_GET_SIZE(props);
+    } else {
+        items = PyMapping_Items(props);
+        if (items == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        n = PyList_GET_SIZE(items);
+    }
+    *waits = 1;
+    PyObject *out = NULL;
+    Py_ssize_t cap = 64, used = 0;
+    char *raw = PyMem_Malloc((size_t)cap);
+    if (raw == NULL) {
+        Py_XDECREF(items);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t it = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k, *v;
+        if (items == NULL) {
+            if (!PyDict_Next(props, &it, &k, &v)) break;
+        } else {
+            PyObject *pair = PyList_GET_ITEM(items, i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) goto slow;
+            k = PyTuple_GET_ITEM(pair, 0);
+            v = PyTuple_GET_ITEM(pair, 1);
+        }
+        if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) goto slow;
+        Py_ssize_t kl, vl;
+        const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
+        const char *vs = ks ? PyUnicode_AsUTF8AndSize(v, &vl) : NULL;
+        if (vs == NULL) { /* not encodable (a lone surrogate): the Python code refuses it */
+            PyErr_Clear();
+            goto slow;
+        }
+        if (kl == 0 || memchr(ks, 1, (size_t)kl) || memchr(ks, 2, (size_t)kl) || memchr(vs, 1, (size_t)vl)
+            || memchr(vs, 2, (size_t)vl))
+            goto slow;
+        if (kl == 4 && memcmp(ks, "WAIT", 4) == 0 && vl == 5 && memcmp(vs, "false", 5) == 0) *waits = 0;
+        Py_ssize_t need = used + kl + vl + 2;
+        if (need > 32767) goto slow; /* PropertiesSizeExceededError, worded by the Python code */
+        if (need > cap) {
+            while (cap < need) cap *= 2;
+            char *grown = PyMem_Realloc(raw, (size_t)cap);
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto fail;
+            }
+            raw = grown;
+        }
+        memcpy(raw + used, ks, (size_t)kl);
+        raw[used + kl] = 1;
+        memcpy(raw + used + kl + 1, vs, (size_t)vl);
+        raw[used + kl + 1 + vl] = 2;
+        used = need;
+    }
+    out = PyBytes_FromStringAndSize(raw, used);
+    PyMem_Free(raw);
+    Py_XDECREF(items);
+    return out;
+slow:
+    PyMem_Free(raw);
+    Py_XDECREF(items);
+    return NULL;
+fail:
+    PyMem_Free(raw);
+    Py_XDECREF(items);
+    return NULL;
+}
+
+typedef struct {
+    PyObject *topic, *body, *queue_id, *properties, *born_host, *sys_flag, *flag, *born_timestamp,
+        *reconsume_times, *prepared_transaction_offset;
+} MessageAttrs;
+
+static void attrs_clear(MessageAttrs *a) {
+    Py_CLEAR(a->topic); Py_CLEAR(a->body); Py_CLEAR(a->queue_id); Py_CLEAR(a->properties);
+    Py_CLEAR(a->born_host); Py_CLEAR(a->sys_flag); Py_CLEAR(a->flag); Py_CLEAR(a->born_timestamp);
+    Py_CLEAR(a->reconsume_times); Py_CLEAR(a->prepared_transaction_offset);
+}
+
+static int attrs_get(PyObject *m, MessageAttrs *a) {
+    memset(a, 0, sizeof(*a));
+    a->topic = PyObject_GetAttr(m, S.n_topic);
+    a->body = a->topic ? PyObject_GetAttr(m, S.n_body) : NULL;
+    a->queue_id = a->body ? PyObject_GetAttr(m, S.n_queue_id) : NULL;
+    a->properties = a->queue_id ? PyObject_GetAttr(m, S.n_properties) : NULL;
+    a->born_host = a->properties ? PyObject_GetAttr(m, S.n_born_host) : NULL;
+    a->sys_flag = a->born_host ? PyObject_GetAttr(m, S.n_sys_flag) : NULL;
+    a->flag = a->sys_flag ? PyObject_GetAttr(m, S.n_flag) : NULL;
+    a->born_timestamp = a->flag ? PyObject_GetAttr(m, S.n_born_timestamp) : NULL;
+    a->reconsume_times = a->born_timestamp ? PyObject_GetAttr(m, S.n_reconsume_times) : NULL;
+    a->prepared_transaction_offset =
+        a->reconsume_times ? PyObject_GetAttr(m, S.n_prepared_transaction_offset) : NULL;
+    if (a->prepared_transaction_offset == NULL) {
+        PyErr_Clear();
+        attrs_clear(a);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(encode_run_doc,
+"encode_run(messages, index, buf, sizes, queue_keys, wide_born, topics, hosts, store_host,\n"
+"           store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok)\n"
+"    -> (index, wait_store, chosen_queue_id | None)\n\n"
+"The common case of RecordEncoder.encode_batch in C, from ``messages[index]`` (a list): each\n"
+"message whose topic is in ``topics`` (dict topic -> (TOPICLEN+TOPIC, magic, queue count)),\n"
+"whose born host is in ``hosts`` (the encoder's cache) and whose fields pass the checks is\n"
+"appended to the bytearray ``buf`` and the lists. Stops at the first message that needs the\n"
+"Python code (to refuse it, or to meet its topic or host) and returns its index, whether any\n"
+"encoded message waits for the store, and the queue id already chosen for it (or None).");
+
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 14 arguments");
+        return NULL;
+    }
+    PyObject *messages = args[0], *buf = args[2], *sizes = args[3], *queue_keys = args[4];
+    PyObject *wide_born = args[5], *topics = args[6], *hosts = args[7], *choose = args[12];
+    if (!PyList_Check(messages) || !PyByteArray_Check(buf) || !PyList_Check(sizes) || !PyList_Check(queue_keys)
+        || !PyList_Check(wide_born) || !PyDict_Check(topics) || !PyDict_Check(hosts) || !PyBytes_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "encode_run: wrong argument types");
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]);
+    long store_v6 = PyLong_AsLong(args[9]);
+    long long max_body = PyLong_AsLongLong(args[10]);
+    long long now_ms = PyLong_AsLongLong(args[11]);
+    int unassigned_ok = PyObject_IsTrue(args[13]);
+    if (PyErr_Occurred() || unassigned_ok < 0) return NULL;
+    const char *store_host = PyBytes_AS_STRING(args[8]);
+    Py_ssize_t store_len = PyBytes_GET_SIZE(args[8]);
+    if (store_len != 8 && store_len != 20) {
+        PyErr_SetString(PyExc_ValueError, "store_host must be 8 or 20 bytes");
+        return NULL;
+    }
+    int wait_store = 0;
+    int chose = 0; /* the message stopped at had its queue chosen here: hand the choice back */
+    long long chosen_value = 0;
+    for (; index < PyList_GET_SIZE(messages); index++) {
+        PyObject *m = PyList_GET_ITEM(messages, index);
+        MessageAttrs a;
+        if (!attrs_get(m, &a)) break;
+        chose = 0;
+        int stop = 1;
+        PyObject *props_raw = NULL, *key = NULL;
+        do {
+            if (!PyUnicode_CheckExact(a.topic) || !PyBytes_CheckExact(a.body)) break;
+            PyObject *info = PyDict_GetItemWithError(topics, a.topic);
+            if (info == NULL) {
+                PyErr_Clear();
+                break;
+            }
+            if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(info, 0))) break;
+            PyObject *prefix = PyTuple_GET_ITEM(info, 0);
+            long long magic, limit, queue_id, sys_flag, flag, born_ts, reconsume, prepared;
+            if (!as_int(PyTuple_GET_ITEM(info, 1), INT32_MIN, INT32_MAX, &magic)
+                || !as_int(PyTuple_GET_ITEM(info, 2), 0, INT64_MAX, &limit)
+                || !as_int(a.queue_id, INT32_MIN, INT32_MAX, &queue_id)
+                || !as_int(a.sys_flag, INT32_MIN, INT32_MAX, &sys_flag)
+                || !as_int(a.flag, INT32_MIN, INT32_MAX, &flag)
+                || !as_int(a.born_timestamp, INT64_MIN, INT64_MAX, &born_ts)
+                || !as_int(a.reconsume_times, INT32_MIN, INT32_MAX, &reconsume)
+                || !as_int(a.prepared_transaction_offset, INT64_MIN, INT64_MAX, &prepared))
+                break;
+            Py_ssize_t body_len = PyBytes_GET_SIZE(a.body);
+            if (queue_id == -1 && choose != Py_None) {
+                PyObject *q = PyObject_CallOneArg(choose, a.topic);
+                long long chosen;
+                if (q == NULL || !as_int(q, INT32_MIN, INT32_MAX, &chosen)) {
+                    /* a refusal or an odd answer: the Python code chooses again and words it */
+                    Py_XDECREF(q);
+                    PyErr_Clear();
+                    break;
+                }
+                Py_DECREF(q);
+                queue_id = chosen_value = chosen;
+                chose = 1;
+            }
+            if ((body_len > max_body || !(0 <= queue_id && queue_id < limit))
+                && !(unassigned_ok && queue_id == -1 && body_len <= max_body))
+                break;
+            int truthy = PyObject_IsTrue(a.properties);
+            if (truthy < 0) {
+                PyErr_Clear();
+                break;
+            }
+            int waits = 1;
+            if (truthy) {
+                props_raw = encode_properties(a.properties, &waits);
+                if (props_raw == NULL) {
+                    if (PyErr_Occurred()) {
+                        if (PyErr_ExceptionMatches(PyExc_MemoryError)) stop = -1;
+                        else PyErr_Clear();
+                    }
+                    break;
+                }
+            }
+            PyObject *born = PyDict_GetItemWithError(hosts, a.born_host);
+            if (born == NULL) {
+                PyErr_Clear();
+                break;
+            }
+            if (!PyTuple_Check(born) || PyTuple_GET_SIZE(born) < 2 || !PyBytes_Check(PyTuple_GET_ITEM(born, 0))) break;
+            PyObject *born_host = PyTuple_GET_ITEM(born, 0);
+            long long born_v6;
+            if (!as_int(PyTuple_GET_ITEM(born, 1), 0, INT32_MAX, &born_v6)) break;
+            Py_ssize_t born_len = PyBytes_GET_SIZE(born_host);
+            if (born_len != 8 && born_len != 20) break;
+            int32_t flags = (int32_t)((sys_flag & ~(long long)(BORNHOST_V6 | STOREHOST_V6)) | born_v6 | store_v6);
+            Py_ssize_t header = 72 + born_len + store_len;
+            Py_ssize_t prefix_len = PyBytes_GET_SIZE(prefix);
+            Py_ssize_t prop_len = props_raw ? PyBytes_GET_SIZE(props_raw) : 0;
+            Py_ssize_t total = header + body_len + prefix_len + 2 + prop_len;
+            if (total > INT32_MAX) break;
+            if (flags & TX_NO_QUEUE_OFFSET) {
+                key = Py_NewRef(Py_None);
+            } else {
+                key = Py_BuildValue("(OL)", a.topic, queue_id);
+                if (key == NULL) {
+                    stop = -1;
+                    break;
+                }
+            }
+            uint32_t crc;
+            if (body_crc((const unsigned char *)PyBytes_AS_STRING(a.body), body_len, &crc) < 0) {
+                stop = -1;
+                break;
+            }
+            Py_ssize_t at = PyByteArray_GET_SIZE(buf);
+            if (PyByteArray_Resize(buf, at + total) < 0) {
+                stop = -1;
+                break;
+            }
+            unsigned char *w = (unsigned char *)PyByteArray_AS_STRING(buf) + at;
+            wr32(w, (int32_t)total);
+            wr32(w + 4, (int32_t)magic);
+            wr32(w + 8, (int32_t)(crc & 0x7FFFFFFFu));
+            wr32(w + 12, (int32_t)queue_id);
+            wr32(w + 16, (int32_t)flag);
+            wr64(w + 20, 0);
+            wr64(w + 28, 0);
+            wr32(w + 36, flags);
+            wr64(w + 40, born_ts ? born_ts : now_ms);
+            memcpy(w + 48, PyBytes_AS_STRING(born_host), (size_t)born_len);
+            Py_ssize_t p = 48 + born_len;
+            wr64(w + p, 0);
+            memcpy(w + p + 8, store_host, (size_t)store_len);
+            p += 8 + store_len;
+            wr32(w + p, (int32_t)reconsume);
+            wr64(w + p + 4, prepared);
+            wr32(w + p + 12, (int32_t)body_len);
+            p += 16;
+            memcpy(w + p, PyBytes_AS_STRING(a.body), (size_t)body_len);
+            p += body_len;
+            memcpy(w + p, PyBytes_AS_STRING(prefix), (size_t)prefix_len);
+            p += prefix_len;
+            w[p] = (unsigned char)(prop_len >> 8);
+            w[p + 1] = (unsigned char)prop_len;
+            if (prop_len) memcpy(w + p + 2, PyBytes_AS_STRING(props_raw), (size_t)prop_len);
+            PyObject *size_obj = PyLong_FromSsize_t(total);
+            if (size_obj == NULL || PyList_Append(sizes, size_obj) < 0 || PyList_Append(queue_keys, key) < 0) {
+                Py_XDECREF(size_obj);
+                stop = -1;
+                break;
+            }
+            Py_DECREF(size_obj);
+            if (born_v6) {
+                PyObject *i_obj = PyLong_FromSsize_t(index);
+                if (i_obj == NULL || PyList_Append(wide_born, i_obj) < 0) {
+                    Py_XDECREF(i_obj);
+                    stop = -1;
+                    break;
+                }
+                Py_DECREF(i_obj);
+            }
+            if (waits) wait_store = 1;
+            stop = 0;
+            chose = 0;
+        } while (0);
+        Py_XDECREF(props_raw);
+        Py_XDECREF(key);
+        attrs_clear(&a);
+        if (stop < 0) return NULL;
+        if (stop) break;
+    }
+    if (chose) return Py_BuildValue("(niL)", index, wait_store, chosen_value);
+    return Py_BuildValue("(niO)", index, wait_store, Py_None);
+}
+
 /* ------------------------------------------------------------- configure */
 
 PyDoc_STRVAR(configure_doc,
@@ -982,6 +1386,8 @@ static PyMethodDef methods[] = {
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
     {"adopt_run", (PyCFunction)(void (*)(void))py_adopt_run, METH_FASTCALL, adopt_run_doc},
     {"decode_record", (PyCFunction)(void (*)(void))py_decode_record, METH_FASTCALL, decode_record_doc},
+    {"assign_offsets", (PyCFunction)(void (*)(void))py_assign_offsets, METH_FASTCALL, assign_offsets_doc},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL, encode_run_doc},
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,
      configure_record_doc},
     {"crc32", py_crc32, METH_O, crc32_doc},
@@ -1000,6 +1406,17 @@ PyMODINIT_FUNC PyInit__codec(void) {
     S.space = PyUnicode_FromString(" ");
     S.sep_entry = PyUnicode_FromString("\x02");
     if (S.sep_entry == NULL) return NULL;
+    if ((S.n_topic = PyUnicode_InternFromString("topic")) == NULL
+        || (S.n_body = PyUnicode_InternFromString("body")) == NULL
+        || (S.n_queue_id = PyUnicode_InternFromString("queue_id")) == NULL
+        || (S.n_properties = PyUnicode_InternFromString("properties")) == NULL
+        || (S.n_born_host = PyUnicode_InternFromString("born_host")) == NULL
+        || (S.n_sys_flag = PyUnicode_InternFromString("sys_flag")) == NULL
+        || (S.n_flag = PyUnicode_InternFromString("flag")) == NULL
+        || (S.n_born_timestamp = PyUnicode_InternFromString("born_timestamp")) == NULL
+        || (S.n_reconsume_times = PyUnicode_InternFromString("reconsume_times")) == NULL
+        || (S.n_prepared_transaction_offset = PyUnicode_InternFromString("prepared_transaction_offset")) == NULL)
+        return NULL;
     if (S.topic_names == NULL || S.empty_tuple == NULL || S.empty_str == NULL || S.space == NULL) return NULL;
     return PyModule_Create(&module);
 }

@@ -79,13 +79,11 @@ from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
-    QUEUE_OFFSET_AND_PHY_OFFSET,
-    QUEUE_OFFSET_POSITION,
     RECORD_OVERHEAD_V1_IPV4,
-    STORE_TIMESTAMP,
     DispatchRequest,
     EncodedBatch,
     RecordEncoder,
+    assign_offsets,
     check_record,
     decode_record,
     encode_blank,
@@ -590,13 +588,9 @@ class CommitLog:
         keys = batch.queue_keys
         ts_positions = batch.store_ts_positions
         table = self._queue_offsets
-        get_next = table.get
-        pack_offsets = QUEUE_OFFSET_AND_PHY_OFFSET.pack_into
-        pack_ts = STORE_TIMESTAMP.pack_into
         n = len(sizes)
         phys: list[int] = []
         qoffs: list[int] = []
-        add_qoff = qoffs.append
         failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         i = 0
         while i < n:
@@ -615,17 +609,7 @@ class CommitLog:
             # Records i..j-1 fit in front of the 8 bytes kept for the END blank.
             j = bisect.bisect_right(positions, first + mf.remaining - END_FILE_MIN_BLANK_LENGTH, i, n + 1) - 1
             delta = base - first
-            for k in range(i, j):
-                key = keys[k]
-                if key is None:
-                    queue_offset = 0
-                else:
-                    queue_offset = get_next(key, 0)
-                    table[key] = queue_offset + 1
-                pos = positions[k]
-                pack_offsets(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, pos + delta)
-                pack_ts(buf, pos + ts_positions[k], store_ts)
-                add_qoff(queue_offset)
+            assign_offsets(buf, positions, ts_positions, keys, table, i, j, delta, store_ts, qoffs)
             if j > i:
                 used = positions[j] - first
                 try:

@@ -383,100 +383,62 @@ class RecordEncoder:
         (or a subclass) naming the first bad message; then no message of the batch is encoded.
         """
         out = EncodedBatch()
-        parts: list[Any] = []
-        extend = parts.extend
+        buf = out.buf
         sizes = out.sizes
-        add_size = sizes.append
-        add_key = out.queue_keys.append
+        queue_keys = out.queue_keys
         # topic -> (TOPICLEN+TOPIC, magic, write queue count), for this batch only: the queue
         # count may change between batches.
         topics: dict[str, tuple[bytes, int, int]] = {}
-        hosts = self._hosts
-        store_host = self.store_host
-        store_v6 = self._store_v6
-        max_body = self.max_message_size
-        crc32 = _crc32
-        short = _SHORT.pack
-        no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE
         wide_born: list[int] = []
         wait_store = False
+        msgs = messages if type(messages) is list else list(messages)
+        n = len(msgs)
         index = 0
         try:
-            for index, m in enumerate(messages):
-                topic = m.topic
-                info = topics.get(topic)
-                if info is None:
-                    prefix, magic = self._topic_prefix(topic)
-                    limit = queue_nums(topic) if queue_nums else 0x7FFFFFFF
-                    info = topics[topic] = (prefix, magic, limit)
-                prefix, magic, limit = info
-                body = m.body
-                body_len = len(body)
-                queue_id = m.queue_id
-                if queue_id == -1 and choose_queue is not None:
-                    queue_id = choose_queue(topic)
-                if (
-                    body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES)
-                ) and not (
-                    unassigned_queue_ok
-                    and queue_id == -1
-                    and body_len <= max_body
-                    and isinstance(body, _BODY_TYPES)
-                ):
-                    _reject(m, body_len, max_body, limit)
-                props = m.properties
-                if props:
-                    prop_bytes = properties_to_bytes(props)
-                    if not wait_store and props.get(MessageConst.WAIT) != "false":
-                        wait_store = True
-                else:
-                    prop_bytes = b""
-                    wait_store = True
-                born = hosts.get(m.born_host)
-                if born is None:
-                    born = self._born_host(m.born_host)
-                born_host, born_v6, header = born
-                sys_flag = (m.sys_flag & ~_HOST_V6_FLAGS) | born_v6 | store_v6
-                prop_len = len(prop_bytes)
-                total = header.size + body_len + len(prefix) + 2 + prop_len
-                extend(
-                    (
-                        header.pack(
-                            total,
-                            magic,
-                            crc32(body) & 0x7FFFFFFF,
-                            queue_id,
-                            m.flag,
-                            0,
-                            0,
-                            sys_flag,
-                            m.born_timestamp or now_ms,
-                            born_host,
-                            0,
-                            store_host,
-                            m.reconsume_times,
-                            m.prepared_transaction_offset,
-                            body_len,
-                        ),
-                        body,
-                        prefix,
-                        short(prop_len),
-                        prop_bytes,
+            while index < n:
+                chosen = None
+                if _ext is not None:
+                    # The C run (libstore._codec) encodes the common messages and stops at the
+                    # first one that needs this code: to refuse it, or to meet its topic or host.
+                    index, waits, chosen = _ext.encode_run(
+                        msgs,
+                        index,
+                        buf,
+                        sizes,
+                        queue_keys,
+                        wide_born,
+                        topics,
+                        self._hosts,
+                        self.store_host,
+                        self._store_v6,
+                        self.max_message_size,
+                        now_ms,
+                        choose_queue,
+                        unassigned_queue_ok,
                     )
+                    wait_store = wait_store or waits
+                    if index >= n:
+                        break
+                waits = self._encode_one(
+                    out,
+                    msgs[index],
+                    index,
+                    wide_born,
+                    topics,
+                    now_ms,
+                    queue_nums,
+                    choose_queue,
+                    unassigned_queue_ok,
+                    chosen,
                 )
-                add_size(total)
-                # PREPARED (0x4) and ROLLBACK (0xC) share bit 0x4: no queue offset for them.
-                add_key(None if sys_flag & no_queue_offset else (topic, queue_id))
-                if born_v6:
-                    wide_born.append(index)
+                wait_store = wait_store or waits
+                index += 1
         except MessageIllegalError as exc:
             raise type(exc)(f"message {index}: {exc}") from None
         except (struct.error, TypeError, AttributeError, OverflowError) as exc:
-            if not isinstance(getattr(messages[index], "body", None), _BODY_TYPES):
+            if not isinstance(getattr(msgs[index], "body", None), _BODY_TYPES):
                 raise MessageIllegalError(f"message {index}: body must be bytes") from None
             raise MessageIllegalError(f"message {index}: malformed field: {exc}") from None
-        n = len(sizes)
-        out.buf = bytearray().join(parts)
         out.positions = [0, *itertools.accumulate(sizes)]
         ts_positions = [_STORE_TS_POSITION[8]] * n
         for i in wide_born:
@@ -484,6 +446,87 @@ class RecordEncoder:
         out.store_ts_positions = ts_positions
         out.wait_store = wait_store
         return out
+
+    def _encode_one(
+        self,
+        out: EncodedBatch,
+        m: Message,
+        index: int,
+        wide_born: list[int],
+        topics: dict[str, tuple[bytes, int, int]],
+        now_ms: int,
+        queue_nums: Callable[[str], int] | None,
+        choose_queue: Callable[[str], int] | None,
+        unassigned_queue_ok: bool,
+        chosen: int | None,
+    ) -> bool:
+        """Encode message ``index`` onto ``out`` (see :meth:`encode_batch`; ``chosen``: its queue
+        id when already chosen), or raise. Returns whether it waits for the store (no
+        ``WAIT=false``)."""
+        topic = m.topic
+        info = topics.get(topic)
+        if info is None:
+            prefix, magic = self._topic_prefix(topic)
+            limit = queue_nums(topic) if queue_nums else 0x7FFFFFFF
+            info = topics[topic] = (prefix, magic, limit)
+        prefix, magic, limit = info
+        body = m.body
+        body_len = len(body)
+        max_body = self.max_message_size
+        queue_id = m.queue_id
+        if queue_id == -1 and choose_queue is not None:
+            queue_id = chosen if chosen is not None else choose_queue(topic)
+        if (body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES)) and not (
+            unassigned_queue_ok and queue_id == -1 and body_len <= max_body and isinstance(body, _BODY_TYPES)
+        ):
+            _reject(m, body_len, max_body, limit)
+        props = m.properties
+        if props:
+            prop_bytes = properties_to_bytes(props)
+            waits = props.get(MessageConst.WAIT) != "false"
+        else:
+            prop_bytes = b""
+            waits = True
+        born = self._hosts.get(m.born_host)
+        if born is None:
+            born = self._born_host(m.born_host)
+        born_host, born_v6, header = born
+        sys_flag = (m.sys_flag & ~_HOST_V6_FLAGS) | born_v6 | self._store_v6
+        prop_len = len(prop_bytes)
+        total = header.size + body_len + len(prefix) + 2 + prop_len
+        record = b"".join(
+            (
+                header.pack(
+                    total,
+                    magic,
+                    _crc32(body) & 0x7FFFFFFF,
+                    queue_id,
+                    m.flag,
+                    0,
+                    0,
+                    sys_flag,
+                    m.born_timestamp or now_ms,
+                    born_host,
+                    0,
+                    self.store_host,
+                    m.reconsume_times,
+                    m.prepared_transaction_offset,
+                    body_len,
+                ),
+                body,
+                prefix,
+                _SHORT.pack(prop_len),
+                prop_bytes,
+            )
+        )
+        out.buf += record
+        out.sizes.append(total)
+        # PREPARED (0x4) and ROLLBACK (0xC) share bit 0x4: no queue offset for them.
+        no_queue_offset = sys_flag & MessageSysFlag.TRANSACTION_PREPARED_TYPE
+        out.queue_keys.append(None if no_queue_offset else (topic, queue_id))
+        if born_v6:
+            wide_born.append(index)
+        return waits
 
     def adopt_records(
         self,
@@ -656,6 +699,59 @@ class RecordEncoder:
         if req.scheduled:
             out.scheduled = True
         return pos
+
+
+def assign_offsets(
+    buf: bytearray,
+    positions: list[int],
+    ts_positions: list[int],
+    keys: list[tuple[str, int] | None],
+    table: dict[tuple[str, int], int],
+    start: int,
+    stop: int,
+    delta: int,
+    store_ts: int,
+    qoffs: list[int],
+) -> None:
+    """The put lock's loop over records ``start``..``stop``-1 of an encoded batch: each takes
+    the next queue offset of its queue from ``table`` ((topic, queue id) -> next offset, 0 when
+    absent; 0 and no entry for a None key, tx PREPARED/ROLLBACK), written into ``buf`` with its
+    PHYSICALOFFSET (its position + ``delta``) and STORETIMESTAMP ``store_ts`` (ms), and appended
+    to ``qoffs``. In C when the extension is built (a bytearray and a dict)."""
+    if _ext is not None and type(buf) is bytearray and type(table) is dict:
+        _ext.assign_offsets(buf, positions, ts_positions, keys, table, start, stop, delta, store_ts, qoffs)
+        return
+    _assign_offsets_py(buf, positions, ts_positions, keys, table, start, stop, delta, store_ts, qoffs)
+
+
+def _assign_offsets_py(
+    buf: bytearray,
+    positions: list[int],
+    ts_positions: list[int],
+    keys: list[tuple[str, int] | None],
+    table: dict[tuple[str, int], int],
+    start: int,
+    stop: int,
+    delta: int,
+    store_ts: int,
+    qoffs: list[int],
+) -> None:
+    """The reference :func:`assign_offsets`, in pure Python."""
+    get_next = table.get
+    pack_offsets = QUEUE_OFFSET_AND_PHY_OFFSET.pack_into
+    pack_ts = STORE_TIMESTAMP.pack_into
+    add_qoff = qoffs.append
+    for k in range(start, stop):
+        key = keys[k]
+        if key is None:
+            queue_offset = 0
+        else:
+            queue_offset = get_next(key, 0)
+            table[key] = queue_offset + 1
+        pos = positions[k]
+        pack_offsets(buf, pos + QUEUE_OFFSET_POSITION, queue_offset, pos + delta)
+        pack_ts(buf, pos + ts_positions[k], store_ts)
+        add_qoff(queue_offset)
 
 
 STORE_HOST_PLACEHOLDER: Final = bytes(8)  # 0.0.0.0:0 as STOREHOST in client-encoded records

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -264,3 +265,174 @@ def test_adopt_records_in_c_takes_a_whole_common_batch(monkeypatch):
     )
     assert calls == [0] and len(batch) == 50 and batch.uniq_keys[49] == "U49"
     assert {k for k in batch.queue_keys} == {("T", 2)}
+
+
+class _Mapping(Mapping[str, str]):
+    """Properties that are a mapping but not a dict (as protobuf's map fields are)."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def _encode(msgs: list, pure: bool, unassigned: bool) -> tuple:
+    with pytest.MonkeyPatch.context() as m:
+        if pure:
+            m.setattr(record_codec, "_ext", None)
+        counters: dict[str, int] = {}
+
+        def choose(topic: str) -> int:
+            counters[topic] = counters.get(topic, -1) + 1
+            return counters[topic] % 5
+
+        def queue_nums(topic: str) -> int:
+            if topic == "Unknown":
+                raise MessageIllegalError("no such topic")
+            return 4
+
+        encoder = RecordEncoder(STORE_HOST, 600, 127)
+        try:
+            batch = encoder.encode_batch(
+                msgs,
+                BORN_TS,
+                queue_nums,
+                unassigned_queue_ok=unassigned,
+                choose_queue=None if unassigned else choose,
+            )
+        except MessageIllegalError as exc:
+            return ("error", type(exc), str(exc))
+    return (
+        bytes(batch.buf),
+        batch.positions,
+        batch.sizes,
+        batch.queue_keys,
+        batch.store_ts_positions,
+        batch.wait_store,
+        counters,
+    )
+
+
+# Mostly messages that encode (so the C run has work), some that each check refuses.
+_prop_value = st.one_of(
+    st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6),
+    st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6),
+    st.sampled_from(["false", "true", "a\x01b", "c\x02", "\ud800", "x" * 40_000, 3]),
+)
+_encode_props = st.one_of(
+    st.none(),
+    st.dictionaries(st.sampled_from(["WAIT", "TAGS", "KEYS"]), _prop_value, max_size=3),
+    st.dictionaries(st.sampled_from(["WAIT", "TAGS", "", "a\x01"]), _prop_value, max_size=2),
+)
+_any_message = st.builds(
+    lambda topic, body, queue, props, mapping, host, sys_flag, flag, born: Message(
+        topic,
+        body,
+        queue,
+        properties=_Mapping(props) if mapping and isinstance(props, dict) else props,
+        born_host=host,
+        sys_flag=sys_flag,
+        flag=flag,
+        born_timestamp=born,
+    ),
+    st.sampled_from(["T"] * 6 + ["Other", "Unknown", "bad topic", "x" * 130]),
+    st.one_of(
+        st.binary(max_size=700),
+        st.binary(max_size=100),
+        st.just("text"),
+        st.builds(bytearray, st.binary(max_size=20)),
+    ),
+    st.sampled_from([-1, -1, 0, 1, 2, 3, 4, 5, -2]),
+    _encode_props,
+    st.booleans(),
+    st.sampled_from([("10.1.2.3", 77)] * 3 + [("fd00::7", 9), "10.0.0.1:5", "", "nohost", ("x", 1)]),
+    st.sampled_from([0, 0, 0, 0x4, 0x10, 0x20, 0xC]),
+    st.sampled_from([0, 0, 0, -1, 2**31]),
+    st.sampled_from([0, BORN_TS]),
+)
+
+
+_good_message = st.builds(
+    lambda topic, body, queue, props, mapping, host, sys_flag: Message(
+        topic,
+        body,
+        queue,
+        properties=_Mapping(props) if mapping else props,
+        born_host=host,
+        sys_flag=sys_flag,
+    ),
+    st.sampled_from(["T", "Other"]),
+    st.binary(max_size=300),
+    st.integers(-1, 3),
+    st.dictionaries(
+        st.sampled_from(["WAIT", "TAGS", "KEYS", "UNIQ_KEY"]),
+        st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6) | st.sampled_from(["false", "true"]),
+        max_size=3,
+    ),
+    st.booleans(),
+    st.sampled_from([("10.1.2.3", 77), ("fd00::7", 9), "10.0.0.1:5", ""]),
+    st.sampled_from([0, 0x4, 0x10, 0x20, 0xC, 0x1]),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_good_message, min_size=1, max_size=12),
+    st.lists(_any_message, max_size=2),
+    st.integers(0, 12),
+    st.booleans(),
+)
+def test_encode_batch_matches_the_python_reference(good, other, at, unassigned):
+    msgs = good[:at] + other + good[at:]
+    assert _encode(msgs, False, unassigned) == _encode(msgs, True, unassigned)
+
+
+def test_encode_batch_in_c_takes_a_whole_common_batch(monkeypatch):
+    msgs = [Message("T", b"b" * 100, -1, tags="a", properties={"UNIQ_KEY": f"U{i}"}) for i in range(50)]
+    calls = []
+    real = RecordEncoder._encode_one
+
+    def counting(self, *args, **kw):
+        calls.append(args[2])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(RecordEncoder, "_encode_one", counting)
+    batch = RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, lambda t: 4, choose_queue=lambda t: 2)
+    assert calls == [0] and len(batch) == 50 and set(batch.queue_keys) == {("T", 2)}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([("T", 0), ("T", 1), ("U", 0), None]), min_size=1, max_size=30),
+    st.dictionaries(st.sampled_from([("T", 0), ("U", 0)]), st.integers(0, 2**40), max_size=2),
+    st.integers(0, 2**40),
+)
+def test_assign_offsets_matches_the_python_reference(keys, table, base):
+    batch = RecordEncoder(STORE_HOST, 4096).encode_batch(
+        [
+            Message(
+                k[0] if k else "T",
+                b"x" * (i % 7),
+                0,
+                born_host=("fd00::1", 1) if i % 3 else ("1.2.3.4", 5),
+                sys_flag=0 if k else 0x4,
+            )
+            for i, k in enumerate(keys)
+        ],
+        BORN_TS,
+    )
+    outs = []
+    for impl in (record_codec.assign_offsets, record_codec._assign_offsets_py):
+        buf, tab, qoffs = bytearray(batch.buf), dict(table), []
+        impl(
+            buf, batch.positions, batch.store_ts_positions, keys, tab, 1, len(keys), base, BORN_TS + 9, qoffs
+        )
+        outs.append((bytes(buf), tab, qoffs))
+    assert outs[0] == outs[1]
