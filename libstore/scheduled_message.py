@@ -80,6 +80,10 @@ def delivery_time(props: Mapping[str, str] | None, now_ms: int) -> int | None:
     return at
 
 
+# The properties that can schedule a message (delivery_time reads nothing else to decide).
+_SCHEDULING_NAMES = frozenset({TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC, MessageConst.DELAY})
+
+
 def hold_if_scheduled(message: Message, now_ms: int) -> Message:
     """``message`` itself when it is due now or not scheduled; otherwise its copy for the timer
     topic (queue 0, REAL_TOPIC/REAL_QID, TIMER_DELIVER_MS). Half messages of transactions are
@@ -87,6 +91,8 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
     :func:`delivery_time` does."""
     props = message.properties
     if not props or message.topic in SYSTEM_TOPICS:  # timer, half and op records stay where they are
+        return message
+    if _SCHEDULING_NAMES.isdisjoint(props):  # the common case, decided without parsing anything
         return message
     if MessageSysFlag.transaction_value(message.sys_flag) == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
         return message
