@@ -29,7 +29,7 @@ import concurrent.futures
 import queue
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,7 +337,32 @@ class PullConsumer:
         bytes, in queue order) and the offset to pull next (past filtered-out units; the queue's
         min offset when ``offset`` was already cleaned away). Does not move :meth:`poll`'s
         position. Raises TopicNotFoundError and the other mapped store errors."""
-        request = gateway_pb.PullRequest(
+        reply = self._conn.call(
+            self._conn.stub.Pull, self._raw_request(queue_id, offset, max_count), self.timeout_s, 3
+        )
+        return list(reply.records), int(reply.next_offset)  # type: ignore[attr-defined]
+
+    def prefetch_raw(
+        self, queue_id: int, offset: int, max_count: int
+    ) -> Callable[[], tuple[list[bytes], int]]:
+        """:meth:`fetch_raw` started now and answered later: returns a function that gives its
+        result (so a reader decodes one pull while the store serves the next). A failed
+        attempt is made again, with :meth:`fetch_raw`'s retries and errors, when asked for."""
+        future = self._conn.stub.Pull.future(
+            self._raw_request(queue_id, offset, max_count), timeout=self.timeout_s
+        )
+
+        def result() -> tuple[list[bytes], int]:
+            try:
+                reply = future.result()
+            except grpc.RpcError:
+                return self.fetch_raw(queue_id, offset, max_count)
+            return list(reply.records), int(reply.next_offset)
+
+        return result
+
+    def _raw_request(self, queue_id: int, offset: int, max_count: int) -> object:
+        return gateway_pb.PullRequest(
             group=self.group,
             topic=self.topic,
             queue_id=queue_id,
@@ -346,8 +371,6 @@ class PullConsumer:
             tag_expression=self.tag_expression,
             raw=True,
         )
-        reply = self._conn.call(self._conn.stub.Pull, request, self.timeout_s, 3)
-        return list(reply.records), int(reply.next_offset)  # type: ignore[attr-defined]
 
     def commit(self) -> None:
         """Commit, per queue, the offset after the last message returned by :meth:`poll`."""

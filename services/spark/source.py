@@ -189,15 +189,10 @@ class _Store:
             credentials=self.credentials,
         ) as consumer:
             offset = p.start
+            # One pull ahead: the store serves the next pull while this task decodes the last.
+            pending = consumer.prefetch_raw(p.queue_id, offset, min(pull_batch, p.end - offset))
             while offset < p.end:
-                raws, nxt = consumer.fetch_raw(p.queue_id, offset, min(pull_batch, p.end - offset))
-                for raw in raws:
-                    rec = decode_record(raw)
-                    if rec.queue_offset >= p.end:
-                        break
-                    builder.add(rec)
-                    if len(builder) >= ROWS_PER_BATCH:
-                        yield builder.take()
+                raws, nxt = pending()
                 if nxt <= offset:
                     # A range Spark planned (and will record as read) must not end short: a
                     # lagging replica's dispatch answered, say. Fail the task; Spark retries it.
@@ -205,6 +200,15 @@ class _Store:
                         f"{p.topic} queue {p.queue_id}: nothing readable at offset {offset} "
                         f"(partition ends at {p.end})"
                     )
+                if nxt < p.end:
+                    pending = consumer.prefetch_raw(p.queue_id, nxt, min(pull_batch, p.end - nxt))
+                for raw in raws:
+                    rec = decode_record(raw)
+                    if rec.queue_offset >= p.end:
+                        break
+                    builder.add(rec)
+                    if len(builder) >= ROWS_PER_BATCH:
+                        yield builder.take()
                 offset = nxt
         if len(builder):
             yield builder.take()
