@@ -128,6 +128,22 @@ static PyObject *header_tuple(const unsigned char *r, const Header *h) {
         h->body_len);
 }
 
+static int as_int(PyObject *obj, long long lo, long long hi, long long *out) {
+    /* an exact int within [lo, hi]; 0 otherwise (no exception left set) */
+    if (obj == NULL || !PyLong_CheckExact(obj)) {
+        PyErr_Clear();
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v < lo || v > hi) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
 /* ------------------------------------------------------------ properties */
 
 /* Java String.hashCode over the UTF-16 code units of ``text`` (libstore.tags, spec §3). */
@@ -332,6 +348,10 @@ static PyObject *refused(int success, long long msg_size) {
     PyObject *values[F_COUNT] = {NULL};
     values[F_SUCCESS] = PyBool_FromLong(success);
     values[F_MSG_SIZE] = PyLong_FromLongLong(msg_size);
+    if (values[F_MSG_SIZE] == NULL) {
+        Py_XDECREF(values[F_SUCCESS]);
+        return NULL;
+    }
     PyObject *req = build_request(values);
     if (req == NULL) return NULL;
     return Py_BuildValue("(NOii)", req, S.empty_tuple, -1, -1);
@@ -398,9 +418,13 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     else if (magic == MAGIC_V2) topic_len_size = 2;
     else return refused(0, -1);
     if (total < RECORD_OVERHEAD_V1_IPV4 || total > remaining) return refused(0, total);
+    /* The 88 bytes of an all-IPv4 header are there (total >= 91); IPv6 hosts widen it: check
+     * that the header fits the record before reading any of it past those 88 bytes. */
+    int32_t flags0 = rd32(r + SYS_FLAG_POSITION);
+    Py_ssize_t header_size = 72 + ((flags0 & BORNHOST_V6) ? 20 : 8) + ((flags0 & STOREHOST_V6) ? 20 : 8);
+    if (header_size > total) return refused(0, total);
     Header h;
     read_header(r, &h);
-    if (h.header_size > total) return refused(0, total);
     if (expected_phy >= 0 && expected_phy != h.phy_offset) return refused(0, total);
     Py_ssize_t body_at = h.header_size, end = total;
     if (h.body_len < 0 || body_at + (Py_ssize_t)h.body_len + topic_len_size + 2 > end) return refused(0, total);
@@ -544,9 +568,9 @@ static PyObject *py_check_record(PyObject *self, PyObject *const *args, Py_ssize
     }
     if (need_configured() < 0) return NULL;
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
-    long long expected = PyLong_AsLongLong(args[4]);
-    if (PyErr_Occurred()) {
+    Py_ssize_t limit = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
+    long long expected = PyErr_Occurred() ? -1 : PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred()) { /* not plain ints: the Python code answers (or raises) */
         PyErr_Clear();
         Py_RETURN_NOTIMPLEMENTED;
     }
@@ -571,13 +595,13 @@ static PyObject *py_check_record(PyObject *self, PyObject *const *args, Py_ssize
 
 PyDoc_STRVAR(adopt_run_doc,
 "adopt_run(buf, pos, index, now_ms, store_host, born_host, sys_flag_mask, max_body, max_records,\n"
-"          forbidden, limits, choose_queue, out) -> (pos, index)\n\n"
+"          forbidden, limits, choose_queue, out) -> (pos, index, chosen)\n\n"
 "The common case of RecordEncoder.adopt_records in C, from record ``index`` at ``pos`` of the\n"
 "bytearray ``buf``: each record that checks out (CRC included), names a topic already in\n"
 "``limits`` (dict topic -> queue count), passes the property and size checks and the queue id\n"
 "check is made this store's in place and appended to ``out`` (an EncodedBatch); the run stops\n"
 "at the first record that needs the Python code (to refuse it or to meet its topic) and\n"
-"returns where that record starts.");
+"returns where that record starts, and ``(queue id,)`` when one was already chosen for it.");
 
 static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 13) {
@@ -621,6 +645,7 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     uniq_keys = PyObject_GetAttrString(out, "uniq_keys");
     requests = PyObject_GetAttrString(out, "requests");
     int scheduled = 0;
+    PyObject *chosen_out = NULL; /* a queue id chosen for the record the run stopped at */
     if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests) goto done;
     if (!PyList_Check(positions) || !PyList_Check(sizes) || !PyList_Check(ts_positions) || !PyList_Check(queue_keys)
         || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests)) {
@@ -641,12 +666,12 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *checked = check_one(buf, pos, limit, 1, 0, 1, 0, 0, &c, 1);
         if (checked == NULL) goto done;
         if (checked == FALLBACK) break;
-        const Header h = c.header;
         Py_ssize_t props_at = c.props_at;
         if (props_at < 0) { /* a blank or bad bytes: the Python code refuses them */
             Py_DECREF(checked);
             break;
         }
+        const Header h = c.header;
         PyObject *req = PyTuple_GET_ITEM(checked, 0);
         Py_ssize_t size = h.total, end = pos + size;
         if (props_at < end) {
@@ -668,11 +693,11 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
             if (PyErr_Occurred()) goto done;
             break;
         }
-        long long queue_limit = PyLong_AsLongLong(limit_obj);
-        if (queue_limit == -1 && PyErr_Occurred()) {
+        long long queue_limit;
+        if (!as_int(limit_obj, INT64_MIN, INT64_MAX, &queue_limit)) { /* not a plain int: Python */
             Py_DECREF(topic);
             Py_DECREF(checked);
-            goto done;
+            break;
         }
         long long queue_id = h.queue_id;
         if (queue_id == -1 && choose != Py_None) {
@@ -682,19 +707,20 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                 break;
             }
             PyObject *chosen = PyObject_CallOneArg(choose, topic);
-            if (chosen == NULL) {
+            if (chosen == NULL) { /* as the Python code would: the chooser's error, unchanged */
                 Py_DECREF(topic);
                 Py_DECREF(checked);
                 goto done;
             }
-            queue_id = PyLong_AsLongLong(chosen);
+            if (!as_int(chosen, 0, queue_limit - 1, &queue_id)) {
+                /* out of range or not a plain int: hand it back (chosen once) for the Python
+                 * code to place or refuse */
+                chosen_out = chosen;
+                Py_DECREF(topic);
+                Py_DECREF(checked);
+                break;
+            }
             Py_DECREF(chosen);
-            if (PyErr_Occurred() || queue_id < INT32_MIN || queue_id > INT32_MAX) {
-                Py_DECREF(topic);
-                Py_DECREF(checked);
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "chosen queue id out of range");
-                goto done;
-            }
             buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
             if (PyByteArray_GET_SIZE(buf_obj) != limit) {
                 Py_DECREF(topic);
@@ -703,10 +729,7 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                 goto done;
             }
         }
-        if (!(0 <= queue_id && queue_id < queue_limit)) {
-            /* hand the record back for the Python code to refuse, with the queue id chosen
-             * written in (so it is not chosen twice) */
-            if (queue_id != h.queue_id) wr32(buf + pos + QUEUE_ID_POSITION, (int32_t)queue_id);
+        if (!(0 <= queue_id && queue_id < queue_limit)) { /* the Python code refuses it */
             Py_DECREF(topic);
             Py_DECREF(checked);
             break;
@@ -738,12 +761,12 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyObject *uniq = c.uniq_key; /* borrowed */
         PyObject *pos_obj = PyLong_FromSsize_t(pos), *size_o = PyLong_FromSsize_t(size);
         PyObject *ts_o = PyLong_FromSsize_t(ts_position);
-        int rc = (pos_obj && size_o && ts_o) ? 0 : -1;
-        if (rc == 0) {
-            rc = (PyList_Append(positions, pos_obj) | PyList_Append(sizes, size_o) | PyList_Append(ts_positions, ts_o)
-                  | PyList_Append(queue_keys, key) | PyList_Append(topics, topic) | PyList_Append(uniq_keys, uniq)
-                  | PyList_Append(requests, req));
-        }
+        int rc = (pos_obj && size_o && ts_o && PyList_Append(positions, pos_obj) == 0
+                  && PyList_Append(sizes, size_o) == 0 && PyList_Append(ts_positions, ts_o) == 0
+                  && PyList_Append(queue_keys, key) == 0 && PyList_Append(topics, topic) == 0
+                  && PyList_Append(uniq_keys, uniq) == 0 && PyList_Append(requests, req) == 0)
+                     ? 0
+                     : -1;
         if (c.scheduled) scheduled = 1;
         Py_XDECREF(pos_obj);
         Py_XDECREF(size_o);
@@ -760,8 +783,9 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
         goto done;
     }
     if (scheduled && PyObject_SetAttrString(out, "scheduled", Py_True) < 0) goto done;
-    result = Py_BuildValue("(nn)", pos, index);
+    result = chosen_out ? Py_BuildValue("(nn(O))", pos, index, chosen_out) : Py_BuildValue("(nnO)", pos, index, Py_None);
 done:
+    Py_XDECREF(chosen_out);
     Py_XDECREF(positions);
     Py_XDECREF(sizes);
     Py_XDECREF(ts_positions);
@@ -849,7 +873,7 @@ static PyObject *py_decode_record(PyObject *self, PyObject *const *args, Py_ssiz
     if (need_configured() < 0) return NULL;
     if (S.record_type == NULL) Py_RETURN_NOTIMPLEMENTED;
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t limit = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         Py_RETURN_NOTIMPLEMENTED;
@@ -877,32 +901,29 @@ static PyObject *py_decode_record(PyObject *self, PyObject *const *args, Py_ssiz
     const Header *h = &c.header;
     const unsigned char *r = buf + pos;
     PyObject *v[18] = {NULL};
-    v[0] = PyLong_FromLong(h->total);
-    v[1] = PyLong_FromLong(h->magic);
-    v[2] = PyLong_FromLong(h->body_crc);
-    v[3] = PyLong_FromLong(h->queue_id);
-    v[4] = PyLong_FromLong(h->flag);
-    v[5] = PyLong_FromLongLong(h->queue_offset);
-    v[6] = PyLong_FromLongLong(h->phy_offset);
-    v[7] = PyLong_FromLong(h->sys_flag);
-    v[8] = PyLong_FromLongLong(h->born_ts);
-    v[9] = decoded_host(r + h->born_at, h->born_len);
-    v[10] = PyLong_FromLongLong(h->store_ts);
-    v[11] = decoded_host(r + h->store_at, h->store_len);
-    v[12] = PyLong_FromLong(h->reconsume);
-    v[13] = PyLong_FromLongLong(h->prepared_tx);
-    v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len);
     v[15] = c.topic; /* owned */
     Py_ssize_t end = pos + h->total;
-    v[16] = parse_properties(buf + c.props_at, end - c.props_at);
-    v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset);
-    int ok = 1;
-    for (int i = 0; i < 18; i++) ok &= v[i] != NULL;
-    PyObject *rec = ok ? S.record_type->tp_alloc(S.record_type, 0) : NULL;
+    PyObject *rec = NULL;
+    if ((v[0] = PyLong_FromLong(h->total)) == NULL || (v[1] = PyLong_FromLong(h->magic)) == NULL
+        || (v[2] = PyLong_FromLong(h->body_crc)) == NULL || (v[3] = PyLong_FromLong(h->queue_id)) == NULL
+        || (v[4] = PyLong_FromLong(h->flag)) == NULL || (v[5] = PyLong_FromLongLong(h->queue_offset)) == NULL
+        || (v[6] = PyLong_FromLongLong(h->phy_offset)) == NULL || (v[7] = PyLong_FromLong(h->sys_flag)) == NULL
+        || (v[8] = PyLong_FromLongLong(h->born_ts)) == NULL
+        || (v[9] = decoded_host(r + h->born_at, h->born_len)) == NULL
+        || (v[10] = PyLong_FromLongLong(h->store_ts)) == NULL
+        || (v[11] = decoded_host(r + h->store_at, h->store_len)) == NULL
+        || (v[12] = PyLong_FromLong(h->reconsume)) == NULL || (v[13] = PyLong_FromLongLong(h->prepared_tx)) == NULL
+        || (v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len)) == NULL
+        || (v[16] = parse_properties(buf + c.props_at, end - c.props_at)) == NULL
+        || (v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset)) == NULL) {
+        for (int i = 0; i < 18; i++) Py_XDECREF(v[i]);
+        goto done;
+    }
+    rec = S.record_type->tp_alloc(S.record_type, 0);
     for (int i = 0; i < 18; i++) {
         if (rec != NULL && Py_TYPE(S.record_descr[i])->tp_descr_set(S.record_descr[i], rec, v[i]) < 0)
             Py_CLEAR(rec);
-        Py_XDECREF(v[i]);
+        Py_DECREF(v[i]);
     }
     result = rec;
 done:
@@ -940,38 +961,59 @@ static PyObject *py_assign_offsets(PyObject *self, PyObject *const *args, Py_ssi
     }
     PyObject *zero = NULL;
     for (Py_ssize_t k = start; k < stop; k++) {
+        if (k >= PyList_GET_SIZE(positions) || k >= PyList_GET_SIZE(ts_positions) || k >= PyList_GET_SIZE(keys)) {
+            PyErr_SetString(PyExc_IndexError, "assign_offsets: the batch changed size");
+            goto error;
+        }
         Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, k));
-        Py_ssize_t ts_at = PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
-        if (PyErr_Occurred()) return NULL;
+        Py_ssize_t ts_at = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
+        if (PyErr_Occurred()) goto error;
         Py_ssize_t len = PyByteArray_GET_SIZE(buf_obj);
         if (pos < 0 || pos + 36 > len || ts_at < 0 || pos + ts_at + 8 > len) {
             PyErr_SetString(PyExc_ValueError, "assign_offsets: a record lies outside the buffer");
-            return NULL;
+            goto error;
         }
-        PyObject *key = PyList_GET_ITEM(keys, k);
+        if ((delta > 0 && pos > INT64_MAX - delta) || (delta < 0 && pos < INT64_MIN - delta)) {
+            PyErr_SetString(PyExc_OverflowError, "assign_offsets: physical offset out of range");
+            goto error;
+        }
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, k));
         long long queue_offset = 0;
         PyObject *qo_obj;
         if (key == Py_None) {
-            if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+            Py_DECREF(key);
+            if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) goto error;
             qo_obj = Py_NewRef(zero);
         } else {
             PyObject *next = PyDict_GetItemWithError(table, key);
-            if (next == NULL && PyErr_Occurred()) goto error;
+            if (next == NULL && PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto error;
+            }
             if (next != NULL) {
-                queue_offset = PyLong_AsLongLong(next);
-                if (queue_offset == -1 && PyErr_Occurred()) goto error;
                 qo_obj = Py_NewRef(next);
+                queue_offset = PyLong_AsLongLong(qo_obj);
+                if ((queue_offset == -1 && PyErr_Occurred()) || queue_offset == INT64_MAX) {
+                    if (!PyErr_Occurred()) PyErr_SetString(PyExc_OverflowError, "queue offset out of range");
+                    Py_DECREF(qo_obj);
+                    Py_DECREF(key);
+                    goto error;
+                }
             } else {
-                if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+                if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) {
+                    Py_DECREF(key);
+                    goto error;
+                }
                 qo_obj = Py_NewRef(zero);
             }
             PyObject *after = PyLong_FromLongLong(queue_offset + 1);
-            if (after == NULL || PyDict_SetItem(table, key, after) < 0) {
-                Py_XDECREF(after);
+            int rc = after == NULL ? -1 : PyDict_SetItem(table, key, after);
+            Py_XDECREF(after);
+            Py_DECREF(key);
+            if (rc < 0) {
                 Py_DECREF(qo_obj);
                 goto error;
             }
-            Py_DECREF(after);
         }
         /* the dict calls above may run Python code (a key's __eq__): reread the buffer */
         unsigned char *buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
@@ -996,21 +1038,6 @@ error:
 
 /* --------------------------------------------------------------- encode */
 
-static int as_int(PyObject *obj, long long lo, long long hi, long long *out) {
-    /* an exact int within [lo, hi]; 0 otherwise (no exception left set) */
-    if (obj == NULL || !PyLong_CheckExact(obj)) {
-        PyErr_Clear();
-        return 0;
-    }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred()) || v < lo || v > hi) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = v;
-    return 1;
-}
 
 /* Serialized properties of one message as properties_to_bytes writes them, into a new bytes
  * object; ``*waits`` becomes 0 when WAIT is "false". Returns NULL with no exception set when
@@ -1126,13 +1153,14 @@ static int attrs_get(PyObject *m, MessageAttrs *a) {
 PyDoc_STRVAR(encode_run_doc,
 "encode_run(messages, index, buf, sizes, queue_keys, wide_born, topics, hosts, store_host,\n"
 "           store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok)\n"
-"    -> (index, wait_store, chosen_queue_id | None)\n\n"
+"    -> (index, wait_store, (chosen queue id,) | None, error | None)\n\n"
 "The common case of RecordEncoder.encode_batch in C, from ``messages[index]`` (a list): each\n"
 "message whose topic is in ``topics`` (dict topic -> (TOPICLEN+TOPIC, magic, queue count)),\n"
 "whose born host is in ``hosts`` (the encoder's cache) and whose fields pass the checks is\n"
 "appended to the bytearray ``buf`` and the lists. Stops at the first message that needs the\n"
 "Python code (to refuse it, or to meet its topic or host) and returns its index, whether any\n"
-"encoded message waits for the store, and the queue id already chosen for it (or None).");
+"encoded message waits for the store, the queue id already chosen for the message stopped at\n"
+"and the error choosing it raised, for the Python code to raise naming the message.");
 
 static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 14) {
@@ -1147,11 +1175,16 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     Py_ssize_t index = PyLong_AsSsize_t(args[1]);
-    long store_v6 = PyLong_AsLong(args[9]);
-    long long max_body = PyLong_AsLongLong(args[10]);
-    long long now_ms = PyLong_AsLongLong(args[11]);
+    long store_v6 = PyErr_Occurred() ? 0 : PyLong_AsLong(args[9]);
+    long long max_body = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[10]);
+    long long now_ms = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[11]);
+    if (PyErr_Occurred()) return NULL;
     int unassigned_ok = PyObject_IsTrue(args[13]);
-    if (PyErr_Occurred() || unassigned_ok < 0) return NULL;
+    if (unassigned_ok < 0) return NULL;
+    if (index < 0) {
+        PyErr_SetString(PyExc_IndexError, "encode_run: negative index");
+        return NULL;
+    }
     const char *store_host = PyBytes_AS_STRING(args[8]);
     Py_ssize_t store_len = PyBytes_GET_SIZE(args[8]);
     if (store_len != 8 && store_len != 20) {
@@ -1159,22 +1192,27 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     int wait_store = 0;
-    int chose = 0; /* the message stopped at had its queue chosen here: hand the choice back */
-    long long chosen_value = 0;
+    /* For the message the run stops at: the queue id already chosen for it (handed back so it
+     * is not chosen twice) or the error choosing raised (re-raised by the Python code, which
+     * names the message). */
+    PyObject *chosen_obj = NULL, *error_obj = NULL;
     for (; index < PyList_GET_SIZE(messages); index++) {
-        PyObject *m = PyList_GET_ITEM(messages, index);
+        PyObject *m = Py_NewRef(PyList_GET_ITEM(messages, index));
         MessageAttrs a;
-        if (!attrs_get(m, &a)) break;
-        chose = 0;
+        if (!attrs_get(m, &a)) {
+            Py_DECREF(m);
+            break;
+        }
         int stop = 1;
-        PyObject *props_raw = NULL, *key = NULL;
+        PyObject *props_raw = NULL, *key = NULL, *info = NULL, *born = NULL; /* owned */
         do {
             if (!PyUnicode_CheckExact(a.topic) || !PyBytes_CheckExact(a.body)) break;
-            PyObject *info = PyDict_GetItemWithError(topics, a.topic);
+            info = PyDict_GetItemWithError(topics, a.topic);
             if (info == NULL) {
                 PyErr_Clear();
                 break;
             }
+            Py_INCREF(info); /* held: dict lookups and callbacks below may run Python code */
             if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 3 || !PyBytes_Check(PyTuple_GET_ITEM(info, 0))) break;
             PyObject *prefix = PyTuple_GET_ITEM(info, 0);
             long long magic, limit, queue_id, sys_flag, flag, born_ts, reconsume, prepared;
@@ -1190,16 +1228,19 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
             Py_ssize_t body_len = PyBytes_GET_SIZE(a.body);
             if (queue_id == -1 && choose != Py_None) {
                 PyObject *q = PyObject_CallOneArg(choose, a.topic);
-                long long chosen;
-                if (q == NULL || !as_int(q, INT32_MIN, INT32_MAX, &chosen)) {
-                    /* a refusal or an odd answer: the Python code chooses again and words it */
-                    Py_XDECREF(q);
-                    PyErr_Clear();
+                if (q == NULL) {
+                    PyObject *type, *value, *tb;
+                    PyErr_Fetch(&type, &value, &tb);
+                    PyErr_NormalizeException(&type, &value, &tb);
+                    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+                    Py_XDECREF(type);
+                    Py_XDECREF(tb);
+                    error_obj = value;
+                    if (error_obj == NULL) stop = -1;
                     break;
                 }
-                Py_DECREF(q);
-                queue_id = chosen_value = chosen;
-                chose = 1;
+                chosen_obj = q; /* handed back if the run stops at this message */
+                if (!as_int(q, INT32_MIN, INT32_MAX, &queue_id)) break; /* odd: Python decides */
             }
             if ((body_len > max_body || !(0 <= queue_id && queue_id < limit))
                 && !(unassigned_ok && queue_id == -1 && body_len <= max_body))
@@ -1220,11 +1261,12 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
                     break;
                 }
             }
-            PyObject *born = PyDict_GetItemWithError(hosts, a.born_host);
+            born = PyDict_GetItemWithError(hosts, a.born_host);
             if (born == NULL) {
                 PyErr_Clear();
                 break;
             }
+            Py_INCREF(born); /* held: another thread may clear the cache while the CRC runs */
             if (!PyTuple_Check(born) || PyTuple_GET_SIZE(born) < 2 || !PyBytes_Check(PyTuple_GET_ITEM(born, 0))) break;
             PyObject *born_host = PyTuple_GET_ITEM(born, 0);
             long long born_v6;
@@ -1300,16 +1342,29 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
             }
             if (waits) wait_store = 1;
             stop = 0;
-            chose = 0;
+            Py_CLEAR(chosen_obj);
         } while (0);
         Py_XDECREF(props_raw);
         Py_XDECREF(key);
+        Py_XDECREF(info);
+        Py_XDECREF(born);
         attrs_clear(&a);
-        if (stop < 0) return NULL;
+        Py_DECREF(m);
+        if (stop < 0) {
+            Py_XDECREF(chosen_obj);
+            Py_XDECREF(error_obj);
+            return NULL;
+        }
         if (stop) break;
     }
-    if (chose) return Py_BuildValue("(niL)", index, wait_store, chosen_value);
-    return Py_BuildValue("(niO)", index, wait_store, Py_None);
+    PyObject *chosen = chosen_obj ? PyTuple_Pack(1, chosen_obj) : Py_NewRef(Py_None);
+    Py_XDECREF(chosen_obj);
+    if (chosen == NULL) {
+        Py_XDECREF(error_obj);
+        return NULL;
+    }
+    return Py_BuildValue("(nNNN)", index, PyBool_FromLong(wait_store), chosen,
+                         error_obj ? error_obj : Py_NewRef(Py_None));
 }
 
 /* ------------------------------------------------------------- configure */

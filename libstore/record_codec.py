@@ -394,13 +394,14 @@ class RecordEncoder:
         msgs = messages if type(messages) is list else list(messages)
         n = len(msgs)
         index = 0
+        fast = _ext is not None and type(now_ms) is int
         try:
             while index < n:
                 chosen = None
-                if _ext is not None:
+                if fast:
                     # The C run (libstore._codec) encodes the common messages and stops at the
                     # first one that needs this code: to refuse it, or to meet its topic or host.
-                    index, waits, chosen = _ext.encode_run(
+                    index, waits, chosen, error = _ext.encode_run(
                         msgs,
                         index,
                         buf,
@@ -417,6 +418,8 @@ class RecordEncoder:
                         unassigned_queue_ok,
                     )
                     wait_store = wait_store or waits
+                    if error is not None:  # choose_queue raised for message ``index``
+                        raise error
                     if index >= n:
                         break
                 waits = self._encode_one(
@@ -458,10 +461,10 @@ class RecordEncoder:
         queue_nums: Callable[[str], int] | None,
         choose_queue: Callable[[str], int] | None,
         unassigned_queue_ok: bool,
-        chosen: int | None,
+        chosen: tuple[int] | None,
     ) -> bool:
-        """Encode message ``index`` onto ``out`` (see :meth:`encode_batch`; ``chosen``: its queue
-        id when already chosen), or raise. Returns whether it waits for the store (no
+        """Encode message ``index`` onto ``out`` (see :meth:`encode_batch`; ``chosen``: ``(queue
+        id,)`` when already chosen for it), or raise. Returns whether it waits for the store (no
         ``WAIT=false``)."""
         topic = m.topic
         info = topics.get(topic)
@@ -475,7 +478,7 @@ class RecordEncoder:
         max_body = self.max_message_size
         queue_id = m.queue_id
         if queue_id == -1 and choose_queue is not None:
-            queue_id = chosen if chosen is not None else choose_queue(topic)
+            queue_id = chosen[0] if chosen is not None else choose_queue(topic)
         if (body_len > max_body or not 0 <= queue_id < limit or not isinstance(body, _BODY_TYPES)) and not (
             unassigned_queue_ok and queue_id == -1 and body_len <= max_body and isinstance(body, _BODY_TYPES)
         ):
@@ -574,12 +577,20 @@ class RecordEncoder:
         # The C run (libstore._codec) takes the common records and stops at the first one that
         # needs this Python code: to refuse it, or to meet its topic.
         forbidden = frozenset() if check_properties is None else forbidden_properties
-        fast = _ext is not None and forbidden is not None
+        fast = (
+            _ext is not None
+            and isinstance(forbidden, (set, frozenset))
+            and type(born_host) is bytes
+            and type(now_ms) is int
+            and type(max_records) is int
+            and -(2**31) <= sys_flag_mask < 2**31
+        )
         pos = 0
         index = 0
         while pos < limit:
+            chosen = None
             if fast:
-                pos, index = _ext.adopt_run(
+                pos, index, chosen = _ext.adopt_run(
                     buf,
                     pos,
                     index,
@@ -610,6 +621,7 @@ class RecordEncoder:
                 check_properties,
                 sys_flag_mask,
                 max_records,
+                chosen,
             )
             index += 1
         out.buf = buf
@@ -631,9 +643,11 @@ class RecordEncoder:
         check_properties: Callable[[Iterable[str]], None] | None,
         sys_flag_mask: int,
         max_records: int,
+        chosen: tuple[int] | None = None,
     ) -> int:
-        """Adopt record ``index`` at ``pos`` into ``out`` (see :meth:`adopt_records`), or raise
-        naming it. Returns where the next record starts."""
+        """Adopt record ``index`` at ``pos`` into ``out`` (see :meth:`adopt_records`; ``chosen``:
+        ``(queue id,)`` when already chosen for it), or raise naming it. Returns where the next
+        record starts."""
         limit = len(buf)
         if max_records and index >= max_records:
             raise MessageIllegalError(f"a request carries at most {max_records} records")
@@ -659,7 +673,7 @@ class RecordEncoder:
             raise MessageIllegalError(f"record {index}: STOREHOST must be the IPv4 placeholder")
         topic = req.topic
         if req.queue_id == -1 and choose_queue is not None:
-            req.queue_id = choose_queue(topic)
+            req.queue_id = chosen[0] if chosen is not None else choose_queue(topic)
             _INT.pack_into(buf, pos + QUEUE_ID_POSITION, req.queue_id)
         queue_limit = limits.get(topic)
         if queue_limit is None:
@@ -718,7 +732,15 @@ def assign_offsets(
     absent; 0 and no entry for a None key, tx PREPARED/ROLLBACK), written into ``buf`` with its
     PHYSICALOFFSET (its position + ``delta``) and STORETIMESTAMP ``store_ts`` (ms), and appended
     to ``qoffs``. In C when the extension is built (a bytearray and a dict)."""
-    if _ext is not None and type(buf) is bytearray and type(table) is dict:
+    if (
+        _ext is not None
+        and type(buf) is bytearray
+        and type(table) is dict
+        and type(positions) is list
+        and type(ts_positions) is list
+        and type(keys) is list
+        and type(qoffs) is list
+    ):
         _ext.assign_offsets(buf, positions, ts_positions, keys, table, start, stop, delta, store_ts, qoffs)
         return
     _assign_offsets_py(buf, positions, ts_positions, keys, table, start, stop, delta, store_ts, qoffs)

@@ -436,3 +436,58 @@ def test_assign_offsets_matches_the_python_reference(keys, table, base):
         )
         outs.append((bytes(buf), tab, qoffs))
     assert outs[0] == outs[1]
+
+
+_PAST_THE_END = """
+import ctypes, mmap, struct
+from libstore import record_codec as rc
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+c_int, c_size_t, c_void_p = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+libc.mmap.argtypes = [c_void_p, c_size_t, c_int, c_int, c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+page = mmap.PAGESIZE
+addr = libc.mmap(None, 2 * page, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANONYMOUS
+assert libc.munmap(addr + page, page) == 0  # nothing mapped after the first page
+record = bytearray(91)
+struct.pack_into(">ii", record, 0, 91, rc.MESSAGE_MAGIC_CODE)
+struct.pack_into(">i", record, 36, 0x30)  # both hosts IPv6: a 112-byte header in a 91-byte record
+ctypes.memmove(addr + page - 91, bytes(record), 91)
+view = memoryview((ctypes.c_char * page).from_address(addr))
+want = rc._check_record_py(view, page - 91, page, True, -1, True)[0]
+got = rc._check_record(view, page - 91, page, True, -1, True)[0]
+assert (got.success, got.msg_size) == (want.success, want.msg_size) == (False, 91), (got, want)
+print("ok")
+"""
+
+
+def test_a_header_wider_than_its_record_is_not_read_past_the_buffer():
+    """A record whose SYSFLAG claims IPv6 hosts (a 112-byte header) in 91 bytes at the very end
+    of mapped memory: refused like the Python code refuses it, without reading past the end (in
+    a child process, so a read past the mapping fails this test instead of the test run)."""
+    out = subprocess.run([sys.executable, "-c", _PAST_THE_END], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+class _Queue(int):
+    """A queue id that is an int but not exactly one (numpy's integers are alike)."""
+
+
+def test_a_chooser_is_asked_once_per_message_whatever_it_answers():
+    calls: list[str] = []
+
+    def choose(topic: str) -> int:
+        calls.append(topic)
+        if len(calls) == 3:
+            raise MessageIllegalError("no queue for you")
+        return _Queue(len(calls) % 2)
+
+    msgs = [Message("T", b"x", -1), Message("T", b"y", -1)]
+    batch = RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, lambda t: 4, choose_queue=choose)
+    assert calls == ["T", "T"] and batch.queue_keys == [("T", 1), ("T", 0)] and batch.wait_store is True
+    with pytest.raises(MessageIllegalError, match="message 0: no queue for you"):
+        RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, lambda t: 4, choose_queue=choose)
+    calls.clear()
+    raw = _client_records([Message("T", b"x", -1), Message("T", b"y", -1)])
+    adopted = RecordEncoder(STORE_HOST, 4096).adopt_records(raw, BORN_TS, lambda t: 4, choose_queue=choose)
+    assert calls == ["T", "T"] and adopted.queue_keys == [("T", 1), ("T", 0)]
