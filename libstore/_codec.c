@@ -1094,7 +1094,7 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
             char *grown = PyMem_Realloc(raw, (size_t)cap);
             if (grown == NULL) {
                 PyErr_NoMemory();
-                goto fail;
+                goto slow; /* with MemoryError set: the caller tells the two apart */
             }
             raw = grown;
         }
@@ -1109,10 +1109,6 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
     Py_XDECREF(items);
     return out;
 slow:
-    PyMem_Free(raw);
-    Py_XDECREF(items);
-    return NULL;
-fail:
     PyMem_Free(raw);
     Py_XDECREF(items);
     return NULL;
@@ -1426,16 +1422,6 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(crc32_doc, "crc32(data) -> int: zlib's CRC-32 of a bytes-like object (java.util.zip.CRC32).");
-
-static PyObject *py_crc32(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    uint32_t crc = crc32_of((const unsigned char *)view.buf, view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
-}
-
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -1445,7 +1431,6 @@ static PyMethodDef methods[] = {
     {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL, encode_run_doc},
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,
      configure_record_doc},
-    {"crc32", py_crc32, METH_O, crc32_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,10 +5,11 @@ positions, queue keys, requests) or the same error for client-encoded records.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,7 +41,6 @@ def test_the_c_module_is_built_and_used():
     """`make install` builds it; without it every other test here would compare Python with
     itself, so a missing build fails here instead of passing quietly."""
     assert EXT is not None, "libstore._codec is not built (needs gcc, Python headers, zlib1g-dev)"
-    assert _check_record.__module__ == "libstore.record_codec"
     raw = _encoded([Message("T", b"body", 0, tags="a")])
     out = EXT.check_record(raw, 0, len(raw), True, -1, True, True, True)
     assert out is not NotImplemented and out[0].tags == "a"
@@ -51,6 +51,25 @@ def test_pure_python_mode_ignores_the_c_module():
     env = {**os.environ, "MQSTORE_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+@contextlib.contextmanager
+def _implementation(pure: bool) -> Iterator[None]:
+    """The C module in use, or (``pure``) the pure-Python reference alone."""
+    with pytest.MonkeyPatch.context() as m:
+        if pure:
+            m.setattr(record_codec, "_ext", None)
+        yield
+
+
+def _round_robin(width: int, counters: dict[str, int]) -> Callable[[str], int]:
+    """A queue chooser counting per topic in ``counters`` (so two runs can be compared)."""
+
+    def choose(topic: str) -> int:
+        counters[topic] = counters.get(topic, -1) + 1
+        return counters[topic] % width
+
+    return choose
 
 
 def _slots(req: DispatchRequest) -> tuple:
@@ -107,9 +126,7 @@ _edit = st.tuples(st.integers(0, 10_000), st.integers(0, 255))
 
 
 def _decoded(buf: bytes | bytearray, pos: int, limit: int, check_crc: bool, pure: bool) -> object:
-    with pytest.MonkeyPatch.context() as m:
-        if pure:
-            m.setattr(record_codec, "_ext", None)
+    with _implementation(pure):
         try:
             return decode_record(buf, pos, limit, check_crc=check_crc)
         except CorruptRecordError as exc:
@@ -173,14 +190,8 @@ def _client_records(msgs: list[Message]) -> bytes:
 
 
 def _adopt(raw: bytes, pure: bool) -> tuple:
-    with pytest.MonkeyPatch.context() as m:
-        if pure:
-            m.setattr(record_codec, "_ext", None)
-        counters: dict[str, int] = {}
-
-        def choose(topic: str) -> int:
-            counters[topic] = counters.get(topic, -1) + 1
-            return counters[topic] % 3
+    with _implementation(pure):
+        choose = _round_robin(3, {})
 
         def queue_nums(topic: str) -> int:
             if topic == "Unknown":
@@ -284,14 +295,9 @@ class _Mapping(Mapping[str, str]):
 
 
 def _encode(msgs: list, pure: bool, unassigned: bool) -> tuple:
-    with pytest.MonkeyPatch.context() as m:
-        if pure:
-            m.setattr(record_codec, "_ext", None)
+    with _implementation(pure):
         counters: dict[str, int] = {}
-
-        def choose(topic: str) -> int:
-            counters[topic] = counters.get(topic, -1) + 1
-            return counters[topic] % 5
+        choose = _round_robin(5, counters)
 
         def queue_nums(topic: str) -> int:
             if topic == "Unknown":
