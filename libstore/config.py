@@ -174,6 +174,22 @@ class StoreConfig:
         "mqstore: most long polls a gateway holds for one client connection; past it a poll that "
         "finds nothing is answered at once with RESOURCE_EXHAUSTED / TOO_MANY_REQUESTS",
     )
+    wait_time_mills_in_send_queue: int = _f(
+        200,
+        "waitTimeMillsInSendQueue",
+        "ms",
+        "gateway: when calls wait longer than this before they run (the event loop's lag), new "
+        "produce and send calls are refused at once with RESOURCE_EXHAUSTED / SYSTEM_BUSY and a "
+        'retry hint, as RocketMQ\'s broker answers "broker busy"',
+    )
+    max_inflight_produce_bytes: int = _f(
+        256 * 1024 * 1024,
+        "maxInflightProduceBytes",
+        "bytes",
+        "mqstore: most request bytes of produce and send calls a gateway holds at once (being "
+        "appended or waiting for flush or replica); one more is refused with RESOURCE_EXHAUSTED / "
+        "SYSTEM_BUSY and a retry hint (at least maxRequestBytes)",
+    )
     telemetry_outbox_max_commands: int = _f(
         64,
         "telemetryOutboxMaxCommands",
@@ -316,6 +332,8 @@ class StoreConfig:
             "max_read_bytes_per_call",
             "max_held_polls",
             "max_held_polls_per_client",
+            "wait_time_mills_in_send_queue",
+            "max_inflight_produce_bytes",
             "telemetry_outbox_max_commands",
             "telemetry_max_streams_per_client",
             "queue_offset_snapshot_interval",
@@ -378,6 +396,8 @@ class StoreConfig:
             )
         if self.max_request_bytes < self.max_message_size:
             raise ConfigError("max_request_bytes must be at least max_message_size")
+        if self.max_inflight_produce_bytes < self.max_request_bytes:
+            raise ConfigError("max_inflight_produce_bytes must be at least max_request_bytes")
         if self.max_held_polls_per_client > self.max_held_polls:
             raise ConfigError("max_held_polls_per_client exceeds max_held_polls")
         if self.default_topic_queue_nums > self.max_queue_nums_per_topic:

@@ -23,7 +23,9 @@ Each class has a ``reason``: the RocketMQ-style name the services put in ``googl
     ├── RoleSwitchError                  a promotion or demotion that would break the group
     ├── ServiceNotAvailableError         store shut down or not writeable
     │   ├── NotMasterError               a put reached a SLAVE
-    │   └── OSPageCacheBusyError         the put lock has been held too long (page cache stall)
+    │   ├── OSPageCacheBusyError         the put lock has been held too long (page cache stall)
+    │   └── TooManyRequestsError         a bound on concurrent work was reached
+    │       └── SystemBusyError          the server cannot keep up; retry after ``retry_after_ms``
     └── StoreIOError                     an OSError in the store's files (fail-stop)
         └── DiskFullError                no space for a new file
 """
@@ -208,6 +210,29 @@ class TooManyRequestsError(ServiceNotAvailableError):
     answered at once instead of being held; retry after a back-off (RESOURCE_EXHAUSTED)."""
 
     reason = "TOO_MANY_REQUESTS"
+
+
+class SystemBusyError(TooManyRequestsError):
+    """The server cannot keep up with what it is offered (RocketMQ's SYSTEM_BUSY, "broker
+    busy"): the request was refused before anything of it was written, so sending it again is
+    safe. ``retry_after_ms`` is the server's hint for when to try again (milliseconds); it
+    travels as gRPC's ``grpc-retry-pushback-ms`` trailer and a ``google.rpc.RetryInfo``."""
+
+    reason = "SYSTEM_BUSY"
+
+    def __init__(self, message: str, retry_after_ms: int = 100) -> None:
+        super().__init__(message)
+        self.retry_after_ms = max(0, int(retry_after_ms))
+
+    def details(self) -> dict[str, str]:
+        return {"retry_after_ms": str(self.retry_after_ms)}
+
+    @classmethod
+    def from_details(cls, message: str, details: dict[str, str]) -> StoreError:
+        try:
+            return cls(message, int(details.get("retry_after_ms", "100")))
+        except ValueError:
+            return cls(message)
 
 
 class StoreIOError(StoreError):

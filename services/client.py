@@ -2,8 +2,10 @@
 
 * :class:`Producer` sends batches in one Produce call each. Every message gets a UNIQ_KEY before
   the first try, so retrying (UNAVAILABLE, DEADLINE_EXCEEDED) is safe: the commitlog service
-  answers a repeated key with the first result. Beyond its de-duplication window delivery is
-  at-least-once. :meth:`Producer.send_batch_async` keeps several batches in flight.
+  answers a repeated key with the first result. A push back (RESOURCE_EXHAUSTED, SYSTEM_BUSY:
+  the gateway cannot keep up and wrote nothing) is retried after the gateway's hint. Beyond
+  its de-duplication window delivery is at-least-once. :meth:`Producer.send_batch_async` keeps
+  several batches in flight.
 * :class:`PullConsumer` consumes a topic as a group: one long-polling pull in flight per queue,
   records fetched raw and decoded here, each queue in order. :meth:`PullConsumer.commit` records
   the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,7 +52,7 @@ from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import TIMER_DELIVER_MS
 from services._common import convert
-from services._common.errors import store_error_from_rpc
+from services._common.errors import retry_pushback_ms, store_error_from_rpc
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
 from services._common.tls import TlsConfig
@@ -58,6 +61,22 @@ from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, g
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _retry_delay_s(err: grpc.RpcError, attempt: int) -> float | None:
+    """Seconds to wait before try ``attempt + 1`` of a call that failed with ``err``, or None
+    when it is not to be retried: UNAVAILABLE and DEADLINE_EXCEEDED back off exponentially
+    (50 ms doubling, at most 1 s); a push back (RESOURCE_EXHAUSTED with a
+    ``grpc-retry-pushback-ms`` hint: nothing was written) waits the hint, plus up to half of it
+    at random so refused clients do not all return at once."""
+    code = err.code()  # type: ignore[attr-defined]
+    if code in _RETRY_CODES:
+        return min(0.05 * 2**attempt, 1.0)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        hint = retry_pushback_ms(err)
+        if hint is not None:
+            return hint / 1000.0 * (1.0 + random.random() / 2)
+    return None
 
 
 @dataclass
@@ -123,15 +142,14 @@ class _Connection:
     def call(
         self, method: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float, retries: int
     ) -> object:
-        delay = 0.05
         for attempt in range(retries + 1):
             try:
                 return method(request, timeout=timeout_s)
             except grpc.RpcError as err:
-                if err.code() not in _RETRY_CODES or attempt == retries:  # type: ignore[attr-defined]
+                delay = _retry_delay_s(err, attempt)
+                if delay is None or attempt == retries:
                     reraise_mapped(err)
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
         raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -219,9 +237,10 @@ class Producer:
             try:
                 reply = call.result()
             except grpc.RpcError as err:
-                if err.code() in _RETRY_CODES and attempts[0] < self.retries:  # type: ignore[attr-defined]
+                delay = _retry_delay_s(err, attempts[0] + 1)
+                if delay is not None and attempts[0] < self.retries:
                     attempts[0] += 1
-                    threading.Timer(0.05 * 2 ** attempts[0], start).start()
+                    threading.Timer(delay, start).start()
                     return
                 mapped = store_error_from_rpc(err)
                 out.set_exception(mapped if mapped is not None else err)

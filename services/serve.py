@@ -50,6 +50,7 @@ from services.dispatch.servicer import DispatchServicer
 from services.dispatch.servicer import add_to_server as add_dispatch
 from services.embedded import CommitLogNode, EmbeddedStore
 from services.gateway.acl import AccessControl
+from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import OwnApiAuthInterceptor
 from services.gateway.limits import GatewayLimits
 from services.gateway.rocketmq.messaging import MessagingServicer
@@ -141,6 +142,7 @@ class Suite:
         self.index_app: IndexApp | None = None
         self.server: GrpcServer | None = None
         self.messaging: MessagingServicer | None = None
+        self.admission: ProduceAdmission | None = None
         self._channels: list[grpc.aio.Channel] = []
         self._ready_task: asyncio.Task[None] | None = None
 
@@ -226,8 +228,10 @@ class Suite:
             renew_max_ms=cfg.renew_max_time,
             limits=gateway.limits,
             held_polls=gateway.held_polls,
+            admission=gateway.admission,
         )
         self.messaging = messaging
+        self.admission = gateway.admission
         self.server = await self._listen(
             self.options.address,
             lambda s: add_gateway(gateway, s) + add_messaging(messaging, s),
@@ -409,6 +413,8 @@ class Suite:
             await self.server.stop(grace_s)
         if self.messaging is not None:
             await self.messaging.close()
+        if self.admission is not None:
+            await self.admission.close()
         if self.embedded is None:  # the embedded store stops its own, in _stop_commitlog
             for app in (self.index_app, self.dispatch_app):
                 if app is not None:

@@ -8,6 +8,10 @@ becomes INTERNAL with the trace id, and is logged. Servicers therefore hold no t
 Client side, :func:`store_error_from_rpc` maps a failed call back to the same StoreError class
 (by reason, else by code), so callers of a remote port see what callers of a local one see.
 
+A SystemBusyError (push back: nothing was written, send again later) also carries its hint the
+two standard ways: a ``google.rpc.RetryInfo`` detail and gRPC's ``grpc-retry-pushback-ms``
+trailer (what gRPC's own retry policy reads); :func:`retry_pushback_ms` reads it back.
+
     StoreError                      code
     MessageIllegalError (+subs),
     InvalidArgumentError, Config    INVALID_ARGUMENT
@@ -16,7 +20,7 @@ Client side, :func:`store_error_from_rpc` maps a failed call back to the same St
     NotMasterError, StoreLocked,
     LogDivergedError, RoleSwitch    FAILED_PRECONDITION
     OSPageCacheBusy, DiskFull,
-    TooManyRequests                 RESOURCE_EXHAUSTED
+    TooManyRequests, SystemBusy     RESOURCE_EXHAUSTED
     ServiceNotAvailable, StoreIO    UNAVAILABLE
     CorruptRecordError              DATA_LOSS
     AuthenticationError             UNAUTHENTICATED
@@ -25,12 +29,13 @@ Client side, :func:`store_error_from_rpc` maps a failed call back to the same St
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
@@ -41,6 +46,7 @@ log = logging.getLogger(__name__)
 
 DOMAIN = "mqstore"
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
 # Most specific first: the first isinstance match wins.
 _CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
@@ -93,7 +99,25 @@ def to_rpc_status(exc: E.StoreError) -> grpc.Status:
     detail = any_pb2.Any()
     detail.Pack(info)
     proto = status_pb2.Status(code=code.value[0], message=str(exc) or type(exc).__name__, details=[detail])
-    return rpc_status.to_status(proto)
+    if not isinstance(exc, E.SystemBusyError):
+        return rpc_status.to_status(proto)
+    retry = any_pb2.Any()
+    delay = duration_pb2.Duration()
+    delay.FromMilliseconds(exc.retry_after_ms)
+    retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    proto.details.append(retry)
+    status = rpc_status.to_status(proto)
+    return _PushbackStatus(
+        status.code,
+        status.details,
+        (*status.trailing_metadata, (RETRY_PUSHBACK_KEY, str(exc.retry_after_ms))),
+    )
+
+
+class _PushbackStatus(
+    collections.namedtuple("_PushbackStatus", ("code", "details", "trailing_metadata")), grpc.Status
+):
+    """A status with an extra trailer (grpc_status builds one with the details trailer only)."""
 
 
 def _internal_status(exc: BaseException) -> grpc.Status:
@@ -184,6 +208,19 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
                     info = error_details_pb2.ErrorInfo()
                     detail.Unpack(info)
                     return info
+    return None
+
+
+def retry_pushback_ms(err: grpc.RpcError) -> int | None:
+    """The server's retry hint of a failed call (``grpc-retry-pushback-ms``, milliseconds), or
+    None when it gave none: only a push back (SYSTEM_BUSY) carries one."""
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == RETRY_PUSHBACK_KEY:
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return None
     return None
 
 

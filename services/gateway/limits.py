@@ -3,7 +3,8 @@
 :class:`GatewayLimits` gathers the gateway's bounds from its StoreConfig (one place, so both
 APIs on the port apply the same numbers): messages and bytes per produce or send, the largest
 record a by-id query reads, held long polls in total and per client connection, and the
-Telemetry bounds of the RocketMQ 5 protocol.
+Telemetry bounds of the RocketMQ 5 protocol, and the push back on produce
+(services.gateway.admission).
 
 :class:`HeldPolls` counts the long polls being held (own API Pull with a wait, RocketMQ 5
 ReceiveMessage) per client connection (the gRPC peer, ``ipv4:host:port``) and in total. A poll
@@ -35,6 +36,8 @@ class GatewayLimits:
     telemetry_outbox_max_commands: int = 64
     telemetry_max_streams_per_client: int = 16
     offload_validation_bytes: int = 256 * 1024
+    wait_time_mills_in_send_queue: int = 200
+    max_inflight_produce_bytes: int = 256 * 1024 * 1024
 
     @classmethod
     def from_config(cls, config: StoreConfig) -> GatewayLimits:
@@ -48,6 +51,8 @@ class GatewayLimits:
             telemetry_outbox_max_commands=config.telemetry_outbox_max_commands,
             telemetry_max_streams_per_client=config.telemetry_max_streams_per_client,
             offload_validation_bytes=config.offload_validation_bytes,
+            wait_time_mills_in_send_queue=config.wait_time_mills_in_send_queue,
+            max_inflight_produce_bytes=config.max_inflight_produce_bytes,
         )
 
     @property

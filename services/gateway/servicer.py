@@ -19,7 +19,8 @@ write system topics, the store's own properties or its SYSFLAG bits (libstore.pr
 Bad input raises libstore errors, mapped to gRPC codes by the server interceptor. Bounds
 (services.gateway.limits): messages and bytes per produce, long polls held per client and in
 total (RESOURCE_EXHAUSTED past them when nothing is there to answer with), one record per by-id
-query.
+query. A produce the gateway cannot keep up with is refused before anything is written
+(RESOURCE_EXHAUSTED, SYSTEM_BUSY, with a retry hint: services.gateway.admission).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from services._common import convert
 from services._common.telemetry import tracer
 from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.gateway.acl import PUB, SUB, AccessControl, Account
+from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import current_account
 from services.gateway.limits import GatewayLimits, HeldPolls
 from services.ports import CommitLogPort, DispatchPort, IndexPort
@@ -115,6 +117,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.max_hold_ms = max_hold_ms
         self.limits = limits = limits or GatewayLimits()
         self.held_polls = HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
+        self.admission = ProduceAdmission(
+            limits.wait_time_mills_in_send_queue, limits.max_inflight_produce_bytes
+        )
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
         self._tracer = tracer("mqstore.gateway")
@@ -150,19 +155,22 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if request.records:
             if request.messages:
                 raise InvalidArgumentError("send messages or records, not both")
-            problem = self.limits.request_problem(0, len(request.records))
+            size = len(request.records)
+            problem = self.limits.request_problem(0, size)
             if problem:
                 raise InvalidArgumentError(problem)
-            return await self._produce_records(request.records, context.peer())
+            with self.admission.admit(size):
+                return await self._produce_records(request.records, context.peer())
         messages = request.messages
         n = len(messages)
-        problem = self.limits.request_problem(n, request.ByteSize())
+        size = request.ByteSize()
+        problem = self.limits.request_problem(n, size)
         if problem:
             raise InvalidArgumentError(problem)
         for topic in {m.topic for m in messages}:
             check_producer_topic(topic)
             self._allow(PUB, topic)
-        with self._tracer.start_as_current_span("gateway.produce") as span:
+        with self.admission.admit(size), self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.messages", n)
             self._prepare(messages, context.peer())
             results = await self.commitlog.append(messages)

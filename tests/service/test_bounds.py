@@ -1,14 +1,16 @@
 """Bounds on what a client controls, over real gRPC on 127.0.0.1: messages and bytes per
 request (both Produce forms, RocketMQ 5 SendMessage), large record batches validated off the
-event loop, topic creation (auto-create per role, a topic count, group names), one record per
-query by message id, Telemetry outboxes and streams, held long polls, the commitlog Read call,
-and RocketMQ 5 error messages that do not carry internals.
+event loop, produce bytes in flight (push back, and the client's retry after it), topic
+creation (auto-create per role, a topic count, group names), one record per query by message id,
+Telemetry outboxes and streams, held long polls, the commitlog Read call, and RocketMQ 5 error
+messages that do not carry internals.
 
 One bounded embedded suite serves most tests; each uses its own topic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -20,8 +22,10 @@ import grpc
 import pytest
 
 from libstore import InvalidArgumentError, MessageIllegalError, MessageNotFoundError, StoreConfig
+from libstore.errors import SystemBusyError
 from libstore.message_id import create_message_id
-from services.client import Admin, OutgoingMessage, Producer
+from services._common.errors import error_reason, retry_pushback_ms
+from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.proto import commitlog_grpc, commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from services.serve import ServeOptions, Suite, store_config
@@ -39,6 +43,7 @@ BOUNDS = {
     "telemetryOutboxMaxCommands": 4,
     "telemetryMaxStreamsPerClient": 2,
     "maxTopicCount": 40,
+    "maxInflightProduceBytes": 2 * 1024 * 1024,
 }
 _topics = itertools.count()
 
@@ -175,6 +180,66 @@ def test_v2_send_over_the_message_or_byte_cap_answers_bad_request_and_writes_not
         )
         assert big.status.code == Code.MESSAGE_BODY_TOO_LARGE
     assert _max_offset(suite) == before
+
+
+def test_produce_past_the_bytes_in_flight_is_pushed_back_writes_nothing_and_is_retried(
+    bounded: tuple[InProcessSuites, Suite], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 1.4 MiB held (its durability wait gated here) a 0.7 MiB produce would pass
+    maxInflightProduceBytes (2 MiB): both APIs refuse it before writing; the client retries
+    after the hint and gets it in once the held call is answered."""
+    _, suite = bounded
+    port, admission = suite.commitlog_port, suite.admission
+    assert port is not None and admission is not None
+    release = threading.Event()
+    wait_durable = port._wait_durable
+
+    async def gated(next_offset: int, wait_store: bool) -> Any:
+        await asyncio.to_thread(release.wait, 30)
+        return await wait_durable(next_offset, wait_store)
+
+    monkeypatch.setattr(port, "_wait_durable", gated)
+    topic = _topic("PushedBack")
+    body = 700 * 1024
+    with Admin(suite.address) as admin:
+        admin.create_topic(topic, 1)
+    try:
+        with (
+            Producer(suite.address, retries=0) as held_producer,
+            grpc.insecure_channel(suite.address) as channel,
+        ):
+            held = held_producer.send_batch_async(_messages(topic, 2, body))
+            _wait_for(lambda: admission.inflight_bytes > 2 * body, "the held produce")
+            before = _max_offset(suite)
+            with pytest.raises(SystemBusyError, match="maxInflightProduceBytes") as refused:
+                held_producer.send_batch(_messages(topic, 1, body))
+            assert refused.value.retry_after_ms > 0
+            raw = gateway_pb.ProduceRequest(messages=[common_pb.Message(topic=topic, body=bytes(body))])
+            with pytest.raises(grpc.RpcError) as raw_refused:
+                gateway_grpc.GatewayStub(channel).Produce(raw, timeout=10)
+            assert raw_refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_reason(raw_refused.value) == "SYSTEM_BUSY"
+            assert retry_pushback_ms(raw_refused.value) == refused.value.retry_after_ms
+            v2 = service_grpc.MessagingServiceStub(channel).SendMessage(
+                service.SendMessageRequest(messages=[_v2_message(topic, bytes(body), 0)]), timeout=10
+            )
+            assert v2.status.code == Code.TOO_MANY_REQUESTS
+            assert "maxInflightProduceBytes" in v2.status.message
+            assert _max_offset(suite) == before  # none of the refused calls wrote a byte
+            with Producer(suite.address, retries=20) as retrying:
+                threading.Timer(0.3, release.set).start()
+                assert retrying.send_batch(_messages(topic, 1, body)).all_ok
+            assert held.result(timeout=30).all_ok
+    finally:
+        release.set()
+    assert admission.inflight_bytes == 0
+    got = []
+    with PullConsumer(suite.address, "pushed-back", topic, batch_size=16, hold_ms=200) as consumer:
+        deadline = time.monotonic() + 20
+        while len(got) < 3 and time.monotonic() < deadline:
+            got += consumer.poll(500)
+        got += consumer.poll(300)
+    assert len(got) == 3  # the two held, the one retried: nothing lost, nothing twice
 
 
 # -- 2. topics and groups ----------------------------------------------------------------------------

@@ -27,7 +27,9 @@ only a malformed Telemetry stream ends with a gRPC error. Internal failures answ
 message with a correlation id (services.gateway.rocketmq.error_status). Bounds
 (services.gateway.limits): messages and bytes per send, long polls held per client and in
 total (TOO_MANY_REQUESTS past them when nothing is there to deliver), Telemetry streams per
-client id and commands queued per stream (services.gateway.rocketmq.sessions).
+client id and commands queued per stream (services.gateway.rocketmq.sessions); a send the
+gateway cannot keep up with is refused before anything is written (TOO_MANY_REQUESTS,
+services.gateway.admission).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from libstore.transaction_message import TransactionId, half_message
 from services._common import convert as common_convert
 from services._common.telemetry import tracer
 from services.gateway.acl import PUB, SUB, AccessControl, Account
+from services.gateway.admission import ProduceAdmission
 from services.gateway.limits import GatewayLimits, HeldPolls
 from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.convert import V2Error
@@ -161,6 +164,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         renew_max_ms: int = 3 * 3600 * 1000,
         limits: GatewayLimits | None = None,
         held_polls: HeldPolls | None = None,
+        admission: ProduceAdmission | None = None,
     ) -> None:
         self.commitlog = commitlog
         self.dispatch = dispatch
@@ -170,6 +174,9 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self.acl = acl
         self.limits = limits = limits or GatewayLimits()
         self.held_polls = held_polls or HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
+        self.admission = admission or ProduceAdmission(
+            limits.wait_time_mills_in_send_queue, limits.max_inflight_produce_bytes
+        )
         self.sessions = ClientSessions(
             max_streams=limits.telemetry_max_streams_per_client,
             outbox_max=limits.telemetry_outbox_max_commands,
@@ -385,10 +392,11 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         problem = self.limits.request_problem(len(request.messages), 0)
         if problem:
             raise V2Error(Code.BAD_REQUEST, problem)
-        problem = self.limits.request_problem(0, request.ByteSize())
+        size = request.ByteSize()
+        problem = self.limits.request_problem(0, size)
         if problem:
             raise V2Error(Code.MESSAGE_BODY_TOO_LARGE, problem)
-        with self._tracer.start_as_current_span("gateway.v2.send") as span:
+        with self.admission.admit(size), self._tracer.start_as_current_span("gateway.v2.send") as span:
             span.set_attribute("mqstore.messages", len(request.messages))
             peer_ip, _ = common_convert.peer_host(context.peer())
             now = _now_ms()
