@@ -25,6 +25,7 @@ abort file removed) so the next start takes normal recovery.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -428,6 +429,10 @@ async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = Non
     """Start a Suite, run until SIGTERM or SIGINT, then stop it gracefully."""
     suite = Suite(options)
     await suite.start()
+    # What is loaded by now (modules, descriptors, recovered state) lives as long as the
+    # process: keep it out of every later full collection, whose pauses are request latency.
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -51,6 +51,10 @@ from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 DECODED_BATCHES_KEPT = 1024
+# ... and at most this many records among them: each kept request is an object the garbage
+# collector walks on every full collection, so the cache stays small (followers in the same
+# process take a batch within milliseconds; one that falls behind reads the log).
+DECODED_RECORDS_KEPT = 16_384
 DECODED_CHUNKS_KEPT = 32  # up to 32 MiB of log, decoded: what two followers catching up share
 INLINE_DECODE_BYTES = 16 * 1024  # smaller chunks are decoded on the loop, larger on a worker
 DEFAULT_HEARTBEAT_MS = 1000
@@ -67,6 +71,7 @@ class LocalCommitLog:
         # (end offset, requests with their final offsets). In-process followers take these
         # instead of decoding the same bytes again; an older offset reads the log as usual.
         self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
+        self._decoded_records = 0  # requests held in _decoded
         # Chunks read back from the log and decoded for a follower: start -> (end, requests).
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
@@ -76,6 +81,7 @@ class LocalCommitLog:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
         changed role): what they point at may no longer be in the log."""
         self._decoded.clear()
+        self._decoded_records = 0
         self._chunks.clear()
         if self.dedup is not None:
             self.dedup.clear()
@@ -188,9 +194,11 @@ class LocalCommitLog:
             req.consume_queue_offset = qoff
             req.store_timestamp = ts
         start = results.phy_offsets[0]
-        self._decoded[start] = (results.phy_offsets[n - 1] + results.sizes[n - 1], requests)
-        while len(self._decoded) > DECODED_BATCHES_KEPT:
-            self._decoded.popitem(last=False)
+        decoded = self._decoded
+        decoded[start] = (results.phy_offsets[n - 1] + results.sizes[n - 1], requests)
+        self._decoded_records += n
+        while len(decoded) > DECODED_BATCHES_KEPT or self._decoded_records > DECODED_RECORDS_KEPT:
+            self._decoded_records -= len(decoded.popitem(last=False)[1][1])
 
     def _split_replays(self, messages: Sequence[Message]) -> tuple[list[Message], dict[int, Placed]]:
         dedup = self.dedup
@@ -369,6 +377,7 @@ class LocalCommitLog:
                 moved.clear()
                 if gens.generation != stream_gen:
                     self._decoded.clear()
+                    self._decoded_records = 0
                     self._chunks.clear()
                     _check_divergence(lid, gens.generation, lid, stream_gen, gens.divergence_point)
                     stream_gen = gens.generation

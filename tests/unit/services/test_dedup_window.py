@@ -143,8 +143,34 @@ def test_batch_lookups_and_puts_keep_the_newest_keys_within_capacity() -> None:
     assert len(window) == 2 and window.get_many(["T", "U"], ["a", "a"]) == {0: Placed(0, 100, 0, now)}
     # a re-put key becomes the newest, so capacity drops "b" first, then the oldest new one
     window.put_many(["T", "T", "T"], ["a", "c", "d"], [300, 400, 500], [10, 10, 10], [3, 4, 5], now + 1)
-    assert [key for key, _ in window.snapshot()] == ["T#a", "T#c", "T#d"]
+    assert window.snapshot().columns()[0] == ["T#a", "T#c", "T#d"]
     assert window.get("T", "a") == Placed(300, 10, 3, now + 1) and window.get("T", "b") is None
     # only the appended records (the first len(phy_offsets)) go in; expired keys are not hits
     window.put_many(["T", "T"], ["e", "f"], [600], [10, 10], [6, 7], now - 120_000)
-    assert window.get_many(["T", "T"], ["e", "f"]) == {} and [k for k, _ in window.snapshot()][-1] == "T#e"
+    assert window.get_many(["T", "T"], ["e", "f"]) == {} and window.snapshot().columns()[0][-1] == "T#e"
+    assert len(window) == 3 and window.get("T", "a") is None  # its slot went to "e"
+
+
+def test_a_wrapped_window_round_trips_through_its_file(open_log: Callable[..., CommitLog]) -> None:
+    """The ring after it wrapped, with a re-put key, keys outside ASCII and expired slots: the
+    saved file gives back the same hits; a damaged file is not taken."""
+    log = open_log()
+    _fill(log, 3)
+    gen = log.generation
+    assert gen is not None
+    now = time.time_ns() // 1_000_000
+    window = DedupWindow(capacity=5, ttl_ms=60_000)
+    keys = ["k0", "k1", "ключ2", "k3", "k1", "鍵5", "k6"]  # k1 again: its newest slot counts
+    for i, key in enumerate(keys):
+        window.put("T", key, Placed(i * 100, 100, i, now - 90_000 if i == 3 else now))
+    path = window_path(log.root)
+    assert window.save(path, gen.log_id, gen.generation, log.max_offset) == 5
+    loaded = DedupWindow(capacity=5, ttl_ms=60_000)
+    assert loaded.catch_up(path, log) == 0
+    for key in ["k1", "ключ2", "鍵5", "k6"]:
+        assert loaded.get("T", key) == window.get("T", key) is not None
+    assert loaded.get("T", "k1") == Placed(400, 100, 4, now)
+    assert loaded.get("T", "k0") is None and loaded.get("T", "k3") is None  # dropped; expired
+    assert len(loaded) == 4
+    path.write_bytes(path.read_bytes()[:-3])  # the keys cut short
+    assert DedupWindow(capacity=5).catch_up(path, log) is None
