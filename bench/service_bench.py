@@ -113,6 +113,7 @@ class LoadResult:
     messages: int
     seconds: float
     latencies_ms: list[float]
+    pushed_back: int = 0  # calls refused with a retry hint (SYSTEM_BUSY) and sent again
 
     @property
     def msgs_per_s(self) -> float:
@@ -157,6 +158,7 @@ def _produce_worker(
 
     import grpc
 
+    from services._common.errors import retry_pushback_ms
     from services.proto import gateway_pb
 
     requests = _build_requests(worker, total, batch)
@@ -169,6 +171,7 @@ def _produce_worker(
     remaining = [len(requests)]
     lock = threading.Lock()
     failed = [0]
+    pushed = [0]
     reasons: dict[str, int] = {}
     pending: set[grpc.Future] = set()
     while time.time() < start_at:
@@ -186,10 +189,14 @@ def _produce_worker(
                 time.sleep(delay)
         else:
             sent = time.perf_counter()
-        fut = produce_call.future(request, timeout=60)
-        pending.add(fut)  # a call future collected while in flight cancels its call
 
-        def finished(f, sent=sent) -> None:
+        def start(request=request, sent=sent) -> None:
+            fut = produce_call.future(request, timeout=60)
+            with lock:
+                pending.add(fut)  # a call future collected while in flight cancels its call
+            fut.add_done_callback(lambda f: finished(f, request, sent))
+
+        def finished(f, request, sent) -> None:
             reason = ""
             try:
                 reply = gateway_pb.ProduceResponse.FromString(f.result())
@@ -198,6 +205,15 @@ def _produce_worker(
                     res = reply.results
                     reason = f"status {res.status}, {res.appended}/{res.count} appended"
             except grpc.RpcError as err:
+                hint = retry_pushback_ms(err)
+                if err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and hint is not None:
+                    # Pushed back (nothing written): send again after the hint, as a client
+                    # would; the latency still counts from the scheduled send.
+                    with lock:
+                        pending.discard(f)
+                        pushed[0] += 1
+                    threading.Timer(hint / 1000.0, start, (request, sent)).start()
+                    return
                 ok = False
                 reason = f"{err.code().name}: {err.details()} {err.debug_error_string()[:160]}"
             with lock:
@@ -211,11 +227,11 @@ def _produce_worker(
                     done.set()
             slots.release()
 
-        fut.add_done_callback(finished)
+        start()
     done.wait(300)
     seconds = time.perf_counter() - t0
     channel.close()
-    q.put((total, seconds, latencies, failed[0], reasons))
+    q.put((total, seconds, latencies, failed[0], reasons, pushed[0]))
 
 
 def produce(
@@ -244,7 +260,10 @@ def produce(
                 reasons[reason] = reasons.get(reason, 0) + n
         raise RuntimeError(f"{failed} produce calls failed: {reasons}")
     return LoadResult(
-        sum(r[0] for r in results), max(r[1] for r in results), [lat for r in results for lat in r[2]]
+        sum(r[0] for r in results),
+        max(r[1] for r in results),
+        [lat for r in results for lat in r[2]],
+        sum(r[5] for r in results),
     )
 
 
