@@ -49,6 +49,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from libstore.allocate_mapped_file import AllocateMappedFileService
+from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.errors import (
     CorruptRecordError,
@@ -182,6 +183,8 @@ class CommitLog:
         )
         self._running = False
         self._writeable = True
+        self._disk_full = ""  # why puts are refused for disk usage ("" when they are not)
+        self.cleaner: CleanCommitLogService | None = None  # started with the log
         self._loaded = False
         self.last_exit_ok = True
         self.recovery_report: RecoveryReport | None = None
@@ -337,7 +340,8 @@ class CommitLog:
                     on_committed=self._on_committed,
                 )
         self._snapshot_service = _SnapshotService(self, cfg.queue_offset_snapshot_interval)
-        for svc in (self._commit_service, self._flush_service, self._snapshot_service):
+        self.cleaner = CleanCommitLogService(self, cfg)
+        for svc in (self._commit_service, self._flush_service, self._snapshot_service, self.cleaner):
             if svc is not None:
                 svc.start()
                 self._services.append(svc)
@@ -351,7 +355,13 @@ class CommitLog:
         if not self._loaded:
             return
         self.stop_accepting()
-        for svc in (self._snapshot_service, self._commit_service, self._flush_service, self._allocator):
+        for svc in (
+            self.cleaner,
+            self._snapshot_service,
+            self._commit_service,
+            self._flush_service,
+            self._allocator,
+        ):
             if svc is not None:
                 svc.shutdown()
         assert self.queue is not None and self.checkpoint is not None
@@ -572,6 +582,8 @@ class CommitLog:
             )
         if not self._writeable:
             raise ServiceNotAvailableError("the store is not writeable after an I/O error")
+        if self._disk_full:
+            raise DiskFullError(self._disk_full)
 
     def _append_locked(self, batch: EncodedBatch) -> PutMessageResults:
         """Assign offsets and copy the batch into segments, rolling as needed (put lock held).
@@ -734,6 +746,31 @@ class CommitLog:
     @property
     def writeable(self) -> bool:
         return self._writeable
+
+    @property
+    def disk_full(self) -> str:
+        """Why puts are refused for disk usage, or "" when they are not (see :meth:`set_disk_full`)."""
+        return self._disk_full
+
+    def set_disk_full(self, reason: str) -> None:
+        """Refuse puts with DiskFullError(``reason``) until called with "" (RocketMQ's DISK_FULL
+        run state, set and cleared by the cleanup service, libstore.commit_log_cleaner). Nothing
+        already stored is affected; a SLAVE keeps replicating."""
+        if reason and not self._disk_full:
+            log.error("CommitLog: refusing puts: %s", reason)
+        elif self._disk_full and not reason:
+            log.warning("CommitLog: taking puts again: disk usage is back under the warning level")
+        self._disk_full = reason
+
+    def delete_expired_segments(
+        self, expired_before: float, *, force: bool, batch_max: int, pause: Callable[[], bool] | None = None
+    ) -> list[tuple[str, int]]:
+        """Delete segments from the head of the log (MappedFileQueue.delete_expired_files, spec
+        §9): last modified before ``expired_before`` (seconds since the epoch), or any but the
+        newest with ``force``. Returns (file name, bytes) per deleted segment; the log's
+        ``min_offset`` is then the first kept segment's start. Raises StoreIOError."""
+        assert self.queue is not None
+        return self.queue.delete_expired_files(expired_before, force=force, batch_max=batch_max, pause=pause)
 
     @property
     def running(self) -> bool:

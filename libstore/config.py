@@ -303,6 +303,44 @@ class StoreConfig:
         "with slaveReadEnable: records further behind the master's end than this share of RAM are "
         "read from a slave",
     )
+    # -- retention (spec §9: RocketMQ's CleanCommitLogService) ----------------------------------
+    file_reserved_time: int = _f(
+        72, "fileReservedTime", "hours", "a CommitLog segment unmodified this long is expired"
+    )
+    delete_when: str = _f(
+        "04",
+        "deleteWhen",
+        "hours",
+        "local hours (00-23, ';'-separated) in which expired segments are deleted; any hour when the "
+        "disk passes diskMaxUsedSpaceRatio",
+    )
+    disk_max_used_space_ratio: int = _f(
+        75, "diskMaxUsedSpaceRatio", "percent", "past this disk usage expired segments go at any hour"
+    )
+    disk_space_clean_forcibly_ratio: int = _f(
+        85,
+        "diskSpaceCleanForciblyRatio",
+        "percent",
+        "past this disk usage the oldest segments go even unexpired (with cleanFileForciblyEnable)",
+    )
+    disk_space_warning_level_ratio: int = _f(
+        90,
+        "diskSpaceWarningLevelRatio",
+        "percent",
+        "past this disk usage the store is marked disk-full and refuses puts until cleanup brings "
+        "it back under",
+    )
+    clean_file_forcibly_enable: bool = _f(
+        True, "cleanFileForciblyEnable", doc="delete unexpired segments past diskSpaceCleanForciblyRatio"
+    )
+    clean_resource_interval: int = _f(10_000, "cleanResourceInterval", "ms", "how often cleanup runs")
+    delete_commit_log_files_interval: int = _f(
+        100, "deleteCommitLogFilesInterval", "ms", "pause between two CommitLog segment deletions"
+    )
+    delete_consume_queue_files_interval: int = _f(
+        100, "deleteConsumeQueueFilesInterval", "ms", "pause between two ConsumeQueue file deletions"
+    )
+    delete_file_batch_max: int = _f(10, "deleteFileBatchMax", "files", "most segments deleted per round")
     queue_offset_snapshot_interval: int = _f(
         10_000,
         "queueOffsetSnapshotInterval",
@@ -359,6 +397,9 @@ class StoreConfig:
             "slave_timeout",
             "in_sync_replicas",
             "access_message_in_memory_max_ratio",
+            "file_reserved_time",
+            "clean_resource_interval",
+            "delete_file_batch_max",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -371,6 +412,8 @@ class StoreConfig:
             "flush_consume_queue_least_pages",
             "broker_id",
             "offload_validation_bytes",
+            "delete_commit_log_files_interval",
+            "delete_consume_queue_files_interval",
         )
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -398,6 +441,16 @@ class StoreConfig:
             raise ConfigError("max_request_bytes must be at least max_message_size")
         if self.max_inflight_produce_bytes < self.max_request_bytes:
             raise ConfigError("max_inflight_produce_bytes must be at least max_request_bytes")
+        for name in (
+            "disk_max_used_space_ratio",
+            "disk_space_clean_forcibly_ratio",
+            "disk_space_warning_level_ratio",
+        ):
+            if not 1 <= getattr(self, name) <= 99:
+                raise ConfigError(f"{name} is a percentage within 1..99, got {getattr(self, name)!r}")
+        if self.disk_space_clean_forcibly_ratio > self.disk_space_warning_level_ratio:
+            raise ConfigError("disk_space_clean_forcibly_ratio exceeds disk_space_warning_level_ratio")
+        self.delete_hours  # noqa: B018 - validates delete_when
         if self.max_held_polls_per_client > self.max_held_polls:
             raise ConfigError("max_held_polls_per_client exceeds max_held_polls")
         if self.default_topic_queue_nums > self.max_queue_nums_per_topic:
@@ -411,6 +464,19 @@ class StoreConfig:
             )
         if not self.broker_name or not all(c.isalnum() or c in "-_." for c in self.broker_name):
             raise ConfigError(f"broker_name must be non-empty [A-Za-z0-9._-], got {self.broker_name!r}")
+
+    @property
+    def delete_hours(self) -> frozenset[int]:
+        """The local hours of ``delete_when`` ("04;05" -> {4, 5}). Raises ConfigError."""
+        hours: set[int] = set()
+        for part in self.delete_when.split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit() or not 0 <= int(part) <= 23:
+                raise ConfigError(f"delete_when lists hours 00-23 separated by ';', got {self.delete_when!r}")
+            hours.add(int(part))
+        return frozenset(hours)
 
     # -- derived paths -----------------------------------------------------------------------
     @property

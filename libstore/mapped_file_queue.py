@@ -236,6 +236,60 @@ class MappedFileQueue:
         return self.committed_where
 
     # -- truncation / deletion ----------------------------------------------------------------
+    def delete_expired_files(
+        self,
+        expired_before: float,
+        *,
+        force: bool = False,
+        batch_max: int = 10,
+        pause: Callable[[], bool] | None = None,
+    ) -> list[tuple[str, int]]:
+        """Delete segments from the head of the queue, oldest first (spec §9, RocketMQ's
+        ``deleteExpiredFileByTime``): each whose last modification (mtime, seconds since the
+        epoch) is before ``expired_before``, or any with ``force``; stops at the first segment it
+        keeps. Never deletes the newest segment or one holding bytes not yet flushed. At most
+        ``batch_max`` per call; ``pause`` runs between two deletions and returns False to stop
+        early (shutdown). The folder is fsynced once after the deletions.
+
+        Readers that look up a deleted segment find none (their offset is below the min offset);
+        one that still holds a view of its bytes keeps the mapping alive until it lets go (the
+        file is already unlinked). Returns (file name, size in bytes) of each deleted segment.
+        Raises StoreIOError when a file cannot be removed."""
+        deleted: list[tuple[str, int]] = []
+        while len(deleted) < batch_max:
+            if deleted and pause is not None and not pause():
+                break
+            with self._flush_lock:
+                files = self.mapped_files
+                if len(files) < 2:
+                    break
+                mf = files[0]
+                end = mf.file_from_offset + mf.file_size
+                if end > self.flushed_where:  # (with a write buffer, flushed implies committed)
+                    break
+                try:
+                    modified = os.stat(mf.path).st_mtime
+                except FileNotFoundError:
+                    modified = 0.0
+                except OSError as exc:
+                    raise StoreIOError(f"cannot stat {mf.path}: {exc.strerror}") from exc
+                if not force and modified >= expired_before:
+                    break
+                self.mapped_files = files[1:]  # readers see the new list or the old one, whole
+                log.info(
+                    "deleting segment %s: %s",
+                    mf.file_name,
+                    "disk usage forces it" if force and modified >= expired_before else "expired",
+                )
+                try:
+                    mf.destroy()
+                except OSError as exc:
+                    raise StoreIOError(f"cannot delete {mf.path}: {exc.strerror}") from exc
+                deleted.append((mf.file_name, mf.file_size))
+        if deleted:
+            fsync_dir(self.store_path)
+        return deleted
+
     def truncate_dirty_files(self, offset: int, *, move_to: Path | None = None) -> list[Path]:
         """Cut the log at ``offset``: segments past it are deleted (or, with ``move_to``, moved
         into that folder), the one holding it is truncated, durably (its file fdatasynced, the

@@ -19,6 +19,11 @@ def store_config(tmp_path: Path) -> StoreConfig:
         mapped_file_size_commit_log=SEGMENT,
         max_message_size=64 * 1024,
         preload_mapped_file_enable=False,
+        # Retention by disk usage has its own tests (an injected usage): the rest must not
+        # depend on how full the host's disk is.
+        disk_max_used_space_ratio=99,
+        disk_space_clean_forcibly_ratio=99,
+        disk_space_warning_level_ratio=99,
     )
 
 

@@ -1,0 +1,153 @@
+"""CleanCommitLogService: frees disk from the head of the CommitLog (spec §9).
+
+Every ``cleanResourceInterval`` (10 s; the first a minute after start, as RocketMQ) one round:
+
+1. measures the disk usage of the CommitLog's partition (a fraction; ``disk_usage`` is
+   injectable, default :func:`disk_usage_ratio`);
+2. above ``diskSpaceWarningLevelRatio`` (90%) marks the store disk-full: puts are refused with
+   DiskFullError (RESOURCE_EXHAUSTED, reason DISK_FULL) until a round measures below it again;
+3. deletes, oldest first, segments last modified more than ``fileReservedTime`` (72 h) ago
+   when the local hour is one of ``deleteWhen`` ("04") or usage is above
+   ``diskMaxUsedSpaceRatio`` (75%); above ``diskSpaceCleanForciblyRatio`` (85%, or the warning
+   level) with ``cleanFileForciblyEnable`` it deletes unexpired segments too, oldest first;
+   never the newest segment, never unflushed bytes, at most ``deleteFileBatchMax`` (10) per
+   round, ``deleteCommitLogFilesInterval`` (100 ms) apart.
+
+Derived state follows the log's new min offset on its own (ConsumeQueues, IndexFiles). A
+replica cleans by its own clock and usage; a SLAVE is never refused (it takes no puts).
+
+What RocketMQ leaves out and we keep: every round's outcome (:class:`CleanupRound`, the last one
+in :attr:`CleanCommitLogService.last_round`) and running totals, for stats and metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from libstore.config import StoreConfig
+from libstore.errors import StoreIOError
+from libstore.service_thread import ServiceThread
+
+if TYPE_CHECKING:
+    from libstore.commit_log import CommitLog
+
+log = logging.getLogger(__name__)
+
+FIRST_ROUND_DELAY_S = 60.0  # RocketMQ schedules the first cleanup a minute after start
+
+
+def disk_usage_ratio(path: Path) -> float:
+    """Used share (0..1) of the file system holding ``path``, as ``df`` computes Use%: used /
+    (used + available to unprivileged users), so blocks reserved for root are left out of both.
+    Raises OSError."""
+    usage = shutil.disk_usage(path)
+    room = usage.used + usage.free
+    return usage.used / room if room else 0.0
+
+
+@dataclass(frozen=True)
+class CleanupRound:
+    """One round's outcome: when (ms since the epoch), the disk usage measured (0..1), why it
+    deleted ("" when it did not look: not the hour, usage low), the segments deleted (file name,
+    bytes) and the log's min offset after it."""
+
+    at_ms: int
+    usage: float
+    reason: str
+    deleted: tuple[tuple[str, int], ...]
+    min_offset: int
+
+    @property
+    def deleted_bytes(self) -> int:
+        return sum(size for _, size in self.deleted)
+
+
+class CleanCommitLogService(ServiceThread):
+    """The cleanup rounds of one CommitLog (module docstring). ``clock`` (seconds since the
+    epoch), ``local_hour`` (0-23) and ``disk_usage`` (path -> 0..1) are injectable for tests;
+    :meth:`clean_once` runs one round in the caller's thread."""
+
+    def __init__(
+        self,
+        log_: CommitLog,
+        config: StoreConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        local_hour: Callable[[], int] | None = None,
+        disk_usage: Callable[[Path], float] = disk_usage_ratio,
+    ) -> None:
+        super().__init__("CleanCommitLogService")
+        self.log = log_
+        self.config = config
+        self._clock = clock
+        self._local_hour = local_hour or (lambda: time.localtime(self._clock()).tm_hour)
+        self._disk_usage = disk_usage
+        self.last_round: CleanupRound | None = None
+        self.deleted_files = 0
+        self.deleted_bytes = 0
+        self._started_rounds = False
+
+    def run_loop(self) -> None:
+        first, self._started_rounds = not self._started_rounds, True
+        self.wait_for_running(FIRST_ROUND_DELAY_S * 1000 if first else self.config.clean_resource_interval)
+        if self.stopped:
+            return
+        try:
+            self.clean_once()
+        except (OSError, StoreIOError) as exc:
+            log.error(
+                "CommitLog cleanup failed, next round in %d ms: %s", self.config.clean_resource_interval, exc
+            )
+
+    def clean_once(self) -> CleanupRound:
+        """One round (module docstring). Raises OSError when usage cannot be measured,
+        StoreIOError when a segment cannot be deleted (the next round tries again)."""
+        cfg = self.config
+        usage = self._disk_usage(cfg.commit_log_dir)
+        percent = usage * 100.0
+        if percent > cfg.disk_space_warning_level_ratio:
+            self.log.set_disk_full(
+                f"the disk holding the CommitLog is {percent:.1f}% used, above diskSpaceWarningLevelRatio "
+                f"({cfg.disk_space_warning_level_ratio}%): puts are refused until cleanup frees space"
+            )
+        elif self.log.disk_full:
+            self.log.set_disk_full("")
+        forced = cfg.clean_file_forcibly_enable and percent > cfg.disk_space_clean_forcibly_ratio
+        if forced:
+            limit = cfg.disk_space_clean_forcibly_ratio
+            reason = f"disk {percent:.1f}% used > diskSpaceCleanForciblyRatio {limit}%"
+        elif percent > cfg.disk_max_used_space_ratio:
+            reason = f"disk {percent:.1f}% used > diskMaxUsedSpaceRatio {cfg.disk_max_used_space_ratio}%"
+        elif self._local_hour() in cfg.delete_hours:
+            reason = f"deleteWhen hour {self._local_hour():02d}"
+        else:
+            reason = ""
+        deleted: list[tuple[str, int]] = []
+        if reason:
+            expired_before = self._clock() - cfg.file_reserved_time * 3600.0
+            pause_s = cfg.delete_commit_log_files_interval / 1000.0
+            deleted = self.log.delete_expired_segments(
+                expired_before,
+                force=forced,
+                batch_max=cfg.delete_file_batch_max,
+                pause=lambda: not self._stopped.wait(pause_s),
+            )
+        result = CleanupRound(int(self._clock() * 1000), usage, reason, tuple(deleted), self.log.min_offset)
+        if deleted:
+            self.deleted_files += len(deleted)
+            self.deleted_bytes += result.deleted_bytes
+            log.info(
+                "CommitLog cleanup (%s): deleted %d segment(s), %d bytes; min offset now %d",
+                reason,
+                len(deleted),
+                result.deleted_bytes,
+                result.min_offset,
+            )
+        self.last_round = result
+        return result
