@@ -388,6 +388,31 @@ class ConsumeQueue:
             )
         return removed
 
+    def delete_expired_files(
+        self, commit_log_min_offset: int, *, pause: Callable[[], bool] | None = None
+    ) -> int:
+        """Delete segments whose every unit points below ``commit_log_min_offset`` (their
+        messages left the CommitLog: RocketMQ's ``deleteExpiredFileByOffset``), oldest first,
+        never the newest; then move the min offset past the units left pointing below it.
+        Returns how many segments were deleted. Raises StoreIOError."""
+
+        def doomed(mf: MappedFile) -> str:
+            if mf.wrote_position < mf.file_size:
+                return ""
+            try:
+                phy, _, _ = _UNIT.unpack_from(mf.buffer, mf.file_size - CQ_STORE_UNIT_SIZE)
+            except ValueError:  # closed under us
+                return ""
+            return (
+                f"its last unit points below the CommitLog's min offset {commit_log_min_offset}"
+                if (phy < commit_log_min_offset)
+                else ""
+            )
+
+        deleted = self.queue.delete_head_files(doomed, batch_max=1 << 30, pause=pause)
+        self.correct_min_offset(commit_log_min_offset)
+        return len(deleted)
+
     def correct_min_offset(self, commit_log_min_offset: int) -> None:
         """Move the min offset past units whose messages the CommitLog no longer holds."""
         first = self.queue.get_first_mapped_file()

@@ -151,6 +151,19 @@ class ConsumeQueueStore:
         """Cut units pointing at or past CommitLog offset ``phy_offset``; returns how many."""
         return sum(cq.truncate_dirty_logic_files(phy_offset) for cq in self._queues.values())
 
+    def delete_expired(self, commit_log_min_offset: int, *, pause: Callable[[], bool] | None = None) -> int:
+        """Delete, queue after queue, the ConsumeQueue segments wholly below the CommitLog's
+        min offset and correct each queue's min offset (ConsumeQueue.delete_expired_files);
+        ``pause`` runs after each queue that deleted something and returns False to stop early.
+        Returns how many segments were deleted. Raises StoreIOError."""
+        total = 0
+        for cq in list(self._queues.values()):
+            n = cq.delete_expired_files(commit_log_min_offset)
+            total += n
+            if n and pause is not None and not pause():
+                break
+        return total
+
     def correct_min_offsets(self, commit_log_min_offset: int) -> None:
         for cq in self._queues.values():
             cq.correct_min_offset(commit_log_min_offset)

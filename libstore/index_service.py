@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from libstore._files import fsync_dir
 from libstore.errors import StoreIOError
 from libstore.index_file import IndexFile, index_hash_of
 from libstore.message import MessageSysFlag
@@ -162,6 +163,34 @@ class IndexService:
             f.destroy()
         self.files = self.files[:first]
         self._refresh_last_indexed()
+        self._forget_mark_if_gone()
+
+    def delete_expired(self, commit_log_min_offset: int) -> int:
+        """Delete, oldest first, the IndexFiles whose every entry is for a record below
+        ``commit_log_min_offset`` (RocketMQ's ``deleteExpiredFile``); never the newest file.
+        Returns how many were deleted. Raises StoreIOError."""
+        with self._lock:
+            files = self.files
+            n = 0
+            while n < len(files) - 1 and files[n].end_phy_offset < commit_log_min_offset:
+                n += 1
+            if not n:
+                return 0
+            for f in files[:n]:
+                log.info(
+                    "deleting index file %s: its records end at %d, below the CommitLog's min offset %d",
+                    f.file_name,
+                    f.end_phy_offset,
+                    commit_log_min_offset,
+                )
+                self._dirty.discard(f.file_name)
+                f.destroy()
+            self.files = files[n:]
+            self._forget_mark_if_gone()
+        fsync_dir(self.store_path)
+        return n
+
+    def _forget_mark_if_gone(self) -> None:
         if self.applied_mark is not None and self.applied_mark[0] not in {f.file_name for f in self.files}:
             self.applied_mark = None
 

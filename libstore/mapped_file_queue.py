@@ -246,10 +246,34 @@ class MappedFileQueue:
     ) -> list[tuple[str, int]]:
         """Delete segments from the head of the queue, oldest first (spec §9, RocketMQ's
         ``deleteExpiredFileByTime``): each whose last modification (mtime, seconds since the
-        epoch) is before ``expired_before``, or any with ``force``; stops at the first segment it
-        keeps. Never deletes the newest segment or one holding bytes not yet flushed. At most
-        ``batch_max`` per call; ``pause`` runs between two deletions and returns False to stop
-        early (shutdown). The folder is fsynced once after the deletions.
+        epoch) is before ``expired_before``, or any with ``force``; see :meth:`delete_head_files`
+        for what is never deleted and the arguments. Raises StoreIOError."""
+
+        def doomed(mf: MappedFile) -> str:
+            try:
+                modified = os.stat(mf.path).st_mtime
+            except FileNotFoundError:
+                modified = 0.0
+            except OSError as exc:
+                raise StoreIOError(f"cannot stat {mf.path}: {exc.strerror}") from exc
+            if modified < expired_before:
+                return "expired"
+            return "disk usage forces it" if force else ""
+
+        return self.delete_head_files(doomed, batch_max=batch_max, pause=pause)
+
+    def delete_head_files(
+        self,
+        doomed: Callable[[MappedFile], str],
+        *,
+        batch_max: int = 10,
+        pause: Callable[[], bool] | None = None,
+    ) -> list[tuple[str, int]]:
+        """Delete segments from the head while ``doomed(segment)`` gives a reason (non-empty):
+        stops at the first it keeps. Never deletes the newest segment or one holding bytes not
+        yet flushed (with a write buffer, flushed implies committed). At most ``batch_max`` per
+        call; ``pause`` runs between two deletions and returns False to stop early (shutdown).
+        The folder is fsynced once after the deletions.
 
         Readers that look up a deleted segment find none (their offset is below the min offset);
         one that still holds a view of its bytes keeps the mapping alive until it lets go (the
@@ -264,23 +288,13 @@ class MappedFileQueue:
                 if len(files) < 2:
                     break
                 mf = files[0]
-                end = mf.file_from_offset + mf.file_size
-                if end > self.flushed_where:  # (with a write buffer, flushed implies committed)
+                if mf.file_from_offset + mf.file_size > self.flushed_where:
                     break
-                try:
-                    modified = os.stat(mf.path).st_mtime
-                except FileNotFoundError:
-                    modified = 0.0
-                except OSError as exc:
-                    raise StoreIOError(f"cannot stat {mf.path}: {exc.strerror}") from exc
-                if not force and modified >= expired_before:
+                why = doomed(mf)
+                if not why:
                     break
                 self.mapped_files = files[1:]  # readers see the new list or the old one, whole
-                log.info(
-                    "deleting segment %s: %s",
-                    mf.file_name,
-                    "disk usage forces it" if force and modified >= expired_before else "expired",
-                )
+                log.info("deleting segment %s: %s", mf.file_name, why)
                 try:
                     mf.destroy()
                 except OSError as exc:

@@ -7,6 +7,9 @@ distrust what was written past the last checkpoint) → follow the Tail stream f
 offset → flush periodically and checkpoint (the checkpoint is a reput offset sampled before a
 full flush, so it never claims more than the files durably hold).
 
+While running it follows the log's min offset (retention deletes the CommitLog's head): every
+``cleanResourceInterval`` the files wholly below it are deleted.
+
 stop: stop following → final flush and checkpoint → close files → remove the abort marker.
 Deleting the folder and restarting rebuilds everything from the log.
 """
@@ -14,6 +17,7 @@ Deleting the folder and restarting rebuilds everything from the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +48,9 @@ class DerivedStoreApp:
         self._flusher: FlushConsumeQueueService | None = None
         self.start_offsets: LogOffsets | None = None
         self.resume_offset = 0  # where dispatch resumed at start (a CommitLog offset)
+        self._cleaner: asyncio.Task[None] | None = None
+        self.cleaned_to = 0  # the CommitLog min offset the last cleanup followed
+        self.files_deleted = 0
 
     # -- hooks ------------------------------------------------------------------------------------
     def _load(self) -> None:
@@ -78,6 +85,10 @@ class DerivedStoreApp:
     def _index_mark(self) -> tuple[str, int] | None:
         """The IndexService's applied mark, for services that keep IndexFiles."""
         return None
+
+    def _delete_expired(self, commit_log_min_offset: int) -> int:
+        """Delete files wholly below the CommitLog's min offset (retention); return how many."""
+        raise NotImplementedError
 
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,6 +133,37 @@ class DerivedStoreApp:
         self._flusher.start()
         self.directory.mark_running()
         self.follower.start()
+        self.cleaned_to = offsets.min_offset
+        self._cleaner = asyncio.create_task(self._follow_min_offset())
+
+    async def _follow_min_offset(self) -> None:
+        """Every cleanResourceInterval, once the CommitLog's head has been deleted (retention):
+        delete the files wholly below its min offset (on a worker thread)."""
+        interval_s = self.config.clean_resource_interval / 1000.0
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                offsets = await self.commitlog.offsets()
+                if offsets.min_offset <= 0:
+                    continue  # nothing was ever deleted
+                # Every round, not only when the min offset moved: a file still being flushed
+                # when the head went is deleted in a later round.
+                deleted = await asyncio.to_thread(self._delete_expired, offsets.min_offset)
+            except (ServiceNotAvailableError, grpc.RpcError) as exc:
+                log.info("%s: cleanup skipped this round (%s)", self.name, exc)
+                continue
+            except StoreIOError as exc:
+                self._on_io_error(exc)
+                continue
+            self.cleaned_to = offsets.min_offset
+            self.files_deleted += deleted
+            if deleted:
+                log.info(
+                    "%s: deleted %d file(s) below the CommitLog's min offset %d",
+                    self.name,
+                    deleted,
+                    offsets.min_offset,
+                )
 
     async def _wait_for_commitlog(self) -> LogOffsets:
         delay = 0.1
@@ -157,6 +199,10 @@ class DerivedStoreApp:
         return await self.follower.wait_for(self.start_offsets.confirm_offset, timeout_s)
 
     async def stop(self) -> None:
+        if self._cleaner is not None:
+            self._cleaner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cleaner
         if self.follower is not None:
             await self.follower.stop()
         if self._flusher is not None:

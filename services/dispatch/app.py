@@ -4,6 +4,7 @@ the tail follower) and, when given an address, its gRPC server."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -119,6 +120,15 @@ class DispatchApp(DerivedStoreApp):
 
     def _flush_all(self) -> None:
         self.queues.flush_all()
+
+    def _delete_expired(self, commit_log_min_offset: int) -> int:
+        pause_s = self.config.delete_consume_queue_files_interval / 1000.0
+
+        def pause() -> bool:  # deleteConsumeQueueFilesInterval between queues, as RocketMQ
+            time.sleep(pause_s)
+            return True
+
+        return self.queues.delete_expired(commit_log_min_offset, pause=pause)
 
     def _close(self) -> None:
         self.queues.shutdown()

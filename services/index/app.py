@@ -51,6 +51,9 @@ class IndexApp(DerivedStoreApp):
     def _flush_all(self) -> None:
         self.index.flush_all()
 
+    def _delete_expired(self, commit_log_min_offset: int) -> int:
+        return self.index.delete_expired(commit_log_min_offset)
+
     def _close(self) -> None:
         self.index.shutdown()
 

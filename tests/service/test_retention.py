@@ -1,0 +1,100 @@
+"""Retention in a running embedded suite (real gRPC on 127.0.0.1, real files): once the
+CommitLog's head segments are deleted, the dispatch and index services delete the ConsumeQueue
+and IndexFile files wholly below the new min offset, consumers start at the first message kept,
+and key queries no longer find deleted messages. The decision of what the CommitLog deletes
+(clock, hours, disk usage) is tested in tests/unit/libstore/test_commit_log_cleaner.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from libstore.consume_queue import CQ_STORE_UNIT_SIZE
+from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from tests.service.conftest import embedded_options
+from tests.service.harness import InProcessSuites
+
+RETENTION_STORE = {
+    "mappedFileSizeCommitLog": 128 * 1024,
+    "maxMessageSize": 16 * 1024,
+    "mappedFileSizeConsumeQueue": 500 * CQ_STORE_UNIT_SIZE,
+    "maxIndexNum": 400,
+    "maxHashSlotNum": 101,
+    "cleanResourceInterval": 100,
+    "deleteConsumeQueueFilesInterval": 0,
+    "flushIntervalCommitLog": 50,
+}
+MESSAGES = 3000
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites, tmp_path: Path) -> None:
+    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
+    suites.wait_ready(suite)
+    log, dispatch, index = suite.commit_log, suite.dispatch_app, suite.index_app
+    assert log is not None and dispatch is not None and index is not None and log.queue is not None
+    with Admin(suite.address) as admin:
+        admin.create_topic("Ret", 1)
+    with Producer(suite.address) as producer:
+        for start in range(0, MESSAGES, 100):
+            batch = [
+                OutgoingMessage("Ret", b"%06d" % i + bytes(300), keys=[f"k{i}"])
+                for i in range(start, start + 100)
+            ]
+            assert producer.send_batch(batch).all_ok
+    cq = dispatch.queues.find("Ret", 0)
+    assert cq is not None
+    _wait_for(lambda: cq.max_offset_in_queue == MESSAGES, "dispatch")
+    _wait_for(lambda: index.index.last_indexed_offset >= log.max_offset - 1000, "the index")
+    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    segments = len(log.queue.mapped_files)
+    cq_files, index_files = len(cq.queue.mapped_files), len(index.index.files)
+    assert segments >= 8 and cq_files >= 6 and index_files >= 6
+
+    # Retention takes the CommitLog's head: all but the two newest segments.
+    deleted = log.delete_expired_segments(time.time() + 3600, force=True, batch_max=segments - 2)
+    assert len(deleted) == segments - 2
+    floor = log.min_offset
+
+    _wait_for(lambda: dispatch.cleaned_to == floor and index.cleaned_to == floor, "derived cleanup")
+    first = cq.min_offset_in_queue
+    per_file = cq.mapped_file_size // CQ_STORE_UNIT_SIZE
+    # Files still being flushed when the head went are deleted in a later round.
+    _wait_for(
+        lambda: (
+            cq.queue.mapped_files[0].file_from_offset // CQ_STORE_UNIT_SIZE == first // per_file * per_file
+        ),
+        "the ConsumeQueue files",
+    )
+    _wait_for(lambda: all(f.end_phy_offset >= floor for f in index.index.files[:-1]), "the IndexFiles")
+    assert 0 < first < MESSAGES
+    unit = cq.read_unit(first)
+    assert unit is not None and unit.phy_offset >= floor  # the first unit kept is a kept message
+    before = cq.read_unit(first - 1)
+    assert before is None or before.phy_offset < floor
+    assert len(cq.queue.mapped_files) < cq_files
+    assert all(
+        u.phy_offset < floor for u in cq.read_units(cq.queue.mapped_files[0].file_from_offset // 20, 1)
+    )
+    assert len(index.index.files) < index_files
+    assert all(f.end_phy_offset >= floor for f in index.index.files[:-1])
+    assert not any(p.name in {n for n, _ in deleted} for p in log.config.commit_log_dir.iterdir())
+
+    # Consumers start at the first message kept; deleted messages are no longer found by key.
+    got = []
+    with PullConsumer(suite.address, "after-retention", "Ret", batch_size=256, hold_ms=200) as consumer:
+        deadline = time.monotonic() + 20
+        while len(got) < MESSAGES - first and time.monotonic() < deadline:
+            got += consumer.poll(500)
+    assert [int(m.body[:6]) for m in got] == list(range(first, MESSAGES))
+    with Admin(suite.address) as admin:
+        assert admin.query_by_key("Ret", f"k{first - 1}") == []
+        assert [m.keys for m in admin.query_by_key("Ret", f"k{MESSAGES - 1}")] != []
