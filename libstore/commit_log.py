@@ -1063,6 +1063,19 @@ class CommitLog:
             return False
         return req.msg_size > 0 or _TOTAL_SIZE.unpack_from(mf.buffer, pos)[0] == mf.file_size - pos
 
+    def _restart_empty_at(self, offset: int) -> None:
+        """Drop every segment; the log starts again, empty, at ``offset``: its first segment is
+        created there at once (a segment boundary when past 0: retention deleted the master's
+        head), so min and max offsets both say ``offset``. Raises StoreIOError."""
+        assert self.queue is not None
+        self.queue.reset_to_empty(offset)
+        if offset <= 0:
+            return
+        mf = self.queue.get_last_mapped_file_or_create(offset)
+        if mf is None:
+            raise StoreIOError(f"cannot create the CommitLog segment at {offset}")
+        mf.set_positions(offset - mf.file_from_offset)
+
     def _cut_locked(self, offset: int, *, drop_all: bool) -> None:
         """Make the log end at ``offset`` (put lock held): bump the log generation first (cut
         point 0 when ``drop_all``, else ``offset``), then drop the bytes past ``offset`` (with
@@ -1077,11 +1090,11 @@ class CommitLog:
             self.checkpoint.flushed_phy_offset = 0 if drop_all else offset
             self.checkpoint.flush()
         if drop_all:
-            self.queue.reset_to_empty(offset)
+            self._restart_empty_at(offset)
             offsets: dict[QueueKey, int] = {}
         else:
             if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
-                self.queue.reset_to_empty(offset)
+                self._restart_empty_at(offset)
             else:
                 self.queue.truncate_dirty_files(offset)
             offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
@@ -1102,24 +1115,27 @@ class CommitLog:
         if mf is None:
             raise OffsetOutOfRangeError(f"offset {offset} is not in the CommitLog")
         base = mf.file_from_offset
-        start = pos = offset - base
-        end = min(mf.readable_position, limit - base)
-        buf = mf.buffer
-        next_offset = -1
-        while pos < end:
-            if end - pos < 8:
-                raise CorruptRecordError(f"truncated record header at offset {base + pos}")
-            size = record_size_of(buf, pos)
-            if size == 0:  # blank END record
-                pos += 8
-                next_offset = self.queue.roll_next_file(base + pos - 8)
-                break
-            if size < 0 or pos + size > end:
-                raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
-            if pos > start and pos + size - start > max_bytes:
-                break
-            pos += size
-        data = bytes(buf[start:pos])
+        try:
+            start = pos = offset - base
+            end = min(mf.readable_position, limit - base)
+            buf = mf.buffer
+            next_offset = -1
+            while pos < end:
+                if end - pos < 8:
+                    raise CorruptRecordError(f"truncated record header at offset {base + pos}")
+                size = record_size_of(buf, pos)
+                if size == 0:  # blank END record
+                    pos += 8
+                    next_offset = self.queue.roll_next_file(base + pos - 8)
+                    break
+                if size < 0 or pos + size > end:
+                    raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
+                if pos > start and pos + size - start > max_bytes:
+                    break
+                pos += size
+            data = bytes(buf[start:pos])
+        except ValueError as exc:  # the segment was deleted (retention) under us
+            raise OffsetOutOfRangeError(f"offset {offset} is no longer in the CommitLog") from exc
         if next_offset < 0:
             next_offset = base + pos
         return data, next_offset

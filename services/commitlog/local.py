@@ -392,7 +392,13 @@ class LocalCommitLog:
                     if pending is not None:  # another follower is decoding this chunk: share it
                         await asyncio.shield(pending)
                         continue
-                    data, next_offset = log.read_chunk(offset, confirm, max_bytes)
+                    try:
+                        data, next_offset = log.read_chunk(offset, confirm, max_bytes)
+                    except OffsetOutOfRangeError:
+                        if offset >= log.min_offset:
+                            raise
+                        offset = log.min_offset  # retention deleted it while this follower lagged
+                        continue
                     records = await self._decode_chunk(data, offset, next_offset) if decoded else None
                     raw = data if records is None else b""
                     yield TailChunk(

@@ -35,6 +35,7 @@ from libstore import (
 from libstore.ha_service import HAService
 from libstore.ha_state import EpochEntry, HAState, find_consistent_point
 from libstore.log_generation import MAX_CUTS, LogGeneration
+from tests.conftest import SEGMENT
 
 E = EpochEntry
 REPO = Path(__file__).resolve().parents[3]
@@ -531,3 +532,37 @@ def test_epochs_begun_by_different_members_never_collide():
     assert find_consistent_point([*old, E(restarted, 500)], 900, [*old, E(promoted, 500)], 800) == 500
     with pytest.raises(ConfigError):
         StoreConfig(broker_id=1000)
+
+
+def test_a_slave_behind_the_masters_deleted_head_starts_over_at_its_min_offset(open_log, tmp_path: Path):
+    """Retention deleted the master's head while a slave lagged: reading there is out of range
+    (what ends the HA session), and the slave, reset to the master's min offset as the welcome
+    says, copies the rest byte for byte and restarts from it."""
+    master = open_log()
+    slave = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    master.put_messages(_msgs(100))
+    _replicate(master, slave, batch=20_000)
+    lagged_at = slave.max_offset
+    for start in range(100, 1200, 100):
+        master.put_messages(_msgs(100, start))
+    master.queue.flush_to(master.max_offset)
+    segments = len(master.queue.mapped_files)
+    assert len(master.delete_expired_segments(time.time() + 3600, force=True, batch_max=segments - 1)) > 2
+    assert lagged_at < master.min_offset
+    with pytest.raises(OffsetOutOfRangeError):
+        master.read_chunk(lagged_at, master.max_offset, 20_000)
+    slave.reset_to(master.min_offset)
+    assert slave.min_offset == slave.max_offset == master.min_offset
+    _replicate(master, slave, batch=20_000)
+    assert slave.max_offset == master.max_offset
+    slave.queue.flush_to(slave.max_offset)
+    mine, theirs = _files(master), _files(slave)
+    assert set(mine) == set(theirs)
+    assert all(mine[name] == theirs[name] for name in mine if int(name) + SEGMENT <= master.max_offset)
+    config = slave.config
+    slave.shutdown()
+    again = CommitLog.open(config)
+    try:
+        assert (again.min_offset, again.max_offset) == (master.min_offset, master.max_offset)
+    finally:
+        again.shutdown()
