@@ -10,8 +10,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
+import pytest
+
+from libstore import DiskFullError
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites
 
@@ -98,3 +103,36 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
     with Admin(suite.address) as admin:
         assert admin.query_by_key("Ret", f"k{first - 1}") == []
         assert [m.keys for m in admin.query_by_key("Ret", f"k{MESSAGES - 1}")] != []
+
+
+def test_a_disk_full_store_refuses_both_apis_clearly_until_it_clears(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    suite = suites.start(embedded_options(tmp_path / "data"))
+    suites.wait_ready(suite)
+    log = suite.commit_log
+    assert log is not None
+    with Admin(suite.address) as admin:
+        admin.create_topic("Full", 1)
+    reason = "the disk holding the CommitLog is 93.0% used, above diskSpaceWarningLevelRatio (90%)"
+    log.set_disk_full(reason)  # what a cleanup round does past the warning level
+    end = log.max_offset
+    with Producer(suite.address) as producer, grpc.insecure_channel(suite.address) as channel:
+        with pytest.raises(DiskFullError, match="diskSpaceWarningLevelRatio"):
+            producer.send("Full", b"refused")
+        v2 = service_grpc.MessagingServiceStub(channel).SendMessage(
+            service.SendMessageRequest(
+                messages=[
+                    definition.Message(
+                        topic=definition.Resource(name="Full"),
+                        body=b"refused",
+                        system_properties=definition.SystemProperties(message_id="01FULL" + "0" * 26),
+                    )
+                ]
+            ),
+            timeout=10,
+        )
+        assert v2.status.code == Code.TOO_MANY_REQUESTS and "diskSpaceWarningLevelRatio" in v2.status.message
+        assert log.max_offset == end
+        log.set_disk_full("")
+        assert producer.send("Full", b"accepted").all_ok

@@ -30,6 +30,7 @@ _CLIENT_ERRORS: tuple[type[E.StoreError], ...] = (
     E.NotMasterError,
     E.OSPageCacheBusyError,
     E.TooManyRequestsError,
+    E.DiskFullError,  # raised to callers only as the disk-full refusal, which names no path
 )
 
 
