@@ -9,7 +9,8 @@
 * :class:`PullConsumer` consumes a topic as a group: one long-polling pull in flight per queue,
   records fetched raw and decoded here, each queue in order. :meth:`PullConsumer.commit` records
   the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
-  processing); a new consumer of the group resumes from them.
+  processing); a new consumer of the group resumes from them. A group whose position retention
+  deleted moves on to the first message kept (logged; counted in :attr:`PullConsumer.skipped`).
 * :class:`Admin` covers topics, queries, consumer progress and store stats.
 
 With ``credentials`` (services.credentials.Credentials, an account of the gateway's accounts
@@ -28,6 +29,7 @@ mapped from the gRPC status as the services map them.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import queue
 import random
 import threading
@@ -58,6 +60,8 @@ from services._common.server import CHANNEL_OPTIONS
 from services._common.tls import TlsConfig
 from services.credentials import Credentials, SignedGatewayStub
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "127.0.0.1:8081"
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -295,6 +299,9 @@ class PullConsumer:
         self._committed: dict[int, int] = {}
         self._inflight: dict[int, grpc.Future] = {}
         self._done: queue.Queue[int] = queue.Queue()  # queue ids whose pull completed
+        # Per queue: messages passed over because retention deleted them before they were
+        # consumed (a pull answered OFFSET_TOO_SMALL), as far as the offset asked is known.
+        self.skipped: dict[int, int] = dict.fromkeys(self.queues, 0)
 
     def _pull(self, queue_id: int, wait_ms: int) -> grpc.Future:
         request = gateway_pb.PullRequest(
@@ -340,7 +347,27 @@ class PullConsumer:
             if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
                 return []  # re-pulled on the next poll
             reraise_mapped(err)
+        asked = self._next[queue_id]
         self._next[queue_id] = reply.next_offset
+        if reply.status == common_pb.OFFSET_TOO_SMALL:
+            if asked < 0:  # the pull asked for the group's committed offset: which was it?
+                asked = self._conn.call(
+                    self._conn.stub.QueryOffset,
+                    dispatch_pb.QueryOffsetRequest(group=self.group, topic=self.topic, queue_id=queue_id),
+                    self.timeout_s,
+                    3,
+                ).offset  # type: ignore[attr-defined]
+            gone = max(0, reply.next_offset - asked) if asked >= 0 else 0
+            self.skipped[queue_id] += gone
+            log.warning(
+                "%s: queue %d of %s: the messages before offset %d are gone (retention)%s; "
+                "consuming from there",
+                self.group,
+                queue_id,
+                self.topic,
+                reply.next_offset,
+                f", {gone} never consumed" if gone else "",
+            )
         if reply.records:
             self._consumed[queue_id] = reply.next_offset
             records = [decode_record(raw) for raw in reply.records]

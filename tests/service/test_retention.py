@@ -58,6 +58,12 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
     cq = dispatch.queues.find("Ret", 0)
     assert cq is not None
     _wait_for(lambda: cq.max_offset_in_queue == MESSAGES, "dispatch")
+    with PullConsumer(suite.address, "early", "Ret", batch_size=100, hold_ms=200) as early:
+        got = []
+        while len(got) < 100:
+            got += early.poll(500)
+        early.commit()
+        committed = int(got[-1].body[:6]) + 1  # the group's position: after what it processed
     _wait_for(lambda: index.index.last_indexed_offset >= log.max_offset - 1000, "the index")
     _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
     segments = len(log.queue.mapped_files)
@@ -100,6 +106,14 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
         while len(got) < MESSAGES - first and time.monotonic() < deadline:
             got += consumer.poll(500)
     assert [int(m.body[:6]) for m in got] == list(range(first, MESSAGES))
+    # A group whose position was deleted moves on to the first message kept and says so.
+    with PullConsumer(suite.address, "early", "Ret", batch_size=256, hold_ms=200) as early:
+        resumed = []
+        deadline = time.monotonic() + 20
+        while not resumed and time.monotonic() < deadline:
+            resumed += early.poll(500)
+        assert int(resumed[0].body[:6]) == first
+        assert early.skipped == {0: first - committed}
     with Admin(suite.address) as admin:
         assert admin.query_by_key("Ret", f"k{first - 1}") == []
         assert [m.keys for m in admin.query_by_key("Ret", f"k{MESSAGES - 1}")] != []
