@@ -7,14 +7,18 @@ Defaults are RocketMQ's (rocketmq-store-format spec sheet §8).
 
 Precedence when building a config with :meth:`StoreConfig.from_sources`:
 explicit overrides (CLI) > environment (``MQSTORE_<FIELD_NAME_UPPER>``) > properties file
-(``key=value`` lines, RocketMQ or snake_case keys) > defaults. Unknown keys and bad values raise
-:class:`libstore.errors.ConfigError`. No module reads ``os.environ`` itself: callers pass it in.
+(``key=value`` lines, RocketMQ or snake_case keys) > defaults. Keys of Apache RocketMQ's broker
+that this store does not implement are ignored (logged), so a stock ``broker.conf`` loads; other
+unknown keys and bad values raise :class:`libstore.errors.ConfigError`. No module reads
+``os.environ`` itself: callers pass it in.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from libstore.errors import ConfigError
+from libstore.rocketmq_keys import ROCKETMQ_KEYS
+
+log = logging.getLogger(__name__)
 
 
 class FlushDiskType(enum.Enum):
@@ -525,8 +532,8 @@ class StoreConfig:
 
         ``conf_file`` lines are ``key=value`` (``#`` comments), keys in RocketMQ spelling or
         snake_case. ``defaults`` replace the built-in defaults (the lowest precedence: a role's
-        own defaults). Raises ConfigError on an unknown key, a value that does not parse, or a
-        missing file.
+        own defaults). Raises ConfigError on an unknown key (not ours, not RocketMQ's), a value
+        that does not parse, or a missing file.
         """
         keys = cls.keys()
         values: dict[str, Any] = {}
@@ -552,15 +559,31 @@ class StoreConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> StoreConfig:
-        """Build from ``{key: value}``; string values are parsed to the field's type."""
+        """Build from ``{key: value}``; string values are parsed to the field's type.
+
+        A key Apache RocketMQ's broker knows but this store does not implement (its cluster
+        name, name server address, thread pool sizes...) is ignored, and the ignored keys are
+        logged once per call, so a stock ``broker.conf`` loads. Raises ConfigError for a key
+        neither knows (naming the closest known key) and for a value that does not parse."""
         keys = cls.keys()
         types = {f.name: f.type for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
+        ignored: list[str] = []
         for key, raw in values.items():
             name = keys.get(key)
             if name is None:
-                raise ConfigError(f"unknown config key {key!r}")
+                if key in ROCKETMQ_KEYS:
+                    ignored.append(key)
+                    continue
+                close = difflib.get_close_matches(key, [*keys, *ROCKETMQ_KEYS], n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown config key {key!r}{hint}")
             kwargs[name] = _coerce(name, types[name], raw)
+        if ignored:
+            log.warning(
+                "ignoring RocketMQ config keys that mqstore does not implement: %s",
+                ", ".join(sorted(ignored)),
+            )
         return cls(**kwargs)
 
     def describe(self) -> dict[str, Any]:

@@ -75,3 +75,58 @@ def test_bad_values_raise_config_error(values, match):
 def test_missing_config_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read"):
         StoreConfig.from_sources(conf_file=tmp_path / "nope.conf")
+
+
+# The key=value lines of Apache RocketMQ's distribution conf/broker.conf and
+# conf/2m-2s-sync/broker-a.properties, broker-a-s.properties.
+STOCK_CONFS = {
+    "broker.conf": "brokerClusterName = DefaultCluster\nbrokerName = broker-a\nbrokerId = 0\n"
+    "deleteWhen = 04\nfileReservedTime = 48\nbrokerRole = ASYNC_MASTER\nflushDiskType = ASYNC_FLUSH\n",
+    "broker-a.properties": "brokerClusterName=DefaultCluster\nbrokerName=broker-a\nbrokerId=0\n"
+    "deleteWhen=04\nfileReservedTime=48\nbrokerRole=SYNC_MASTER\nflushDiskType=ASYNC_FLUSH\n",
+    "broker-a-s.properties": "brokerClusterName=DefaultCluster\nbrokerName=broker-a\nbrokerId=1\n"
+    "deleteWhen=04\nfileReservedTime=48\nbrokerRole=SLAVE\nflushDiskType=ASYNC_FLUSH\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STOCK_CONFS))
+def test_a_stock_rocketmq_broker_conf_loads(tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture):
+    conf = tmp_path / name
+    conf.write_text(STOCK_CONFS[name])
+    c = StoreConfig.from_sources(conf_file=conf)
+    assert (c.broker_name, c.file_reserved_time, c.delete_hours) == ("broker-a", 48, frozenset({4}))
+    assert c.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+    assert c.broker_role.value == {"broker.conf": "ASYNC_MASTER", "broker-a.properties": "SYNC_MASTER"}.get(
+        name, "SLAVE"
+    )
+    assert c.broker_id == (1 if name == "broker-a-s.properties" else 0)
+    ignored = [r.getMessage() for r in caplog.records if "does not implement" in r.getMessage()]
+    assert ignored == ["ignoring RocketMQ config keys that mqstore does not implement: brokerClusterName"]
+
+
+def test_rocketmq_keys_not_implemented_are_ignored_and_typos_are_refused_with_a_suggestion():
+    c = StoreConfig.from_mapping({"namesrvAddr": "127.0.0.1:9876", "sendMessageThreadPoolNums": "16"})
+    assert c == StoreConfig()
+    with pytest.raises(
+        ConfigError, match="unknown config key 'fileReservedTim'; did you mean 'fileReservedTime'"
+    ):
+        StoreConfig.from_mapping({"fileReservedTim": "48"})
+    with pytest.raises(ConfigError, match="did you mean 'namesrvAddr'"):
+        StoreConfig.from_mapping({"namesrvAdr": "x"})
+    with pytest.raises(ConfigError, match=r"unknown config key 'zzz'$"):
+        StoreConfig.from_mapping({"zzz": "1"})
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [
+        ({"deleteWhen": "4pm"}, "hours 00-23"),
+        ({"deleteWhen": "24"}, "hours 00-23"),
+        ({"diskMaxUsedSpaceRatio": "100"}, "within 1..99"),
+        ({"diskSpaceCleanForciblyRatio": "95"}, "exceeds disk_space_warning_level_ratio"),
+        ({"fileReservedTime": "0"}, "must be > 0"),
+    ],
+)
+def test_retention_keys_are_validated(values, match):
+    with pytest.raises(ConfigError, match=match):
+        StoreConfig.from_mapping(values)
