@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception, retry_if_exception_type, wait_random_exponential
 
 from libstore import CommitLog, NotMasterError, RoleSwitchError, StoreError
 from libstore.ha_state import EpochEntry
@@ -36,6 +36,8 @@ from services._common.tls import TlsConfig
 from services.proto import commitlog_pb, ha_grpc, ha_pb
 
 log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0  # how long stop() waits for a cancelled session to wind down
 
 
 class _SessionEnded(Exception):
@@ -82,6 +84,7 @@ class ReplicationClient:
         self.last_frame = 0.0
         self.sessions = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._write_lock = asyncio.Lock()
         self._tracer = tracer("mqstore.ha")
 
@@ -89,11 +92,24 @@ class ReplicationClient:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ha-client")
 
     async def stop(self) -> None:
+        """Cancel the replication task and wait for it, at most STOP_TIMEOUT_S: a session whose
+        cancellation hangs in gRPC (a TLS channel that does not close) must not hold up a role
+        switch; it is left cancelled, and nothing it does afterwards is applied (the log's role
+        no longer takes replica bytes)."""
         task, self._task = self._task, None
+        self._stopping = True  # a cancellation that gRPC turns into an error ends the retries too
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            done, _ = await asyncio.wait({task}, timeout=STOP_TIMEOUT_S)
+            if not done:
+                log.warning(
+                    "replication from %s did not stop within %.0f s; left behind",
+                    self.master_address,
+                    STOP_TIMEOUT_S,
+                )
+            else:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    task.result()
         self.connected = False
 
     @property
@@ -101,10 +117,13 @@ class ReplicationClient:
         return max(self.master_max_offset - self.log.max_offset, 0)
 
     async def _run(self) -> None:
-        while True:  # one backoff schedule per outage: a session that was up starts it afresh
+        while not self._stopping:  # one backoff schedule per outage: a session that was up starts it afresh
             retrying = AsyncRetrying(
                 wait=wait_random_exponential(multiplier=0.2, max=5.0),
-                retry=retry_if_exception_type(Exception),  # the slave never stops trying; stop() cancels
+                # The slave never stops trying until stop(): its cancellation may reach the
+                # session as a gRPC error ("Cancelling all calls"), not as CancelledError.
+                retry=retry_if_exception_type(Exception)
+                & retry_if_exception(lambda _exc: not self._stopping),
                 reraise=True,
             )
             async for attempt in retrying:
