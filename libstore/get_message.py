@@ -38,7 +38,8 @@ class GetMessageResult:
     """A pull's outcome: status, where to continue, the queue's bounds, and the messages.
 
     ``records`` are raw CommitLog records (bytes), with their ``queue_offsets`` and
-    ``phy_offsets``; :meth:`decode` turns them into MessageRecords.
+    ``phy_offsets``; :meth:`decode` turns them into MessageRecords. ``removed``: units passed
+    over because the CommitLog no longer holds their records (retention deleted them).
     """
 
     status: GetMessageStatus
@@ -48,6 +49,7 @@ class GetMessageResult:
     records: list[bytes] = field(default_factory=list)
     queue_offsets: list[int] = field(default_factory=list)
     phy_offsets: list[int] = field(default_factory=list)
+    removed: int = 0
 
     @property
     def found(self) -> bool:
@@ -144,6 +146,7 @@ def fetch_messages(
         result.records.append(raw)
         result.queue_offsets.append(unit.queue_offset)
         result.phy_offsets.append(unit.phy_offset)
+    result.removed = removed
     if result.records:
         result.status = GetMessageStatus.FOUND
     elif removed:

@@ -584,8 +584,14 @@ def progress(
 
 
 @app.command()
+def _ago(ms: int) -> str:
+    """``ms`` (since the epoch) as "N s ago (local time)"."""
+    seconds = max(0.0, time.time() - ms / 1000.0)
+    return f"{seconds:,.0f} s ago ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ms / 1000.0))})"
+
+
 def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
-    """Store statistics: log offsets, dispatch progress, disk."""
+    """Store statistics: log offsets, dispatch progress, disk and retention."""
     from services.client import Admin
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
@@ -602,6 +608,15 @@ def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
         ("flush disk type", s.flush_disk_type),
         ("broker role", s.broker_role),
         ("disk free", f"{s.disk_free_bytes / 2**30:,.1f} GiB of {s.disk_total_bytes / 2**30:,.1f} GiB"),
+        ("disk used (as df)", f"{s.disk_used_ratio:.1%}"),
+        ("puts refused", s.disk_full or "no"),
+        (
+            "last cleanup",
+            f"{_ago(s.last_cleanup_ms)}; {s.cleanup_deleted_files:,} segments, "
+            f"{s.cleanup_deleted_bytes:,} bytes deleted since start"
+            if s.last_cleanup_ms
+            else "not yet (the first round runs a minute after start)",
+        ),
         (
             "quarantined by recovery",
             f"{s.quarantined_files:,} files, {s.quarantined_bytes:,} bytes in {s.quarantine_dir}"

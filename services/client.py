@@ -300,7 +300,7 @@ class PullConsumer:
         self._inflight: dict[int, grpc.Future] = {}
         self._done: queue.Queue[int] = queue.Queue()  # queue ids whose pull completed
         # Per queue: messages passed over because retention deleted them before they were
-        # consumed (a pull answered OFFSET_TOO_SMALL), as far as the offset asked is known.
+        # consumed (the gateway counts them in each pull's reply).
         self.skipped: dict[int, int] = dict.fromkeys(self.queues, 0)
 
     def _pull(self, queue_id: int, wait_ms: int) -> grpc.Future:
@@ -347,26 +347,17 @@ class PullConsumer:
             if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
                 return []  # re-pulled on the next poll
             reraise_mapped(err)
-        asked = self._next[queue_id]
         self._next[queue_id] = reply.next_offset
-        if reply.status == common_pb.OFFSET_TOO_SMALL:
-            if asked < 0:  # the pull asked for the group's committed offset: which was it?
-                asked = self._conn.call(
-                    self._conn.stub.QueryOffset,
-                    dispatch_pb.QueryOffsetRequest(group=self.group, topic=self.topic, queue_id=queue_id),
-                    self.timeout_s,
-                    3,
-                ).offset  # type: ignore[attr-defined]
-            gone = max(0, reply.next_offset - asked) if asked >= 0 else 0
-            self.skipped[queue_id] += gone
+        if reply.skipped:
+            self.skipped[queue_id] += reply.skipped
             log.warning(
-                "%s: queue %d of %s: the messages before offset %d are gone (retention)%s; "
-                "consuming from there",
+                "%s: queue %d of %s: %d message(s) were deleted (retention) before they were "
+                "consumed; consuming on from offset %d",
                 self.group,
                 queue_id,
                 self.topic,
+                reply.skipped,
                 reply.next_offset,
-                f", {gone} never consumed" if gone else "",
             )
         if reply.records:
             self._consumed[queue_id] = reply.next_offset

@@ -46,6 +46,11 @@ class LogOffsets:
     quarantined_files: int = 0
     quarantined_bytes: int = 0
     epoch_start: int = 0
+    disk_used_ratio: float = 0.0  # retention (libstore.commit_log_cleaner): df's Use%, 0..1
+    disk_full: str = ""  # why puts are refused for disk usage ("" when they are not)
+    last_cleanup_ms: int = 0  # last cleanup round, ms since the epoch (0: none yet)
+    cleanup_deleted_files: int = 0  # since the start
+    cleanup_deleted_bytes: int = 0
 
 
 @dataclass(frozen=True)

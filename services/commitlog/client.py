@@ -113,6 +113,11 @@ class RemoteCommitLog:
             o.quarantined_files,
             o.quarantined_bytes,
             o.epoch_start,
+            o.disk_used_ratio,
+            o.disk_full,
+            o.last_cleanup_ms,
+            o.cleanup_deleted_files,
+            o.cleanup_deleted_bytes,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:

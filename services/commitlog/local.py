@@ -24,11 +24,12 @@ import functools
 import shutil
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 
-from opentelemetry.metrics import Histogram
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from libstore import (
     CommitLog,
@@ -76,6 +77,8 @@ class LocalCommitLog:
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
         self._sync_wait_ms = _sync_wait_histogram()
+        _LIVE.add(self)
+        _register_retention_metrics()
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
@@ -422,6 +425,8 @@ class LocalCommitLog:
         assert log.generation is not None and log.ha_state is not None
         quarantine = log.quarantine.summary()
         epochs = log.ha_state.epochs
+        cleaner = log.cleaner
+        last = cleaner.last_round if cleaner is not None else None
         return LogOffsets(
             log.min_offset,
             log.max_offset,
@@ -441,6 +446,11 @@ class LocalCommitLog:
             quarantine.files,
             quarantine.bytes,
             epochs[-1].start_offset if epochs else 0,
+            disk.used / (disk.used + disk.free) if disk.used + disk.free else 0.0,
+            log.disk_full,
+            last.at_ms if last is not None else 0,
+            cleaner.deleted_files if cleaner is not None else 0,
+            cleaner.deleted_bytes if cleaner is not None else 0,
         )
 
     async def upsert_topic(self, config: TopicConfig) -> TopicConfig:
@@ -465,6 +475,48 @@ def _messages_of(batch: EncodedBatch) -> list[Message]:
         decode_record(batch.buf, pos, pos + size, check_crc=False).to_message()
         for pos, size in zip(batch.positions, batch.sizes, strict=False)
     ]
+
+
+# Ports of this process, read by the retention metrics' callbacks (registered once per process).
+_LIVE: weakref.WeakSet[LocalCommitLog] = weakref.WeakSet()
+_retention_metrics_registered = False
+
+
+def _register_retention_metrics() -> None:
+    """Observable instruments over every live port's CommitLog: segments and bytes retention
+    deleted since the start (counters), and whether puts are refused for disk usage (0/1)."""
+    global _retention_metrics_registered
+    if _retention_metrics_registered:
+        return
+    _retention_metrics_registered = True
+    m = meter("mqstore.commitlog")
+
+    def observe(value: Callable[[CommitLog], float]) -> Callable[[CallbackOptions], list[Observation]]:
+        def callback(_options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(value(p.log), {"broker_name": p.log.config.broker_name})
+                for p in list(_LIVE)
+                if p.log.cleaner is not None
+            ]
+
+        return callback
+
+    m.create_observable_counter(
+        "mqstore.retention.deleted_segments",
+        [observe(lambda log: log.cleaner.deleted_files if log.cleaner is not None else 0)],
+        description="CommitLog segments retention deleted since the start",
+    )
+    m.create_observable_counter(
+        "mqstore.retention.deleted_bytes",
+        [observe(lambda log: log.cleaner.deleted_bytes if log.cleaner is not None else 0)],
+        unit="By",
+        description="CommitLog bytes retention deleted since the start",
+    )
+    m.create_observable_gauge(
+        "mqstore.retention.disk_full",
+        [observe(lambda log: 1 if log.disk_full else 0)],
+        description="1 while puts are refused because the disk is past diskSpaceWarningLevelRatio",
+    )
 
 
 @functools.cache

@@ -96,6 +96,11 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             quarantined_files=o.quarantined_files,
             quarantined_bytes=o.quarantined_bytes,
             epoch_start=o.epoch_start,
+            disk_used_ratio=o.disk_used_ratio,
+            disk_full=o.disk_full,
+            last_cleanup_ms=o.last_cleanup_ms,
+            cleanup_deleted_files=o.cleanup_deleted_files,
+            cleanup_deleted_bytes=o.cleanup_deleted_bytes,
         )
 
     async def UpsertTopic(

@@ -283,11 +283,13 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raws = await self.commitlog.read([(u.phy_offset, u.size) for u in units]) if units else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
+            too_small = result.status is GetMessageStatus.OFFSET_TOO_SMALL
             reply = gateway_pb.PullResponse(
                 status=PULL_STATUS_TO_PB[result.status],
                 next_offset=result.next_begin_offset,
                 min_offset=result.min_offset,
                 max_offset=result.max_offset,
+                skipped=result.next_begin_offset - offset if too_small else result.removed,
             )
             if request.raw:
                 reply.records.extend(result.records)
@@ -487,6 +489,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             quarantine_dir=offsets.quarantine_dir,
             quarantined_files=offsets.quarantined_files,
             quarantined_bytes=offsets.quarantined_bytes,
+            disk_used_ratio=offsets.disk_used_ratio,
+            disk_full=offsets.disk_full,
+            last_cleanup_ms=offsets.last_cleanup_ms,
+            cleanup_deleted_files=offsets.cleanup_deleted_files,
+            cleanup_deleted_bytes=offsets.cleanup_deleted_bytes,
         )
 
     async def GetRoute(

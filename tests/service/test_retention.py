@@ -6,15 +6,19 @@ and key queries no longer find deleted messages. The decision of what the Commit
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from libstore import DiskFullError
+from libstore import DiskFullError, decode_record
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
+from services._common.telemetry import metrics_snapshot
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from tests.service.conftest import embedded_options
@@ -70,10 +74,26 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
     cq_files, index_files = len(cq.queue.mapped_files), len(index.index.files)
     assert segments >= 8 and cq_files >= 6 and index_files >= 6
 
-    # Retention takes the CommitLog's head: all but the two newest segments.
-    deleted = log.delete_expired_segments(time.time() + 3600, force=True, batch_max=segments - 2)
-    assert len(deleted) == segments - 2
+    # The disk passes the forcible and warning ratios (99% in these suites): a cleanup round
+    # deletes unexpired segments from the head and refuses puts; the stats and metrics say so.
+    cleaner = log.cleaner
+    assert cleaner is not None
+    cleaner._disk_usage = lambda _path: 0.995
+    round_ = cleaner.clean_once()
+    deleted = round_.deleted
+    assert len(deleted) == min(segments - 1, log.config.delete_file_batch_max) and log.disk_full
     floor = log.min_offset
+    with Admin(suite.address) as admin:
+        stats = admin.store_stats()
+    assert stats.commit_log_min_offset == floor and "99.5% used" in stats.disk_full
+    assert (stats.cleanup_deleted_files, stats.cleanup_deleted_bytes) == (len(deleted), round_.deleted_bytes)
+    assert stats.last_cleanup_ms == round_.at_ms and 0 < stats.disk_used_ratio < 1
+    metrics = metrics_snapshot()
+    assert sum(v for _, v in metrics["mqstore.retention.deleted_segments"]) >= len(deleted)
+    assert max(v for _, v in metrics["mqstore.retention.disk_full"]) == 1
+    cleaner._disk_usage = lambda _path: 0.5
+    cleaner.clean_once()
+    assert not log.disk_full
 
     _wait_for(lambda: dispatch.cleaned_to == floor and index.cleaned_to == floor, "derived cleanup")
     first = cq.min_offset_in_queue
@@ -150,3 +170,93 @@ def test_a_disk_full_store_refuses_both_apis_clearly_until_it_clears(
         assert log.max_offset == end
         log.set_disk_full("")
         assert producer.send("Full", b"accepted").all_ok
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB tmpfs of its own (mounting needs root; without it the test is skipped)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_small_disk_stays_writable_through_three_times_its_size(
+    small_disk: Path,
+    suites: InProcessSuites,  # this order: the suite stops before the unmount
+) -> None:
+    """A suite on a 48 MiB file system takes ~150 MiB of messages: cleanup deletes from the head
+    past diskSpaceCleanForciblyRatio (60%), refusals (DISK_FULL past 75%) only ever pause
+    producers, nothing fails for want of space, every acknowledged message still at or past the
+    log's min offset reads back intact, and a group that lagged moves on past what was deleted."""
+    store = {
+        "mappedFileSizeCommitLog": 1024 * 1024,
+        "maxMessageSize": 256 * 1024,
+        "mappedFileSizeConsumeQueue": 2000 * CQ_STORE_UNIT_SIZE,
+        "maxHashSlotNum": 1009,
+        "maxIndexNum": 4000,
+        "cleanResourceInterval": 100,
+        "deleteCommitLogFilesInterval": 0,
+        "deleteConsumeQueueFilesInterval": 0,
+        "deleteFileBatchMax": 20,
+        "flushIntervalCommitLog": 50,
+        "diskMaxUsedSpaceRatio": 50,
+        "diskSpaceCleanForciblyRatio": 60,
+        "diskSpaceWarningLevelRatio": 75,
+    }
+    suite = suites.start(embedded_options(small_disk / "data", **store))
+    suites.wait_ready(suite)
+    log = suite.commit_log
+    assert log is not None and log.cleaner is not None
+    log.cleaner.wakeup()  # the first round without RocketMQ's minute of grace; then every 100 ms
+    with Admin(suite.address) as admin:
+        admin.create_topic("Disk", 1)
+    with Admin(suite.address) as admin:
+        admin.commit_offset("lagging", "Disk", 0, 0)  # a group at the start that stops consuming
+    body = bytes(range(256)) * 64  # 16 KiB
+    acked: dict[int, tuple[int, int]] = {}  # sequence -> (phy offset, size)
+    refused = peak = 0.0
+    sent = 0
+    with Producer(suite.address, retries=0) as producer:
+        while sent * len(body) < 150 * 1024 * 1024:
+            batch = [OutgoingMessage("Disk", b"%08d" % (sent + i) + body) for i in range(32)]
+            try:
+                results = producer.send_batch(batch)
+            except DiskFullError:
+                refused += 1
+                time.sleep(0.05)  # a refusal: wait for cleanup, then send the same batch again
+                continue
+            assert results.all_ok, results.status
+            for i, (phy, size) in enumerate(zip(results.phy_offsets, results.sizes, strict=True)):
+                acked[sent + i] = (phy, size)
+            sent += len(batch)
+            usage = shutil.disk_usage(small_disk)
+            peak = max(peak, usage.used / (usage.used + usage.free))
+    assert peak < 0.95
+    # The disk stays past the forcible ratio, so rounds would go on deleting down to the newest
+    # segment: stop them to check what is left.
+    log.cleaner.shutdown()
+    assert log.cleaner.deleted_files > 50
+    floor = log.min_offset
+    kept = [seq for seq, (phy, _) in acked.items() if phy >= floor]
+    assert len(kept) > 500
+    for seq in kept[:: max(1, len(kept) // 200)] + kept[-5:]:
+        phy, size = acked[seq]
+        record = decode_record(log.get_message(phy, size))
+        assert record.body[:8] == b"%08d" % seq and record.body[8:] == body
+    with PullConsumer(suite.address, "lagging", "Disk", batch_size=32, hold_ms=100) as lagging:
+        got = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got = lagging.poll(500)
+        first = int(got[0].body[:8])
+    assert first == kept[0] > 0 and lagging.skipped == {0: first}  # queue offsets are sequence numbers
