@@ -35,12 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--suite",
-        choices=("all", "commit_log", "store", "services", "ha", "rocketmq", "spark", "peers", "recovery"),
+        choices=(
+            "all",
+            "commit_log",
+            "store",
+            "services",
+            "ha",
+            "rocketmq",
+            "spark",
+            "peers",
+            "recovery",
+            "retention",
+        ),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
         "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway; "
         "spark: data source and jobs; peers: mqstore next to Redis, NATS JetStream and RabbitMQ; "
-        "recovery: clean and SIGKILL restarts as the log grows",
+        "recovery: clean and SIGKILL restarts as the log grows; "
+        "retention: produce latency while a cleanup round deletes 100 segments",
     )
     parser.add_argument(
         "--recovery-gib",
@@ -88,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _recovery_suite(console, data_dir, facts, sizes)
         if args.write_readme:
             _write_readme("recovery", lines)
+    if args.suite in ("all", "retention"):
+        lines = _retention_suite(console, data_dir, facts)
+        if args.write_readme:
+            _write_readme("retention", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -458,6 +474,31 @@ def _recovery_suite(
             f"| {r.log_gib:.1f} | {r.kind} | {r.serving_s:.1f} | {r.recovery} | {r.scanned_gib:.3f} | "
             f"{r.recovery_s:.2f} | {per} |"
         )
+    for line in lines:
+        console.print(line, markup=False)
+    return lines
+
+
+def _retention_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:
+    """Produce latency before and while a cleanup round deletes 100 expired segments
+    (bench.retention_bench)."""
+    from bench import retention_bench
+
+    console.rule("retention: a cleanup round under produce")
+    with scratch_dir(data_dir, "retention") as d:
+        r = retention_bench.run(d)
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}, "
+        f"data on `{facts['filesystem']}`; one client sends batches of 16 x 1 KiB one at a time while "
+        f"the round deletes {r.segments} expired 4 MiB segments (and the ConsumeQueue and IndexFile "
+        "files below them).",
+        "",
+        "| round s | sends during | p50 ms before | p99 ms before | p50 ms during | p99 ms during "
+        "| p99 during / before |",
+        "|---|---|---|---|---|---|---|",
+        f"| {r.round_s:.1f} | {r.sends_during:,} | {r.p50_before:.2f} | {r.p99_before:.2f} | "
+        f"{r.p50_during:.2f} | {r.p99_during:.2f} | {r.p99_ratio:.2f} |",
+    ]
     for line in lines:
         console.print(line, markup=False)
     return lines
