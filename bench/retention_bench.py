@@ -29,6 +29,7 @@ from libstore import CommitLog, Message, StoreConfig
 TOPIC = "bench-retention"
 QUEUES = 16
 SEGMENT = 4 * 1024 * 1024
+MAX_MESSAGE = 1024 * 1024  # a segment must hold the largest record
 
 
 @dataclass
@@ -59,6 +60,7 @@ def grow_expired(data: Path, segments: int) -> None:
         store_path_root_dir=str(data / "commitlog"),
         default_topic_queue_nums=QUEUES,
         mapped_file_size_commit_log=SEGMENT,
+        max_message_size=MAX_MESSAGE,
     )
     log = CommitLog.open(config)
     try:
@@ -85,6 +87,7 @@ def run(data: Path, segments: int = 100, timeout_s: float = 600.0) -> CleanupImp
     sets = {
         "defaultTopicQueueNums": QUEUES,
         "mappedFileSizeCommitLog": SEGMENT,
+        "maxMessageSize": MAX_MESSAGE,
         "deleteWhen": time.strftime("%H"),
         "deleteFileBatchMax": segments,
         "cleanResourceInterval": 1000,
