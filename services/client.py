@@ -348,17 +348,7 @@ class PullConsumer:
                 return []  # re-pulled on the next poll
             reraise_mapped(err)
         self._next[queue_id] = reply.next_offset
-        if reply.skipped:
-            self.skipped[queue_id] += reply.skipped
-            log.warning(
-                "%s: queue %d of %s: %d message(s) were deleted (retention) before they were "
-                "consumed; consuming on from offset %d",
-                self.group,
-                queue_id,
-                self.topic,
-                reply.skipped,
-                reply.next_offset,
-            )
+        self._note_skipped(queue_id, reply)
         if reply.records:
             self._consumed[queue_id] = reply.next_offset
             records = [decode_record(raw) for raw in reply.records]
@@ -369,15 +359,31 @@ class PullConsumer:
                 self._consumed[queue_id] = reply.next_offset
         return records
 
+    def _note_skipped(self, queue_id: int, reply: Any) -> None:
+        """Count (and log) the messages a pull passed over because retention deleted them."""
+        if reply.skipped:
+            self.skipped[queue_id] = self.skipped.get(queue_id, 0) + reply.skipped
+            log.warning(
+                "%s: queue %d of %s: %d message(s) were deleted (retention) before they were "
+                "consumed; consuming on from offset %d",
+                self.group,
+                queue_id,
+                self.topic,
+                reply.skipped,
+                reply.next_offset,
+            )
+
     def fetch_raw(self, queue_id: int, offset: int, max_count: int) -> tuple[list[bytes], int]:
         """One pull from ``offset`` without waiting: up to ``max_count`` CommitLog records (raw
         bytes, in queue order) and the offset to pull next (past filtered-out units; the queue's
-        min offset when ``offset`` was already cleaned away). Does not move :meth:`poll`'s
-        position. Raises TopicNotFoundError and the other mapped store errors."""
-        reply = self._conn.call(
+        min offset when ``offset`` was already cleaned away; messages passed over because they
+        were deleted are added to :attr:`skipped`). Does not move :meth:`poll`'s position.
+        Raises TopicNotFoundError and the other mapped store errors."""
+        reply: Any = self._conn.call(
             self._conn.stub.Pull, self._raw_request(queue_id, offset, max_count), self.timeout_s, 3
         )
-        return list(reply.records), int(reply.next_offset)  # type: ignore[attr-defined]
+        self._note_skipped(queue_id, reply)
+        return list(reply.records), int(reply.next_offset)
 
     def prefetch_raw(
         self, queue_id: int, offset: int, max_count: int
@@ -394,6 +400,7 @@ class PullConsumer:
                 reply = future.result()
             except grpc.RpcError:
                 return self.fetch_raw(queue_id, offset, max_count)
+            self._note_skipped(queue_id, reply)
             return list(reply.records), int(reply.next_offset)
 
         return result

@@ -20,6 +20,9 @@ Options (keys are case-insensitive):
   at most this many messages. ``maxRecordsPerTrigger`` (stream): admission control, spread over
   the queues by their backlog; ``trigger(availableNow=True)`` honours it.
 * ``pullBatchSize`` (default 1024): messages per Pull call.
+* ``failOnDataLoss`` (default true, as Kafka's source): when messages of a planned range were
+  deleted by retention before the query read them, the task fails with a message naming the
+  queue and the offsets lost; ``false`` skips them and logs it.
 * TLS to the gateway (services._common.tls): ``tls.ca`` (PEM CA to verify the gateway; the
   system's roots when only a client certificate is given), ``tls.cert`` and ``tls.key`` (a client
   certificate, for a gateway started with ``--tls-client-ca``), ``tls.serverName`` (the name
@@ -159,11 +162,13 @@ class _Store:
         topic: str,
         tls: TlsOptions | None = None,
         credentials: Credentials | None = None,
+        fail_on_data_loss: bool = True,
     ) -> None:
         self.endpoint = endpoint
         self.topic = topic
         self.tls = tls or TlsOptions()
         self.credentials = credentials
+        self.fail_on_data_loss = fail_on_data_loss
 
     def queue_offsets(self, timestamp_ms: int = 0) -> dict[int, tuple[int, int, int]]:
         """queue id -> (min, max, offset at ``timestamp_ms``)."""
@@ -192,7 +197,11 @@ class _Store:
             # One pull ahead: the store serves the next pull while this task decodes the last.
             pending = consumer.prefetch_raw(p.queue_id, offset, min(pull_batch, p.end - offset))
             while offset < p.end:
+                skipped_before = consumer.skipped.get(p.queue_id, 0)
                 raws, nxt = pending()
+                lost = consumer.skipped.get(p.queue_id, 0) - skipped_before
+                if lost:
+                    self._data_lost(p, offset, min(nxt, p.end), lost)
                 if nxt <= offset:
                     # A range Spark planned (and will record as read) must not end short: a
                     # lagging replica's dispatch answered, say. Fail the task; Spark retries it.
@@ -212,6 +221,17 @@ class _Store:
                 offset = nxt
         if len(builder):
             yield builder.take()
+
+    def _data_lost(self, p: QueueRange, offset: int, upto: int, lost: int) -> None:
+        """``lost`` messages in [offset, upto) of ``p`` were deleted (retention) before this
+        read: fail the task (failOnDataLoss) or log it and go on."""
+        what = (
+            f"{p.topic} queue {p.queue_id}: {lost} message(s) between offsets {offset} and {upto} "
+            f"were deleted (retention) before this query read them"
+        )
+        if self.fail_on_data_loss:
+            raise RuntimeError(f"{what}; set the option failOnDataLoss to false to skip them")
+        log.warning("%s; skipped (failOnDataLoss=false)", what)
 
 
 def _offsets_option(text: str, what: str) -> dict[int, int] | str:
@@ -267,11 +287,15 @@ def _store_of(options: Mapping[str, str]) -> _Store:
     topic = _opt(options, "topic")
     if not topic:
         raise OptionError("option topic is required")
+    fail = (_opt(options, "failOnDataLoss", "true") or "true").strip().lower()
+    if fail not in ("true", "false"):
+        raise OptionError(f"option failOnDataLoss must be true or false, got {fail!r}")
     return _Store(
         _opt(options, "endpoint", DEFAULT_ENDPOINT) or DEFAULT_ENDPOINT,
         topic,
         TlsOptions.of(options),
         _credentials_of(options),
+        fail_on_data_loss=fail == "true",
     )
 
 

@@ -17,10 +17,11 @@ import grpc
 import pytest
 
 from libstore import DiskFullError, decode_record
-from libstore.consume_queue import CQ_STORE_UNIT_SIZE
+from libstore.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from services._common.telemetry import metrics_snapshot
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.serve import Suite
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites
 
@@ -45,11 +46,9 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0)
         time.sleep(0.05)
 
 
-def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites, tmp_path: Path) -> None:
-    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
-    suites.wait_ready(suite)
-    log, dispatch, index = suite.commit_log, suite.dispatch_app, suite.index_app
-    assert log is not None and dispatch is not None and index is not None and log.queue is not None
+def _fill(suite: Suite) -> ConsumeQueue:
+    """Topic "Ret" (one queue) with MESSAGES messages numbered in their bodies, dispatched."""
+    assert suite.dispatch_app is not None
     with Admin(suite.address) as admin:
         admin.create_topic("Ret", 1)
     with Producer(suite.address) as producer:
@@ -59,9 +58,18 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
                 for i in range(start, start + 100)
             ]
             assert producer.send_batch(batch).all_ok
-    cq = dispatch.queues.find("Ret", 0)
+    cq = suite.dispatch_app.queues.find("Ret", 0)
     assert cq is not None
     _wait_for(lambda: cq.max_offset_in_queue == MESSAGES, "dispatch")
+    return cq
+
+
+def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites, tmp_path: Path) -> None:
+    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
+    suites.wait_ready(suite)
+    log, dispatch, index = suite.commit_log, suite.dispatch_app, suite.index_app
+    assert log is not None and dispatch is not None and index is not None and log.queue is not None
+    cq = _fill(suite)
     with PullConsumer(suite.address, "early", "Ret", batch_size=100, hold_ms=200) as early:
         got = []
         while len(got) < 100:
@@ -260,3 +268,35 @@ def test_a_small_disk_stays_writable_through_three_times_its_size(
             got = lagging.poll(500)
         first = int(got[0].body[:8])
     assert first == kept[0] > 0 and lagging.skipped == {0: first}  # queue offsets are sequence numbers
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_the_spark_source_fails_on_data_loss_unless_told_to_skip(
+    suites: InProcessSuites, tmp_path: Path, fail_on_data_loss: bool
+) -> None:
+    """A range planned before retention deleted part of it (a streaming query resuming from an
+    old checkpoint): failOnDataLoss (the default) fails the read naming what was lost; false
+    reads on from the first message kept."""
+    from services.spark.source import QueueRange, _Store
+
+    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
+    suites.wait_ready(suite)
+    log, dispatch = suite.commit_log, suite.dispatch_app
+    assert log is not None and log.queue is not None and dispatch is not None
+    cq = _fill(suite)
+    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    log.delete_expired_segments(time.time() + 3600, force=True, batch_max=len(log.queue.mapped_files) // 2)
+    _wait_for(lambda: dispatch.cleaned_to == log.min_offset, "derived cleanup")
+    first = cq.min_offset_in_queue
+    assert 0 < first < MESSAGES
+    store = _Store(suite.address, "Ret", fail_on_data_loss=fail_on_data_loss)
+    planned = QueueRange("Ret", 0, 0, MESSAGES)
+    if fail_on_data_loss:
+        with pytest.raises(
+            RuntimeError, match=f"{first} message\\(s\\) between offsets 0 and {first} were deleted"
+        ):
+            list(store.read(planned, 256))
+        return
+    batches = list(store.read(planned, 256))
+    offsets = [o for b in batches for o in b.column("queue_offset").to_pylist()]
+    assert offsets == list(range(first, MESSAGES))
