@@ -216,7 +216,9 @@ class DedupWindow:
             return None  # the log lost bytes the window points at
         self._load(*columns)
         since = time.time_ns() // 1_000_000 - self.ttl_ms
-        for req in log.scan_records(saved_end, end, decode_properties=True):
+        # Retention may have deleted the head of the log past the saved end since: what it
+        # deleted needs no keys; the scan starts at the first record kept.
+        for req in log.scan_records(max(saved_end, log.min_offset), end, decode_properties=True):
             if req.success and req.msg_size and req.uniq_key and req.store_timestamp >= since:
                 self.put(req.topic, req.uniq_key, Placed.of(req))
         return end - saved_end

@@ -174,3 +174,26 @@ def test_a_wrapped_window_round_trips_through_its_file(open_log: Callable[..., C
     assert len(loaded) == 4
     path.write_bytes(path.read_bytes()[:-3])  # the keys cut short
     assert DedupWindow(capacity=5).catch_up(path, log) is None
+
+
+def test_a_saved_window_catches_up_from_the_first_record_kept_after_retention(
+    open_log: Callable[..., CommitLog],
+) -> None:
+    """Saved, then the log grew by several segments and retention deleted its head past the
+    saved end: the records still in the log are all keyed again after a restart."""
+    log = open_log()
+    window = DedupWindow(capacity=10_000)
+    _fill(log, 100)
+    window.prefill(log)
+    persist_window(window, log)
+    later = _fill(log, 1000, prefix="L")
+    assert log.queue is not None
+    log.queue.flush_to(log.max_offset)
+    log.delete_expired_segments(time.time() + 3600, force=True, batch_max=3)
+    fresh = DedupWindow(capacity=10_000)
+    held, how = restore_window(fresh, log)
+    assert how.startswith("saved + ") and held == len(fresh)
+    kept = [k for k in later if fresh.get("T", k) is not None]
+    assert kept and kept == later[-len(kept) :]  # every record still in the log is keyed
+    first_kept = next(r for r in log.scan_records(log.min_offset, log.max_offset) if r.msg_size)
+    assert first_kept.uniq_key == kept[0]
