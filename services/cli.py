@@ -583,13 +583,13 @@ def progress(
     console.print(table)
 
 
-@app.command()
 def _ago(ms: int) -> str:
     """``ms`` (since the epoch) as "N s ago (local time)"."""
     seconds = max(0.0, time.time() - ms / 1000.0)
     return f"{seconds:,.0f} s ago ({time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ms / 1000.0))})"
 
 
+@app.command()
 def stats(address: AddressOpt = DEFAULT_GATEWAY) -> None:
     """Store statistics: log offsets, dispatch progress, disk and retention."""
     from services.client import Admin

@@ -63,6 +63,7 @@ def test_produce_consume_query_progress_and_stats(embedded: Suite, tmp_path: Pat
     assert progress.returncode == 0 and "lag 0" in progress.stdout
     stats = mqstore("stats", "-a", gw)
     assert stats.returncode == 0 and "CommitLog max offset" in stats.stdout
+    assert "disk used (as df)" in stats.stdout and "last cleanup" in stats.stdout
     listed = mqstore("topic", "list", "-a", gw)
     assert "CliTopic" in listed.stdout
 
