@@ -763,14 +763,23 @@ class CommitLog:
         self._disk_full = reason
 
     def delete_expired_segments(
-        self, expired_before: float, *, force: bool, batch_max: int, pause: Callable[[], bool] | None = None
+        self,
+        expired_before: float,
+        *,
+        force: bool,
+        batch_max: int,
+        pause: Callable[[], bool] | None = None,
+        keep_from: int | None = None,
     ) -> list[tuple[str, int]]:
         """Delete segments from the head of the log (MappedFileQueue.delete_expired_files, spec
         §9): last modified before ``expired_before`` (seconds since the epoch), or any but the
-        newest with ``force``. Returns (file name, bytes) per deleted segment; the log's
-        ``min_offset`` is then the first kept segment's start. Raises StoreIOError."""
+        newest with ``force``; without ``force`` none holding bytes at or past ``keep_from``.
+        Returns (file name, bytes) per deleted segment; the log's ``min_offset`` is then the
+        first kept segment's start. Raises StoreIOError."""
         assert self.queue is not None
-        return self.queue.delete_expired_files(expired_before, force=force, batch_max=batch_max, pause=pause)
+        return self.queue.delete_expired_files(
+            expired_before, force=force, batch_max=batch_max, pause=pause, keep_from=keep_from
+        )
 
     @property
     def running(self) -> bool:

@@ -16,6 +16,11 @@ Every ``cleanResourceInterval`` (10 s; the first a minute after start, as Rocket
 Derived state follows the log's new min offset on its own (ConsumeQueues, IndexFiles). A
 replica cleans by its own clock and usage; a SLAVE is never refused (it takes no puts).
 
+``hold`` (set by the embedded suite to its timer's) gives the lowest CommitLog offset that must
+stay: delayed messages wait in the log until they are due, so expiry never deletes a segment
+holding one that is still undelivered. Disk pressure (the forcible ratio) overrides it, as it
+overrides expiry.
+
 What RocketMQ leaves out and we keep: every round's outcome (:class:`CleanupRound`, the last one
 in :attr:`CleanCommitLogService.last_round`) and running totals, for stats and metrics.
 """
@@ -89,6 +94,8 @@ class CleanCommitLogService(ServiceThread):
         self._local_hour = local_hour or (lambda: time.localtime(self._clock()).tm_hour)
         self._disk_usage = disk_usage
         self.last_round: CleanupRound | None = None
+        # The lowest CommitLog offset expiry must keep (None: no bound); see the module docstring.
+        self.hold: Callable[[], int | None] | None = None
         self.deleted_files = 0
         self.deleted_bytes = 0
         self._started_rounds = False
@@ -137,6 +144,7 @@ class CleanCommitLogService(ServiceThread):
                 force=forced,
                 batch_max=cfg.delete_file_batch_max,
                 pause=lambda: not self._stopped.wait(pause_s),
+                keep_from=self.hold() if self.hold is not None else None,
             )
         result = CleanupRound(int(self._clock() * 1000), usage, reason, tuple(deleted), self.log.min_offset)
         if deleted:

@@ -243,13 +243,18 @@ class MappedFileQueue:
         force: bool = False,
         batch_max: int = 10,
         pause: Callable[[], bool] | None = None,
+        keep_from: int | None = None,
     ) -> list[tuple[str, int]]:
         """Delete segments from the head of the queue, oldest first (spec §9, RocketMQ's
         ``deleteExpiredFileByTime``): each whose last modification (mtime, seconds since the
         epoch) is before ``expired_before``, or any with ``force``; see :meth:`delete_head_files`
-        for what is never deleted and the arguments. Raises StoreIOError."""
+        for what is never deleted and the arguments. Without ``force``, a segment holding bytes
+        at or past ``keep_from`` (an absolute offset; None: no such bound) is kept. Raises
+        StoreIOError."""
 
         def doomed(mf: MappedFile) -> str:
+            if not force and keep_from is not None and mf.file_from_offset + mf.file_size > keep_from:
+                return ""
             try:
                 modified = os.stat(mf.path).st_mtime
             except FileNotFoundError:

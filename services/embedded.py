@@ -183,6 +183,8 @@ class EmbeddedStore:
             dispatch = DispatchApp(part_config(config, data / "dispatch"), node.port)
             await dispatch.start()
             started.append(dispatch)
+            if node.commit_log.cleaner is not None:  # expiry keeps what the timer still holds
+                node.commit_log.cleaner.hold = dispatch.timer.oldest_held_offset
             index_app = None
             if index:
                 index_app = IndexApp(part_config(config, data / "index"), node.port)

@@ -80,6 +80,13 @@ class TimerService:
         """Held messages known to the service (not yet delivered)."""
         return len(self._heap)
 
+    def oldest_held_offset(self) -> int | None:
+        """CommitLog offset of the oldest record still held for later delivery (None when none
+        is): retention must keep it (libstore.commit_log_cleaner's hold). Safe from another
+        thread (the heap is copied at once)."""
+        held = list(self._heap)
+        return min(entry[2] for entry in held) if held else None
+
     def next_due(self) -> int | None:
         """Delivery time (ms) of the earliest held message, None when none is held."""
         return self._heap[0][0] if self._heap else None

@@ -300,3 +300,39 @@ def test_the_spark_source_fails_on_data_loss_unless_told_to_skip(
     batches = list(store.read(planned, 256))
     offsets = [o for b in batches for o in b.column("queue_offset").to_pylist()]
     assert offsets == list(range(first, MESSAGES))
+
+
+def test_expiry_keeps_segments_that_hold_undelivered_delayed_messages(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    """A message delayed by an hour sits in the timer topic among others; every segment is
+    past fileReservedTime: a round deletes the ones before it and keeps the one holding it,
+    so it is still delivered when due."""
+    store = {**RETENTION_STORE, "diskMaxUsedSpaceRatio": 50}  # expired segments go at any hour
+    suite = suites.start(embedded_options(tmp_path / "data", **store))
+    suites.wait_ready(suite)
+    log, dispatch = suite.commit_log, suite.dispatch_app
+    assert log is not None and log.queue is not None and log.cleaner is not None and dispatch is not None
+    with Admin(suite.address) as admin:
+        admin.create_topic("Later", 1)
+    with Producer(suite.address) as producer:
+        filler = [OutgoingMessage("Later", bytes(300)) for _ in range(100)]
+        for _ in range(6):
+            assert producer.send_batch(filler).all_ok
+        due_at = int(time.time() * 1000) + 3_600_000
+        held = producer.send("Later", b"in an hour", deliver_at_ms=due_at)
+        for _ in range(12):
+            assert producer.send_batch(filler).all_ok
+    _wait_for(lambda: dispatch.timer.pending == 1, "the timer to hold the message")
+    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    old = time.time() - 100 * 3600
+    for mf in log.queue.mapped_files:
+        os.utime(mf.path, (old, old))
+    cleaner = log.cleaner
+    cleaner._disk_usage = lambda _path: 0.6  # past diskMaxUsedSpaceRatio, below the forcible ratio
+    round_ = cleaner.clean_once()
+    assert round_.deleted and "diskMaxUsedSpaceRatio" in round_.reason
+    phy = held.phy_offsets[0]
+    assert log.min_offset <= phy < log.min_offset + log.config.mapped_file_size_commit_log
+    assert log.get_message(phy, held.sizes[0])  # its segment is kept
+    assert cleaner.clean_once().deleted == ()  # and stays while the message is held

@@ -174,3 +174,23 @@ def test_the_service_thread_runs_rounds_and_stops(open_log: Callable[..., Commit
     finally:
         cleaner.shutdown()
     assert not cleaner.alive
+
+
+def test_expiry_keeps_what_the_hold_names_but_disk_pressure_does_not(
+    open_log: Callable[..., CommitLog],
+) -> None:
+    """A hold (the timer's oldest undelivered delayed message) keeps every segment from the one
+    holding it on, even expired; past the forcible ratio the hold gives way, as expiry does."""
+    log = open_log()
+    _fill(log, 5)
+    names = _segments(log)
+    _age(log, 0, 5, hours=100)
+    size = log.config.mapped_file_size_commit_log
+    disk = Disk()
+    cleaner = _cleaner(log, disk, hour=4)
+    cleaner.hold = lambda: 2 * size + 100  # inside the third segment
+    assert [name for name, _ in cleaner.clean_once().deleted] == names[:2]
+    assert cleaner.clean_once().deleted == ()  # expired, but held
+    disk.usage = 0.95  # past the forcible ratio: the hold gives way
+    assert [name for name, _ in cleaner.clean_once().deleted] == names[2:5]
+    assert _segments(log) == names[5:]
