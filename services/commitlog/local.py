@@ -494,9 +494,12 @@ def _register_retention_metrics() -> None:
     def observe(value: Callable[[CommitLog], float]) -> Callable[[CallbackOptions], list[Observation]]:
         def callback(_options: CallbackOptions) -> list[Observation]:
             return [
-                Observation(value(p.log), {"broker_name": p.log.config.broker_name})
+                Observation(
+                    value(p.log),
+                    {"broker_name": p.log.config.broker_name, "broker_id": p.log.config.broker_id},
+                )
                 for p in list(_LIVE)
-                if p.log.cleaner is not None
+                if p.log.cleaner is not None and p.log.running  # a closed store reports nothing
             ]
 
         return callback

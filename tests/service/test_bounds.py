@@ -191,10 +191,11 @@ def test_produce_past_the_bytes_in_flight_is_pushed_back_writes_nothing_and_is_r
     _, suite = bounded
     port, admission = suite.commitlog_port, suite.admission
     assert port is not None and admission is not None
-    release = threading.Event()
+    release, appended = threading.Event(), threading.Event()
     wait_durable = port._wait_durable
 
     async def gated(next_offset: int, wait_store: bool) -> Any:
+        appended.set()  # the held batch is in the log: only its durability wait is left
         await asyncio.to_thread(release.wait, 30)
         return await wait_durable(next_offset, wait_store)
 
@@ -209,7 +210,8 @@ def test_produce_past_the_bytes_in_flight_is_pushed_back_writes_nothing_and_is_r
             grpc.insecure_channel(suite.address) as channel,
         ):
             held = held_producer.send_batch_async(_messages(topic, 2, body))
-            _wait_for(lambda: admission.inflight_bytes > 2 * body, "the held produce")
+            _wait_for(appended.is_set, "the held produce")
+            assert admission.inflight_bytes > 2 * body
             before = _max_offset(suite)
             with pytest.raises(SystemBusyError, match="maxInflightProduceBytes") as refused:
                 held_producer.send_batch(_messages(topic, 1, body))
