@@ -47,13 +47,17 @@ log = logging.getLogger(__name__)
 FIRST_ROUND_DELAY_S = 60.0  # RocketMQ schedules the first cleanup a minute after start
 
 
+def used_share(usage: tuple[int, int, int]) -> float:
+    """Used share (0..1) of a ``shutil.disk_usage`` result (total, used, free bytes), as ``df``
+    computes Use%: used / (used + available to unprivileged users), so blocks reserved for root
+    are left out of both."""
+    _, used, free = usage
+    return used / (used + free) if used + free else 0.0
+
+
 def disk_usage_ratio(path: Path) -> float:
-    """Used share (0..1) of the file system holding ``path``, as ``df`` computes Use%: used /
-    (used + available to unprivileged users), so blocks reserved for root are left out of both.
-    Raises OSError."""
-    usage = shutil.disk_usage(path)
-    room = usage.used + usage.free
-    return usage.used / room if room else 0.0
+    """:func:`used_share` of the file system holding ``path``. Raises OSError."""
+    return used_share(shutil.disk_usage(path))
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,8 @@ class CleanCommitLogService(ServiceThread):
             reason = f"disk {percent:.1f}% used > diskSpaceCleanForciblyRatio {limit}%"
         elif percent > cfg.disk_max_used_space_ratio:
             reason = f"disk {percent:.1f}% used > diskMaxUsedSpaceRatio {cfg.disk_max_used_space_ratio}%"
-        elif self._local_hour() in cfg.delete_hours:
-            reason = f"deleteWhen hour {self._local_hour():02d}"
+        elif (hour := self._local_hour()) in cfg.delete_hours:
+            reason = f"deleteWhen hour {hour:02d}"
         else:
             reason = ""
         deleted: list[tuple[str, int]] = []

@@ -42,6 +42,7 @@ from libstore import (
     PutMessageStatus,
     TopicConfig,
 )
+from libstore.commit_log_cleaner import used_share
 from libstore.log_scanner import scan_buffer
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
@@ -446,7 +447,7 @@ class LocalCommitLog:
             quarantine.files,
             quarantine.bytes,
             epochs[-1].start_offset if epochs else 0,
-            disk.used / (disk.used + disk.free) if disk.used + disk.free else 0.0,
+            used_share(disk),
             log.disk_full,
             last.at_ms if last is not None else 0,
             cleaner.deleted_files if cleaner is not None else 0,

@@ -31,6 +31,7 @@ import contextlib
 from collections.abc import Iterator
 
 from libstore.errors import SystemBusyError
+from services.gateway.limits import GatewayLimits
 
 MIN_RETRY_MS = 10
 MAX_RETRY_MS = 1_000
@@ -67,6 +68,11 @@ class ProduceAdmission:
             due = loop.time() + interval
             await asyncio.sleep(interval)
             self.lag_ms = max(0.0, (loop.time() - due) * 1000.0)
+
+    @classmethod
+    def of(cls, limits: GatewayLimits) -> ProduceAdmission:
+        """The admission ``limits`` set (waitTimeMillsInSendQueue, maxInflightProduceBytes)."""
+        return cls(limits.wait_time_mills_in_send_queue, limits.max_inflight_produce_bytes)
 
     async def close(self) -> None:
         """Stop measuring the loop's lag (the server is stopping)."""

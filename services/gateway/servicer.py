@@ -117,9 +117,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.max_hold_ms = max_hold_ms
         self.limits = limits = limits or GatewayLimits()
         self.held_polls = HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
-        self.admission = ProduceAdmission(
-            limits.wait_time_mills_in_send_queue, limits.max_inflight_produce_bytes
-        )
+        self.admission = ProduceAdmission.of(limits)
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
         self._tracer = tracer("mqstore.gateway")

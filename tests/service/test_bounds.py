@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.proto import commitlog_grpc, commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from services.serve import ServeOptions, Suite, store_config
-from tests.service.harness import SMALL_STORE, InProcessSuites
+from tests.service.harness import SMALL_STORE, InProcessSuites, wait_until
 
 BOUNDS = {
     "maxMessagesPerRequest": 16,
@@ -85,14 +85,6 @@ def commitlog_role(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
         yield suite
     finally:
         suites.close()
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _max_offset(suite: Suite) -> int:
@@ -210,7 +202,7 @@ def test_produce_past_the_bytes_in_flight_is_pushed_back_writes_nothing_and_is_r
             grpc.insecure_channel(suite.address) as channel,
         ):
             held = held_producer.send_batch_async(_messages(topic, 2, body))
-            _wait_for(appended.is_set, "the held produce")
+            wait_until(appended.is_set, "the held produce")
             assert admission.inflight_bytes > 2 * body
             before = _max_offset(suite)
             with pytest.raises(SystemBusyError, match="maxInflightProduceBytes") as refused:
@@ -455,14 +447,14 @@ def test_held_pulls_per_client_are_bounded(bounded: tuple[InProcessSuites, Suite
     with grpc.insecure_channel(suite.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         stub = gateway_grpc.GatewayStub(channel)
         held = [stub.Pull.future(pull, timeout=60) for _ in range(2)]
-        _wait_for(lambda: _waiting(suite) == base + 2, "two held pulls")
+        wait_until(lambda: _waiting(suite) == base + 2, "two held pulls")
         with pytest.raises(grpc.RpcError) as err:
             stub.Pull(pull, timeout=60)
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "maxHeldPollsPerClient" in (err.value.details() or "")
         # Another connection still gets its pull held, and a pull that finds messages is served.
         third = gateway_grpc.GatewayStub(other).Pull.future(pull, timeout=60)
-        _wait_for(lambda: _waiting(suite) == base + 3, "a third held pull on another connection")
+        wait_until(lambda: _waiting(suite) == base + 3, "a third held pull on another connection")
         with Producer(suite.address) as producer:
             assert producer.send(topic, b"arrived").all_ok
         for call in [*held, third]:
@@ -488,7 +480,7 @@ def test_held_v2_receives_per_client_are_bounded(bounded: tuple[InProcessSuites,
     with grpc.insecure_channel(suite.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         stub = service_grpc.MessagingServiceStub(channel)
         held = [stub.ReceiveMessage(request, metadata=metadata, timeout=60) for _ in range(2)]
-        _wait_for(lambda: _waiting(suite) == base + 2, "two held receives")
+        wait_until(lambda: _waiting(suite) == base + 2, "two held receives")
         refused = list(stub.ReceiveMessage(request, metadata=metadata, timeout=60))
         assert refused[0].status.code == Code.TOO_MANY_REQUESTS
         for call in held:

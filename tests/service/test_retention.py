@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -23,7 +23,7 @@ from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.serve import Suite
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites
+from tests.service.harness import InProcessSuites, wait_until
 
 RETENTION_STORE = {
     "mappedFileSizeCommitLog": 128 * 1024,
@@ -36,14 +36,6 @@ RETENTION_STORE = {
     "flushIntervalCommitLog": 50,
 }
 MESSAGES = 3000
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _fill(suite: Suite) -> ConsumeQueue:
@@ -60,7 +52,7 @@ def _fill(suite: Suite) -> ConsumeQueue:
             assert producer.send_batch(batch).all_ok
     cq = suite.dispatch_app.queues.find("Ret", 0)
     assert cq is not None
-    _wait_for(lambda: cq.max_offset_in_queue == MESSAGES, "dispatch")
+    wait_until(lambda: cq.max_offset_in_queue == MESSAGES, "dispatch")
     return cq
 
 
@@ -76,8 +68,8 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
             got += early.poll(500)
         early.commit()
         committed = int(got[-1].body[:6]) + 1  # the group's position: after what it processed
-    _wait_for(lambda: index.index.last_indexed_offset >= log.max_offset - 1000, "the index")
-    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    wait_until(lambda: index.index.last_indexed_offset >= log.max_offset - 1000, "the index")
+    wait_until(lambda: log.flushed_offset >= log.max_offset, "the flush")
     segments = len(log.queue.mapped_files)
     cq_files, index_files = len(cq.queue.mapped_files), len(index.index.files)
     assert segments >= 8 and cq_files >= 6 and index_files >= 6
@@ -103,17 +95,17 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
     cleaner.clean_once()
     assert not log.disk_full
 
-    _wait_for(lambda: dispatch.cleaned_to == floor and index.cleaned_to == floor, "derived cleanup")
+    wait_until(lambda: dispatch.cleaned_to == floor and index.cleaned_to == floor, "derived cleanup")
     first = cq.min_offset_in_queue
     per_file = cq.mapped_file_size // CQ_STORE_UNIT_SIZE
     # Files still being flushed when the head went are deleted in a later round.
-    _wait_for(
+    wait_until(
         lambda: (
             cq.queue.mapped_files[0].file_from_offset // CQ_STORE_UNIT_SIZE == first // per_file * per_file
         ),
         "the ConsumeQueue files",
     )
-    _wait_for(lambda: all(f.end_phy_offset >= floor for f in index.index.files[:-1]), "the IndexFiles")
+    wait_until(lambda: all(f.end_phy_offset >= floor for f in index.index.files[:-1]), "the IndexFiles")
     assert 0 < first < MESSAGES
     unit = cq.read_unit(first)
     assert unit is not None and unit.phy_offset >= floor  # the first unit kept is a kept message
@@ -285,9 +277,9 @@ def test_the_spark_source_fails_on_data_loss_unless_told_to_skip(
     log, dispatch = suite.commit_log, suite.dispatch_app
     assert log is not None and log.queue is not None and dispatch is not None
     cq = _fill(suite)
-    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    wait_until(lambda: log.flushed_offset >= log.max_offset, "the flush")
     log.delete_expired_segments(time.time() + 3600, force=True, batch_max=len(log.queue.mapped_files) // 2)
-    _wait_for(lambda: dispatch.cleaned_to == log.min_offset, "derived cleanup")
+    wait_until(lambda: dispatch.cleaned_to == log.min_offset, "derived cleanup")
     first = cq.min_offset_in_queue
     assert 0 < first < MESSAGES
     store = _Store(suite.address, "Ret", fail_on_data_loss=fail_on_data_loss)
@@ -324,8 +316,8 @@ def test_expiry_keeps_segments_that_hold_undelivered_delayed_messages(
         held = producer.send("Later", b"in an hour", deliver_at_ms=due_at)
         for _ in range(12):
             assert producer.send_batch(filler).all_ok
-    _wait_for(lambda: dispatch.timer.pending == 1, "the timer to hold the message")
-    _wait_for(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    wait_until(lambda: dispatch.timer.pending == 1, "the timer to hold the message")
+    wait_until(lambda: log.flushed_offset >= log.max_offset, "the flush")
     old = time.time() - 100 * 3600
     for mf in log.queue.mapped_files:
         os.utime(mf.path, (old, old))

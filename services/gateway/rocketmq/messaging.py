@@ -174,9 +174,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self.acl = acl
         self.limits = limits = limits or GatewayLimits()
         self.held_polls = held_polls or HeldPolls(limits.max_held_polls, limits.max_held_polls_per_client)
-        self.admission = admission or ProduceAdmission(
-            limits.wait_time_mills_in_send_queue, limits.max_inflight_produce_bytes
-        )
+        self.admission = admission or ProduceAdmission.of(limits)
         self.sessions = ClientSessions(
             max_streams=limits.telemetry_max_streams_per_client,
             outbox_max=limits.telemetry_outbox_max_commands,
