@@ -68,7 +68,7 @@ from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import Message, MessageRecord
+from libstore.message import Message, MessageRecord, MessageSysFlag
 from libstore.message_id import encode_host
 from libstore.producer_input import (
     PRODUCER_SYS_FLAGS,
@@ -99,7 +99,9 @@ from libstore.recovery import (
     write_clean_end,
 )
 from libstore.results import PutMessageResults, PutMessageStatus
+from libstore.retention_policy import RetentionPolicy
 from libstore.scheduled_message import hold_if_scheduled
+from libstore.segment_summary import UNQUEUED, SegmentSummaries
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
 from libstore.store_directory import StoreDirectory
@@ -109,6 +111,7 @@ from libstore.store_paths import (
     ha_state_path,
     log_generation_path,
     queue_offset_table_path,
+    segment_summary_dir,
     topics_path,
 )
 from libstore.topic_config import TopicConfigManager
@@ -185,6 +188,7 @@ class CommitLog:
         self._writeable = True
         self._disk_full = ""  # why puts are refused for disk usage ("" when they are not)
         self.cleaner: CleanCommitLogService | None = None  # started with the log
+        self.summaries = SegmentSummaries(segment_summary_dir(self.root))
         self._loaded = False
         self.last_exit_ok = True
         self.recovery_report: RecoveryReport | None = None
@@ -253,6 +257,7 @@ class CommitLog:
             on_new_file=None if read_ahead else MappedFile.advise_random,  # segments made from now on
         )
         self.queue.load()
+        self.summaries.load()
         if not read_ahead:
             for mf in self.queue.mapped_files:
                 mf.advise_random()
@@ -292,6 +297,9 @@ class CommitLog:
         self._queue_offsets = offsets
         self._table_offset = report.end_offset
         self._save_snapshot(self._snapshot_at(report.end_offset, offsets))
+        self.summaries.reconcile(
+            [(mf.file_from_offset, mf.file_from_offset + mf.wrote_position) for mf in self.queue.mapped_files]
+        )
         if self._role is BrokerRole.SLAVE:
             self.ha_state.truncate(report.end_offset)  # the master's entries come back at the handshake
         else:
@@ -373,6 +381,7 @@ class CommitLog:
                 self.checkpoint.confirm_phy_offset = self.persisted_confirm
                 self.checkpoint.flush()
                 self.save_queue_offset_snapshot()
+                self.summaries.save_dirty()
                 if self._last_record_at >= 0:  # the next start validates this record only
                     write_clean_end(
                         clean_end_path(self.root), self.queue.get_max_offset(), self._last_record_at
@@ -636,9 +645,19 @@ class CommitLog:
                     break
                 phys.extend([pos + delta for pos in positions[i:j]])
                 mf.store_timestamp = store_ts
+                # The last record of each queue key in the run (later indexes win), for retention.
+                self.summaries.note(
+                    mf.file_from_offset,
+                    dict(zip(keys[i:j], range(i, j), strict=True)),
+                    positions,
+                    delta,
+                    store_ts,
+                    base + used,
+                )
             if j < n:
                 # Record j does not fit: close this segment with a blank and roll.
                 mf.fill_to_end(encode_blank(mf.remaining))
+                self.summaries.seal(mf.file_from_offset, mf.file_tail_offset)
             i = j
         return PutMessageResults(
             n,
@@ -762,6 +781,56 @@ class CommitLog:
             log.warning("CommitLog: taking puts again: disk usage is back under the warning level")
         self._disk_full = reason
 
+    def delete_head_segments(
+        self,
+        doomed: Callable[[MappedFile], str],
+        *,
+        batch_max: int,
+        pause: Callable[[], bool] | None = None,
+    ) -> list[tuple[str, int]]:
+        """Delete segments from the head while ``doomed(segment)`` gives a reason
+        (MappedFileQueue.delete_head_files: never the newest, never unflushed bytes, at most
+        ``batch_max``); their summaries go with them. Returns (file name, bytes) per deleted
+        segment. Raises StoreIOError."""
+        assert self.queue is not None
+        deleted = self.queue.delete_head_files(doomed, batch_max=batch_max, pause=pause)
+        self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
+        return deleted
+
+    def refresh_summaries(self) -> int:
+        """Scan what the segment summaries miss (replicated bytes, the tail after a restart);
+        returns how many gaps were closed (libstore.segment_summary)."""
+        return self.summaries.fill_gaps(self._summarise)
+
+    def _summarise(self, start: int, end: int) -> Iterator[tuple[str, int, int]]:
+        """(summary topic, store ms, offset) of each record in [start, end); StoreIOError when
+        the bytes are not records or not readable yet."""
+        assert self.queue is not None
+        reached = start
+        for req in scan_log(self.queue, start, end, decode_properties=False, yield_blanks=True):
+            if not req.success:
+                raise StoreIOError(f"no record at CommitLog offset {req.commit_log_offset}")
+            if req.msg_size == 0:  # the blank END record: the rest of the segment is empty
+                return
+            tx = req.sys_flag & MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED, ROLLBACK
+            yield (UNQUEUED if tx else req.topic), req.store_timestamp, req.commit_log_offset
+            reached = req.next_offset
+        if reached < end:
+            raise StoreIOError(f"CommitLog bytes {reached}..{end} are not readable yet")
+
+    def retention_policy(self) -> RetentionPolicy:
+        """The retention settings now: fileReservedTime, topics' retentionHours, tombstones."""
+        topics = self.topic_config
+        return RetentionPolicy.of(topics.list(), topics.tombstones(), self.config.file_reserved_time)
+
+    def delete_topic(self, topic: str) -> bool:
+        """Remove ``topic`` from the topic table, leaving a tombstone at the log's end: every
+        message it stored so far is expired (its queues' min offsets move past them, its
+        segments go once nothing else holds them). False when it did not exist."""
+        with self._put_lock:
+            end = self.queue.get_max_wrote_position() if self.queue is not None else 0
+            return self.topic_config.delete(topic, end)
+
     def delete_expired_segments(
         self,
         expired_before: float,
@@ -777,9 +846,11 @@ class CommitLog:
         Returns (file name, bytes) per deleted segment; the log's ``min_offset`` is then the
         first kept segment's start. Raises StoreIOError."""
         assert self.queue is not None
-        return self.queue.delete_expired_files(
+        deleted = self.queue.delete_expired_files(
             expired_before, force=force, batch_max=batch_max, pause=pause, keep_from=keep_from
         )
+        self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
+        return deleted
 
     @property
     def running(self) -> bool:
@@ -1010,6 +1081,10 @@ class CommitLog:
                 raise StoreIOError(f"replica append failed: {exc}") from exc
             if last_ts:
                 mf.store_timestamp = last_ts
+            if used:
+                self.summaries.note_replicated(mf.file_from_offset, offset, offset + used)
+            if used < n:
+                self.summaries.seal(mf.file_from_offset, mf.file_tail_offset)
             new_end = offset + n if used == n else mf.file_tail_offset
             self._last_record_at = -1  # not tracked for replicated bytes: the next start scans
         self._after_append(new_end)
@@ -1100,12 +1175,15 @@ class CommitLog:
             self.checkpoint.flush()
         if drop_all:
             self._restart_empty_at(offset)
+            self.summaries.reset()
             offsets: dict[QueueKey, int] = {}
         else:
             if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
                 self._restart_empty_at(offset)
+                self.summaries.reset()
             else:
                 self.queue.truncate_dirty_files(offset)
+                self.summaries.cut(offset)
             offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
         self._queue_offsets = offsets
         self._table_offset = offset

@@ -6,12 +6,17 @@ Every ``cleanResourceInterval`` (10 s; the first a minute after start, as Rocket
    injectable, default :func:`disk_usage_ratio`);
 2. above ``diskSpaceWarningLevelRatio`` (90%) marks the store disk-full: puts are refused with
    DiskFullError (RESOURCE_EXHAUSTED, reason DISK_FULL) until a round measures below it again;
-3. deletes, oldest first, segments last modified more than ``fileReservedTime`` (72 h) ago
-   when the local hour is one of ``deleteWhen`` ("04") or usage is above
-   ``diskMaxUsedSpaceRatio`` (75%); above ``diskSpaceCleanForciblyRatio`` (85%, or the warning
-   level) with ``cleanFileForciblyEnable`` it deletes unexpired segments too, oldest first;
-   never the newest segment, never unflushed bytes, at most ``deleteFileBatchMax`` (10) per
-   round, ``deleteCommitLogFilesInterval`` (100 ms) apart.
+3. scans what the segment summaries miss (libstore.segment_summary) and takes the retention
+   settings of the moment (libstore.retention_policy);
+4. deletes, oldest first, segments whose messages have all expired: at once when per-topic
+   settings alone decide that (``retentionHours``, deleted topics), else, as RocketMQ, when the
+   local hour is one of ``deleteWhen`` ("04") or usage is above ``diskMaxUsedSpaceRatio`` (75%)
+   (messages of topics without ``retentionHours`` expire ``fileReservedTime``, 72 h, after their
+   segment's last modification, as in RocketMQ). Above ``diskSpaceCleanForciblyRatio`` (85%, or
+   the warning level) with ``cleanFileForciblyEnable`` it deletes unexpired segments too, oldest
+   first, whatever their topics ask. Never the newest segment, never unflushed bytes, at most
+   ``deleteFileBatchMax`` (10) per round, ``deleteCommitLogFilesInterval`` (100 ms) apart; then
+   it saves the changed summaries and drops tombstones the log no longer reaches.
 
 Derived state follows the log's new min offset on its own (ConsumeQueues, IndexFiles). A
 replica cleans by its own clock and usage; a SLAVE is never refused (it takes no puts).
@@ -21,6 +26,11 @@ stay: delayed messages wait in the log until they are due, so expiry never delet
 holding one that is still undelivered. Disk pressure (the forcible ratio) overrides it, as it
 overrides expiry.
 
+Only the head of the log is deleted: a segment that has expired behind one that has not waits
+for it. Offsets are positions in one log, so freeing the middle would mean copying the live
+records elsewhere (compaction) and renumbering them, which the consume queues, the replicas and
+every client's offsets depend on; see the README's retention section.
+
 What RocketMQ leaves out and we keep: every round's outcome (:class:`CleanupRound`, the last one
 in :attr:`CleanCommitLogService.last_round`) and running totals, for stats and metrics.
 """
@@ -28,6 +38,7 @@ in :attr:`CleanCommitLogService.last_round`) and running totals, for stats and m
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -41,6 +52,7 @@ from libstore.service_thread import ServiceThread
 
 if TYPE_CHECKING:
     from libstore.commit_log import CommitLog
+    from libstore.mapped_file import MappedFile
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +75,8 @@ def disk_usage_ratio(path: Path) -> float:
 @dataclass(frozen=True)
 class CleanupRound:
     """One round's outcome: when (ms since the epoch), the disk usage measured (0..1), why it
-    deleted ("" when it did not look: not the hour, usage low), the segments deleted (file name,
+    deleted ("topic retention" when per-topic settings alone did; "" when nothing expired by
+    ``fileReservedTime`` could go: not the hour, usage low), the segments deleted (file name,
     bytes) and the log's min offset after it."""
 
     at_ms: int
@@ -139,17 +152,16 @@ class CleanCommitLogService(ServiceThread):
             reason = f"deleteWhen hour {hour:02d}"
         else:
             reason = ""
-        deleted: list[tuple[str, int]] = []
-        if reason:
-            expired_before = self._clock() - cfg.file_reserved_time * 3600.0
-            pause_s = cfg.delete_commit_log_files_interval / 1000.0
-            deleted = self.log.delete_expired_segments(
-                expired_before,
-                force=forced,
-                batch_max=cfg.delete_file_batch_max,
-                pause=lambda: not self._stopped.wait(pause_s),
-                keep_from=self.hold() if self.hold is not None else None,
-            )
+        self.log.refresh_summaries()
+        doomed = self._doomed(reason, forced, self.hold() if self.hold is not None else None)
+        pause_s = cfg.delete_commit_log_files_interval / 1000.0
+        deleted = self.log.delete_head_segments(
+            doomed, batch_max=cfg.delete_file_batch_max, pause=lambda: not self._stopped.wait(pause_s)
+        )
+        if deleted and not reason:
+            reason = "topic retention"
+        self.log.summaries.save_dirty()
+        self.log.topic_config.forget_tombstones_below(self.log.min_offset)
         result = CleanupRound(int(self._clock() * 1000), usage, reason, tuple(deleted), self.log.min_offset)
         if deleted:
             self.deleted_files += len(deleted)
@@ -163,3 +175,25 @@ class CleanCommitLogService(ServiceThread):
             )
         self.last_round = result
         return result
+
+    def _doomed(self, reason: str, forced: bool, keep_from: int | None) -> Callable[[MappedFile], str]:
+        """The per-segment test of one round (module docstring, step 4)."""
+        policy = self.log.retention_policy()
+        now_ms = int(self._clock() * 1000)
+        summaries = self.log.summaries
+
+        def doomed(mf: MappedFile) -> str:
+            if not forced and keep_from is not None and mf.file_from_offset + mf.file_size > keep_from:
+                return ""
+            try:
+                modified_ms = int(os.stat(mf.path).st_mtime * 1000)
+            except FileNotFoundError:
+                modified_ms = 0
+            except OSError as exc:
+                raise StoreIOError(f"cannot stat {mf.path}: {exc.strerror}") from exc
+            expires_at, explicit = policy.segment_expiry(summaries.get(mf.file_from_offset), modified_ms)
+            if expires_at <= now_ms and (explicit or reason):
+                return "every message in it has expired" + ("" if explicit else f" ({reason})")
+            return "disk usage forces it" if forced else ""
+
+        return doomed

@@ -3,7 +3,8 @@
 Under the store root: ``commitlog/<20-digit offset>``, ``consumequeue/<topic>/<queueId>/<20-digit
 offset>``, ``index/<yyyyMMddHHmmssSSS>``, ``checkpoint``, ``abort`` (marker of an unclean
 shutdown), ``lock`` (exclusive OS lock), ``config/`` (JSON state: topics, queue offsets,
-consumer offsets, HA role and epochs, the log's truncation history).
+consumer offsets, HA role and epochs, the log's truncation history), ``segmentsummary/<20-digit
+offset>.json`` (the topics each CommitLog segment holds, for retention).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ CONSUMER_OFFSET_FILE = "consumerOffset.json"
 HA_STATE_FILE = "haState.json"
 LOG_GENERATION_FILE = "logGeneration.json"
 CLEAN_END_FILE = "cleanEnd.json"
+SEGMENT_SUMMARY_DIR = "segmentsummary"
 # Inside consumequeue/ and index/: how far each is built and flushed (deleted with its folder).
 DISPATCH_CHECKPOINT_FILE = "dispatchOffset.json"
 
@@ -85,3 +87,8 @@ def log_generation_path(root: Path) -> Path:
 def clean_end_path(root: Path) -> Path:
     """Where the last clean shutdown left the log's end and its last record (libstore.recovery)."""
     return config_dir(root) / CLEAN_END_FILE
+
+
+def segment_summary_dir(root: Path) -> Path:
+    """Per-segment topic summaries of the CommitLog (libstore.segment_summary)."""
+    return Path(root) / SEGMENT_SUMMARY_DIR

@@ -8,6 +8,12 @@ setting, as RocketMQ creates them when it needs them). At most ``maxTopicCount``
 system topics aside, exist: creating one more raises TooManyTopicsError.
 Permission bits are RocketMQ's ``PermName`` (READ 4, WRITE 2, INHERIT 1).
 
+Retention: a topic may set ``retention_hours`` (0: the store's ``fileReservedTime``); deleting a
+topic leaves a tombstone, the CommitLog offset it was deleted at, so everything the topic held
+before it counts as expired (libstore.retention_policy) even when the name is created again.
+Queue offsets go on where they were: a consumer's stale offset never meets a new message under
+an old number.
+
 Thread-safety: all methods may be called from any thread.
 """
 
@@ -28,6 +34,7 @@ from libstore.system_topics import is_system_topic
 PERM_READ = 0x4
 PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
+MAX_RETENTION_HOURS = 24.0 * 365 * 100  # a century
 
 
 class TopicMessageType(enum.Enum):
@@ -42,13 +49,15 @@ class TopicMessageType(enum.Enum):
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """One topic: queue counts, permission bits, message type."""
+    """One topic: queue counts, permission bits, message type, and ``retention_hours`` (its
+    messages older than that are expired; 0: the store's ``fileReservedTime`` decides)."""
 
     topic_name: str
     read_queue_nums: int = 8
     write_queue_nums: int = 8
     perm: int = PERM_READ | PERM_WRITE
     message_type: TopicMessageType = TopicMessageType.NORMAL
+    retention_hours: float = 0.0
 
     @property
     def readable(self) -> bool:
@@ -71,6 +80,7 @@ class TopicConfig:
             write_queue_nums=int(raw.get("write_queue_nums", 8)),  # type: ignore[call-overload]
             perm=int(raw.get("perm", PERM_READ | PERM_WRITE)),  # type: ignore[call-overload]
             message_type=TopicMessageType(str(raw.get("message_type", "NORMAL"))),
+            retention_hours=float(raw.get("retention_hours", 0.0)),  # type: ignore[arg-type]
         )
 
 
@@ -96,6 +106,7 @@ class TopicConfigManager:
         self.max_topic_count = max_topic_count
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
+        self._deleted: dict[str, int] = {}  # topic -> CommitLog offset it was deleted at
         self.version = 0  # bumped on every change (a master sends its table to slaves then)
         self._load()
 
@@ -105,20 +116,27 @@ class TopicConfigManager:
             return
         try:
             self._topics = {t["topic_name"]: TopicConfig.from_json(t) for t in data.get("topics", [])}
+            self._deleted = {str(k): int(v) for k, v in data.get("deleted", {}).items()}
         except (AttributeError, ValueError, KeyError, TypeError) as exc:
             raise StoreIOError(f"cannot read topic table {self.path}: {exc}") from exc
 
     def _persist_locked(self) -> None:
         self.version += 1
-        data = {"topics": [t.to_json() for t in sorted(self._topics.values(), key=lambda t: t.topic_name)]}
+        data = {
+            "topics": [t.to_json() for t in sorted(self._topics.values(), key=lambda t: t.topic_name)],
+            "deleted": dict(sorted(self._deleted.items())),
+        }
         atomic_write(self.path, json.dumps(data, indent=1).encode("utf-8"))
 
-    def replace_all(self, configs: list[TopicConfig]) -> None:
-        """Take another store's whole table (a slave copying its master's); persisted."""
+    def replace_all(self, configs: list[TopicConfig], deleted: dict[str, int] | None = None) -> None:
+        """Take another store's whole table (a slave copying its master's) and, when given, its
+        tombstones; persisted."""
         table = {c.topic_name: c for c in configs}
         with self._lock:
-            if table != self._topics:
+            tombstones = self._deleted if deleted is None else dict(deleted)
+            if table != self._topics or tombstones != self._deleted:
                 self._topics = table
+                self._deleted = tombstones
                 self._persist_locked()
 
     def _check_room_locked(self, topic: str) -> None:
@@ -148,18 +166,41 @@ class TopicConfigManager:
                 raise InvalidArgumentError(f"{name} must be within 1..{self.max_queue_nums}, got {value}")
         if config.perm & ~(PERM_READ | PERM_WRITE | PERM_INHERIT):
             raise InvalidArgumentError(f"unknown permission bits in {config.perm:#x}")
+        if not 0.0 <= config.retention_hours <= MAX_RETENTION_HOURS:  # NaN fails too
+            raise InvalidArgumentError(
+                f"retention_hours must be within 0..{MAX_RETENTION_HOURS:.0f} (0: the store's "
+                f"fileReservedTime), got {config.retention_hours}"
+            )
         with self._lock:
             self._check_room_locked(config.topic_name)
             self._topics[config.topic_name] = config
             self._persist_locked()
         return config
 
-    def delete(self, topic: str) -> bool:
+    def delete(self, topic: str, at_offset: int = -1) -> bool:
+        """Remove ``topic``; with ``at_offset`` >= 0 (the CommitLog's end when it was deleted)
+        leave a tombstone that expires everything it stored before that offset. False when the
+        topic did not exist."""
         with self._lock:
             if self._topics.pop(topic, None) is None:
                 return False
+            if at_offset >= 0:
+                self._deleted[topic] = max(at_offset, self._deleted.get(topic, 0))
             self._persist_locked()
             return True
+
+    def tombstones(self) -> dict[str, int]:
+        """Deleted topics: name -> CommitLog offset before which their messages are expired."""
+        return dict(self._deleted)
+
+    def forget_tombstones_below(self, min_offset: int) -> None:
+        """Drop tombstones the log no longer needs: every byte before them is gone."""
+        with self._lock:
+            stale = [name for name, at in self._deleted.items() if at <= min_offset]
+            if stale:
+                for name in stale:
+                    del self._deleted[name]
+                self._persist_locked()
 
     def write_queue_nums(self, topic: str) -> int:
         """Queue count a put may address; auto-creates the topic when allowed.
