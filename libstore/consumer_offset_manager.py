@@ -34,7 +34,9 @@ TOPIC_GROUP_SEPARATOR = "@"
 @dataclass(frozen=True)
 class QueueProgress:
     """A consumer group's position in one queue: committed offset (-1: never), min and max queue
-    offsets, and the lag (messages between the committed offset, or the min when none, and the max)."""
+    offsets; the lag (messages still to consume: from the committed offset, or the min when none
+    or when retention moved the min past it, to the max) and ``expired`` (messages retention
+    removed before the group consumed them: it skips them)."""
 
     queue_id: int
     committed_offset: int
@@ -43,8 +45,14 @@ class QueueProgress:
 
     @property
     def lag(self) -> int:
-        start = self.committed_offset if self.committed_offset >= 0 else self.min_offset
+        start = max(self.committed_offset, self.min_offset)
         return max(0, self.max_offset - start)
+
+    @property
+    def expired(self) -> int:
+        if self.committed_offset < 0:
+            return 0
+        return max(0, min(self.min_offset, self.max_offset) - self.committed_offset)
 
 
 class ConsumerOffsetManager:

@@ -39,11 +39,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from libstore import BrokerRole, ConfigError, FlushDiskType, ServiceNotAvailableError, StoreConfig, StoreError
+from libstore import (
+    BrokerRole,
+    ConfigError,
+    FlushDiskType,
+    ServiceNotAvailableError,
+    StoreConfig,
+    StoreError,
+    TopicConfig,
+)
 from services._common.tls import TlsConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
-topic_app = typer.Typer(no_args_is_help=True, help="create and list topics")
+topic_app = typer.Typer(no_args_is_help=True, help="create, update, delete and list topics")
 app.add_typer(topic_app, name="topic")
 group_app = typer.Typer(no_args_is_help=True, help="create consumer groups")
 app.add_typer(group_app, name="group")
@@ -514,19 +522,80 @@ def query(
 
 
 # -- admin ----------------------------------------------------------------------------------------
+RetentionOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--retention-hours",
+        min=0.0,
+        help="expire the topic's messages older than this (0: the store's fileReservedTime)",
+    ),
+]
+
+
+def _describe(t: TopicConfig) -> str:
+    retention = f"retention {t.retention_hours:g} h" if t.retention_hours else "store retention"
+    kind = t.message_type.value
+    return f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {kind}, {retention}"
+
+
 @topic_app.command("create")
 def topic_create(
     topic: Annotated[str, typer.Argument(help="topic name")],
     queues: Annotated[int, typer.Option(min=1, max=1024, help="read and write queues")] = 8,
     message_type: Annotated[str, typer.Option(help="NORMAL, FIFO, DELAY, TRANSACTION")] = "NORMAL",
+    retention_hours: RetentionOpt = None,
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:
     """Create or update a topic."""
     from services.client import Admin
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
-        t = admin.create_topic(topic, queues, message_type=message_type)
-    console.print(f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {t.message_type.value}")
+        t = admin.create_topic(
+            topic, queues, message_type=message_type, retention_hours=retention_hours or 0.0
+        )
+    console.print(_describe(t))
+
+
+@topic_app.command("update")
+def topic_update(
+    topic: Annotated[str, typer.Argument(help="topic name")],
+    queues: Annotated[int | None, typer.Option(min=1, max=1024, help="read and write queues")] = None,
+    message_type: Annotated[str | None, typer.Option(help="NORMAL, FIFO, DELAY, TRANSACTION")] = None,
+    retention_hours: RetentionOpt = None,
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Change an existing topic: only the options given."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
+        current = next((t for t in admin.list_topics() if t.topic_name == topic), None)
+        if current is None:
+            console.print(f"[red]topic {topic!r} does not exist[/red]")
+            raise typer.Exit(1)
+        t = admin.create_topic(
+            topic,
+            queues or current.write_queue_nums,
+            perm=current.perm,
+            message_type=message_type or current.message_type.value,
+            retention_hours=current.retention_hours if retention_hours is None else retention_hours,
+        )
+    console.print(_describe(t))
+
+
+@topic_app.command("delete")
+def topic_delete(
+    topic: Annotated[str, typer.Argument(help="topic name")],
+    address: AddressOpt = DEFAULT_GATEWAY,
+) -> None:
+    """Delete a topic; its stored messages expire at once."""
+    from services.client import Admin
+
+    with _Errors(address), Admin(address, tls=_client_tls()) as admin:
+        deleted = admin.delete_topic(topic)
+    if not deleted:
+        console.print(f"[red]topic {topic!r} does not exist[/red]")
+        raise typer.Exit(1)
+    console.print(f"topic {topic} deleted")
 
 
 @group_app.command("create")
@@ -556,10 +625,15 @@ def topic_list(address: AddressOpt = DEFAULT_GATEWAY) -> None:
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         topics = admin.list_topics()
-    table = Table("topic", "read queues", "write queues", "perm", "type")
+    table = Table("topic", "read queues", "write queues", "perm", "type", "retention")
     for t in topics:
         table.add_row(
-            t.topic_name, str(t.read_queue_nums), str(t.write_queue_nums), str(t.perm), t.message_type.value
+            t.topic_name,
+            str(t.read_queue_nums),
+            str(t.write_queue_nums),
+            str(t.perm),
+            t.message_type.value,
+            f"{t.retention_hours:g} h" if t.retention_hours else "store",
         )
     console.print(table)
 
@@ -575,10 +649,18 @@ def progress(
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         p = admin.consumer_progress(group, topic)
-    table = Table("queue", "committed", "min", "max", "lag", title=f"{group} on {topic}: lag {p.total_lag:,}")
+    title = f"{group} on {topic}: lag {p.total_lag:,}"
+    if p.total_expired:
+        title += f", {p.total_expired:,} expired before they were consumed"
+    table = Table("queue", "committed", "min", "max", "lag", "expired", title=title)
     for q in p.queues:
         table.add_row(
-            str(q.queue_id), str(q.committed_offset), str(q.min_offset), str(q.max_offset), f"{q.lag:,}"
+            str(q.queue_id),
+            str(q.committed_offset),
+            str(q.min_offset),
+            str(q.max_offset),
+            f"{q.lag:,}",
+            f"{q.expired:,}",
         )
     console.print(table)
 

@@ -458,10 +458,23 @@ class Admin:
         return self._conn.call(method, request, self.timeout_s, 3)
 
     def create_topic(
-        self, topic: str, queues: int = 0, *, perm: int = 6, message_type: str = "NORMAL"
+        self,
+        topic: str,
+        queues: int = 0,
+        *,
+        perm: int = 6,
+        message_type: str = "NORMAL",
+        retention_hours: float = 0.0,
     ) -> TopicConfig:
+        """Create or update ``topic`` (``queues`` 0: the store's default count;
+        ``retention_hours`` 0: the store's fileReservedTime). Raises InvalidArgumentError."""
         pb = common_pb.TopicConfig(
-            topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=perm, message_type=message_type
+            topic=topic,
+            read_queue_nums=queues,
+            write_queue_nums=queues,
+            perm=perm,
+            message_type=message_type,
+            retention_hours=retention_hours,
         )
         return convert.topic_from_pb(
             self._call(self._conn.stub.CreateTopic, gateway_pb.CreateTopicRequest(config=pb))
@@ -482,6 +495,12 @@ class Admin:
             )
         )
         return group_from_pb(self._call(self._conn.stub.UpsertSubscriptionGroup, request))  # type: ignore[arg-type]
+
+    def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic``: its stored messages are expired at once; False when it did not
+        exist."""
+        reply = self._call(self._conn.stub.DeleteTopic, commitlog_pb.DeleteTopicRequest(topic=topic))
+        return bool(reply.deleted)  # type: ignore[attr-defined]
 
     def list_topics(self) -> list[TopicConfig]:
         reply = self._call(self._conn.stub.ListTopics, commitlog_pb.ListTopicsRequest())

@@ -179,7 +179,14 @@ class CommitLogPort(Protocol):
 
     async def list_topics(self) -> list[TopicConfig]: ...
 
-    async def delete_topic(self, topic: str) -> bool: ...
+    async def delete_topic(self, topic: str) -> bool:
+        """Remove ``topic`` and expire what it stored (a tombstone at the log's end); False
+        when it did not exist."""
+        ...
+
+    async def topic_tombstones(self) -> dict[str, int]:
+        """Deleted topics: name -> the CommitLog offset before which their messages are expired."""
+        ...
 
 
 class DispatchPort(Protocol):

@@ -100,6 +100,7 @@ def topic_to_pb(config: TopicConfig) -> common_pb.TopicConfig:
         write_queue_nums=config.write_queue_nums,
         perm=config.perm,
         message_type=config.message_type.value,
+        retention_hours=config.retention_hours,
     )
 
 
@@ -118,6 +119,7 @@ def topic_from_pb(pb: common_pb.TopicConfig, default_queue_nums: int = 8) -> Top
         write_queue_nums=write,
         perm=pb.perm or 6,
         message_type=message_type,
+        retention_hours=pb.retention_hours,
     )
 
 

@@ -8,7 +8,8 @@ offset → flush periodically and checkpoint (the checkpoint is a reput offset s
 full flush, so it never claims more than the files durably hold).
 
 While running it follows the log's min offset (retention deletes the CommitLog's head): every
-``cleanResourceInterval`` the files wholly below it are deleted.
+``cleanResourceInterval`` the files wholly below it are deleted, then the service's own
+retention round runs (the dispatch service's per-topic retention, the index volume's guard).
 
 stop: stop following → final flush and checkpoint → close files → remove the abort marker.
 Deleting the folder and restarting rebuilds everything from the log.
@@ -90,6 +91,10 @@ class DerivedStoreApp:
         """Delete files wholly below the CommitLog's min offset (retention); return how many."""
         raise NotImplementedError
 
+    async def _retention_round(self) -> int:
+        """The service's own cleanup after following the min offset; returns files deleted."""
+        return 0
+
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.directory = StoreDirectory(self.root)
@@ -144,11 +149,12 @@ class DerivedStoreApp:
             await asyncio.sleep(interval_s)
             try:
                 offsets = await self.commitlog.offsets()
-                if offsets.min_offset <= 0:
-                    continue  # nothing was ever deleted
-                # Every round, not only when the min offset moved: a file still being flushed
-                # when the head went is deleted in a later round.
-                deleted = await asyncio.to_thread(self._delete_expired, offsets.min_offset)
+                deleted = 0
+                if offsets.min_offset > 0:  # else nothing was ever deleted
+                    # Every round, not only when the min offset moved: a file still being
+                    # flushed when the head went is deleted in a later round.
+                    deleted = await asyncio.to_thread(self._delete_expired, offsets.min_offset)
+                deleted += await self._retention_round()
             except (ServiceNotAvailableError, grpc.RpcError) as exc:
                 log.info("%s: cleanup skipped this round (%s)", self.name, exc)
                 continue
@@ -159,7 +165,7 @@ class DerivedStoreApp:
             self.files_deleted += deleted
             if deleted:
                 log.info(
-                    "%s: deleted %d file(s) below the CommitLog's min offset %d",
+                    "%s: deleted %d expired file(s); the CommitLog's min offset is %d",
                     self.name,
                     deleted,
                     offsets.min_offset,

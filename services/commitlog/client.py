@@ -149,6 +149,12 @@ class RemoteCommitLog:
         )
         return [convert.topic_from_pb(t) for t in reply.topics]
 
+    async def topic_tombstones(self) -> dict[str, int]:
+        reply = await call(
+            self.stub.ListTopics, commitlog_pb.ListTopicsRequest(), idempotent=True, timeout_s=self.timeout_s
+        )
+        return dict(reply.tombstones)
+
     async def delete_topic(self, topic: str) -> bool:
         reply = await call(
             self.stub.DeleteTopic,

@@ -246,7 +246,9 @@ class ReplicationClient:
         entries = [EpochEntry(e.epoch, e.start_offset) for e in welcome.epochs]
         log_.ha_state.adopt(entries, log_.max_offset)
         self._pending = [e for e in entries if e.start_offset > log_.max_offset]
-        log_.topic_config.replace_all([convert.topic_from_pb(t) for t in welcome.topics])
+        log_.topic_config.replace_all(
+            [convert.topic_from_pb(t) for t in welcome.topics], dict(welcome.tombstones)
+        )
         self.master_epoch = welcome.epoch
         self.master_role = welcome.broker_role
         self.master_max_offset = welcome.master_max_offset
@@ -281,7 +283,9 @@ class ReplicationClient:
                     await self._ack(call)
                 log_.set_master_confirm(data.master_confirm_offset)
             elif kind == "topics":
-                log_.topic_config.replace_all([convert.topic_from_pb(t) for t in frame.topics.topics])
+                log_.topic_config.replace_all(
+                    [convert.topic_from_pb(t) for t in frame.topics.topics], dict(frame.topics.tombstones)
+                )
 
     async def _heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
         interval = self.config.ha_send_heartbeat_interval / 1000.0

@@ -154,6 +154,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
             broker_role=log_.broker_role.value,
             master_max_offset=master_max,
             topics=[convert.topic_to_pb(t) for t in log_.topic_config.list()],
+            tombstones=log_.topic_config.tombstones(),
         )
 
     async def _read_acks(
@@ -186,7 +187,9 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
             if topics.version != topics_sent:
                 topics_sent = topics.version
                 yield ha_pb.MasterFrame(
-                    topics=ha_pb.TopicTable(topics=[convert.topic_to_pb(t) for t in topics.list()])
+                    topics=ha_pb.TopicTable(
+                        topics=[convert.topic_to_pb(t) for t in topics.list()], tombstones=topics.tombstones()
+                    )
                 )
             top = log_.max_offset
             if offset < top:

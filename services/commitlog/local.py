@@ -467,7 +467,10 @@ class LocalCommitLog:
         return self.log.topic_config.list()
 
     async def delete_topic(self, topic: str) -> bool:
-        return self.log.topic_config.delete(topic)
+        return await asyncio.to_thread(self.log.delete_topic, topic)
+
+    async def topic_tombstones(self) -> dict[str, int]:
+        return self.log.topic_config.tombstones()
 
 
 def _messages_of(batch: EncodedBatch) -> list[Message]:

@@ -121,7 +121,8 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
         self, request: commitlog_pb.ListTopicsRequest, context: grpc.aio.ServicerContext
     ) -> commitlog_pb.ListTopicsResponse:
         return commitlog_pb.ListTopicsResponse(
-            topics=[convert.topic_to_pb(t) for t in await self.port.list_topics()]
+            topics=[convert.topic_to_pb(t) for t in await self.port.list_topics()],
+            tombstones=await self.port.topic_tombstones(),
         )
 
     async def DeleteTopic(

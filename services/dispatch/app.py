@@ -14,6 +14,7 @@ from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffs
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_consume_queues
 from libstore.long_polling import LongPollingService
 from libstore.record_codec import check_record
+from libstore.retention_policy import RetentionPolicy
 from libstore.store_paths import consume_queue_dir, consumer_offset_path, dispatch_checkpoint_path
 from libstore.system_topics import POP_JOURNAL_TOPIC
 from services._common.derived_app import DerivedStoreApp
@@ -21,6 +22,7 @@ from services._common.tail_follower import QueueKey
 from services.dispatch.local import LocalDispatch
 from services.dispatch.pop import PopService
 from services.dispatch.receipt_signer import ReceiptSigner
+from services.dispatch.retention import QueueRetention
 from services.dispatch.timer import TimerService
 from services.dispatch.transaction import TransactionService
 from services.ports import CommitLogPort
@@ -73,6 +75,7 @@ class DispatchApp(DerivedStoreApp):
             max_batch=config.max_pull_batch_size,
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
+        self.retention = QueueRetention(self.queues, self._store_time_of)
         self.units_cut = 0  # ConsumeQueue units recovery cut at start
         self._background: list[asyncio.Task[None]] = []
         self._background_stop = asyncio.Event()
@@ -90,6 +93,7 @@ class DispatchApp(DerivedStoreApp):
     # -- hooks ------------------------------------------------------------------------------------
     def _load(self) -> None:
         self.queues.load()
+        self.retention.load()
         self.offsets.load()
         self.pop.load()
         self.timer.load()
@@ -100,7 +104,14 @@ class DispatchApp(DerivedStoreApp):
             self.queues, self._checkpoint_file(), log_min, log_max, last_exit_ok
         )
         self.pop.journal.rollback(log_max)  # no pop snapshot past the log's end is trusted
+        self.retention.apply_saved()
         return resume
+
+    async def _retention_round(self) -> int:
+        topics = await self.commitlog.list_topics()
+        tombstones = await self.commitlog.topic_tombstones()
+        policy = RetentionPolicy.of(topics, tombstones, self.config.file_reserved_time)
+        return await self.retention.run_once(policy, int(time.time() * 1000))
 
     def _dispatchers(self) -> Sequence[CommitLogDispatcher]:
         return [self.queues]

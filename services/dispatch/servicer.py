@@ -212,10 +212,12 @@ def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.Consumer
                 min_offset=q.min_offset,
                 max_offset=q.max_offset,
                 lag=q.lag,
+                expired=q.expired,
             )
             for q in queues
         ],
         total_lag=sum(q.lag for q in queues),
+        total_expired=sum(q.expired for q in queues),
     )
 
 

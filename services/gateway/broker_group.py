@@ -295,6 +295,9 @@ class GroupCommitLog:
     async def delete_topic(self, topic: str) -> bool:
         return await self.group.on_master(lambda m: m.commitlog.delete_topic(topic))
 
+    async def topic_tombstones(self) -> dict[str, int]:
+        return await self.group.on_reader(lambda m: m.commitlog.topic_tombstones())
+
 
 class GroupDispatch:
     """DispatchPort over a BrokerGroup (reads with fallback, offsets kept on every member)."""

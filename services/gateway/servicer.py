@@ -56,6 +56,7 @@ from libstore.record_codec import (
     record_topics,
 )
 from libstore.results import GetMessageStatus
+from libstore.system_topics import is_system_topic
 from services._common import convert
 from services._common.telemetry import tracer
 from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
@@ -414,6 +415,20 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         config = await self.commitlog.upsert_topic(convert.topic_from_pb(request.config))
         self.topics.forget(config.topic_name)
         return convert.topic_to_pb(config)
+
+    async def DeleteTopic(
+        self, request: commitlog_pb.DeleteTopicRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.DeleteTopicResponse:
+        self._admin("delete topics")
+        if not request.topic:
+            raise InvalidArgumentError("topic must be non-empty")
+        if is_system_topic(request.topic):
+            raise InvalidArgumentError(
+                f"{request.topic!r} is a system topic of the store and cannot be deleted"
+            )
+        deleted = await self.commitlog.delete_topic(request.topic)
+        self.topics.forget(request.topic)
+        return commitlog_pb.DeleteTopicResponse(deleted=deleted)
 
     async def UpsertSubscriptionGroup(
         self, request: dispatch_pb.SubscriptionGroup, context: grpc.aio.ServicerContext

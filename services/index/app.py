@@ -1,10 +1,21 @@
-"""IndexApp: the index service's objects (IndexFiles, the tail follower)."""
+"""IndexApp: the index service's objects (IndexFiles, the tail follower).
+
+The index volume has its own usage guard: IndexFiles are large (about 420 MB each by default)
+and, on a volume of their own, nothing else frees it. Each cleanup round, when the volume
+holding ``index/`` is used above ``diskSpaceCleanForciblyRatio``, the oldest IndexFile goes
+(never the one being written), one per round: lookups by key lose the oldest messages' keys
+while the messages themselves stay readable by offset and queue.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from libstore import StoreConfig
+from libstore.commit_log_cleaner import disk_usage_ratio
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_index
 from libstore.index_service import IndexService
 from libstore.store_paths import dispatch_checkpoint_path, index_dir
@@ -12,14 +23,24 @@ from services._common.derived_app import DerivedStoreApp
 from services.index.local import LocalIndex
 from services.ports import CommitLogPort
 
+log = logging.getLogger(__name__)
+
 
 class IndexApp(DerivedStoreApp):
     """Folder ``config.store_path_root_dir``: ``index/``."""
 
     name = "index"
 
-    def __init__(self, config: StoreConfig, commitlog: CommitLogPort) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        commitlog: CommitLogPort,
+        *,
+        disk_usage: Callable[[Path], float] = disk_usage_ratio,
+    ) -> None:
         super().__init__(config, commitlog)
+        self._disk_usage = disk_usage  # path -> used share 0..1 (injectable for tests)
+        self.guard_deleted = 0  # IndexFiles the usage guard deleted since start
         self.index = IndexService(
             index_dir(self.root), config.max_hash_slot_num, config.max_index_num, config.max_msgs_num_batch
         )
@@ -53,6 +74,27 @@ class IndexApp(DerivedStoreApp):
 
     def _delete_expired(self, commit_log_min_offset: int) -> int:
         return self.index.delete_expired(commit_log_min_offset)
+
+    async def _retention_round(self) -> int:
+        """The index volume's usage guard (module docstring)."""
+        folder = index_dir(self.root)
+        usage = await asyncio.to_thread(self._disk_usage, folder)
+        limit = self.config.disk_space_clean_forcibly_ratio
+        files = self.index.files
+        if usage * 100.0 <= limit or len(files) < 2:
+            return 0
+        oldest = files[0]
+        log.warning(
+            "index volume %.1f%% used, above diskSpaceCleanForciblyRatio %s%%: deleting the oldest "
+            "IndexFile %s (keys of records up to CommitLog offset %d can no longer be looked up)",
+            usage * 100.0,
+            limit,
+            oldest.file_name,
+            oldest.end_phy_offset,
+        )
+        deleted = await asyncio.to_thread(self.index.delete_expired, oldest.end_phy_offset + 1)
+        self.guard_deleted += deleted
+        return deleted
 
     def _close(self) -> None:
         self.index.shutdown()

@@ -68,6 +68,29 @@ def test_produce_consume_query_progress_and_stats(embedded: Suite, tmp_path: Pat
     assert "CliTopic" in listed.stdout
 
 
+def test_topic_retention_update_and_delete(embedded: Suite) -> None:
+    gw = embedded.address
+    created = mqstore("topic", "create", "Keep3d", "--queues", "2", "--retention-hours", "72", "-a", gw)
+    assert created.returncode == 0 and "retention 72 h" in created.stdout
+    updated = mqstore("topic", "update", "Keep3d", "--retention-hours", "1.5", "-a", gw)
+    assert updated.returncode == 0 and "2 queues" in updated.stdout and "retention 1.5 h" in updated.stdout
+    listed = mqstore("topic", "list", "-a", gw)
+    assert any("Keep3d" in line and "1.5 h" in line for line in listed.stdout.splitlines())
+    back = mqstore("topic", "update", "Keep3d", "--retention-hours", "0", "-a", gw)
+    assert back.returncode == 0 and "store retention" in back.stdout
+    assert "retention_hours must be within" in _one_line_error(
+        mqstore("topic", "create", "Forever", "--retention-hours", "1e9", "-a", gw)
+    )
+    deleted = mqstore("topic", "delete", "Keep3d", "-a", gw)
+    assert deleted.returncode == 0 and "deleted" in deleted.stdout
+    again = mqstore("topic", "delete", "Keep3d", "-a", gw)
+    assert again.returncode == 1 and "does not exist" in again.stdout
+    assert "Keep3d" not in mqstore("topic", "list", "-a", gw).stdout
+    missing = mqstore("topic", "update", "Nope", "--retention-hours", "1", "-a", gw)
+    assert missing.returncode == 1 and "does not exist" in missing.stdout
+    assert "system topic" in _one_line_error(mqstore("topic", "delete", "rmq_sys_wheel_timer", "-a", gw))
+
+
 def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode != 0
     assert "Traceback" not in result.stderr + result.stdout

@@ -329,3 +329,130 @@ def test_expiry_keeps_segments_that_hold_undelivered_delayed_messages(
     assert log.min_offset <= phy < log.min_offset + log.config.mapped_file_size_commit_log
     assert log.get_message(phy, held.sizes[0])  # its segment is kept
     assert cleaner.clean_once().deleted == ()  # and stays while the message is held
+
+
+def _send(address: str, topic: str, count: int, tag: bytes = b"") -> None:
+    with Producer(address) as producer:
+        for start in range(0, count, 100):
+            batch = [
+                OutgoingMessage(topic, tag + b"%06d" % i + bytes(300))
+                for i in range(start, min(count, start + 100))
+            ]
+            assert producer.send_batch(batch).all_ok
+
+
+def test_topic_retention_expires_its_queues_and_lagging_consumers_skip_what_expired(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    """A topic with retentionHours of 2 s: its ConsumeQueue's min offset moves past what
+    expired while another topic's stays; a group that had consumed part of it sees how many it
+    lost in its progress and skips them; a restart keeps the queue's min offset."""
+    options = embedded_options(tmp_path / "data", **RETENTION_STORE)
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    dispatch = suite.dispatch_app
+    assert dispatch is not None
+    with Admin(suite.address) as admin:
+        created = admin.create_topic("Brief", 1, retention_hours=2 / 3600)
+        assert created.retention_hours == 2 / 3600
+        admin.create_topic("Other", 1)
+    _send(suite.address, "Brief", 300)
+    _send(suite.address, "Other", 300)
+    with PullConsumer(suite.address, "g", "Brief", batch_size=50, hold_ms=200) as consumer:
+        got = []
+        while len(got) < 50:
+            got += consumer.poll(500)
+        consumer.commit()
+        committed = int(got[-1].body[:6]) + 1
+    brief = dispatch.queues.find("Brief", 0)
+    other = dispatch.queues.find("Other", 0)
+    assert brief is not None and other is not None
+    wait_until(lambda: brief.min_offset_in_queue == 300, "the retention round to expire 'Brief'")
+    assert other.min_offset_in_queue == 0 and other.max_offset_in_queue == 300
+    assert dispatch.retention.units_expired == 300
+    with Admin(suite.address) as admin:
+        progress = admin.consumer_progress("g", "Brief")
+    assert (progress.total_expired, progress.total_lag) == (300 - committed, 0)
+    _send(suite.address, "Brief", 10, tag=b"new")
+    with PullConsumer(suite.address, "g", "Brief", batch_size=50, hold_ms=200) as consumer:
+        fresh = []
+        deadline = time.monotonic() + 20
+        while len(fresh) < 10 and time.monotonic() < deadline:
+            fresh += consumer.poll(500)
+        assert [m.body[:3] for m in fresh] == [b"new"] * 10
+        assert consumer.skipped == {0: 300 - committed}
+    # A restart with no round due for an hour: the saved floor keeps the min offset.
+    suites.stop(suite)
+    suite = suites.start(
+        embedded_options(tmp_path / "data", **{**RETENTION_STORE, "cleanResourceInterval": 3_600_000})
+    )
+    suites.wait_ready(suite)
+    assert suite.dispatch_app is not None
+    again = suite.dispatch_app.queues.find("Brief", 0)
+    assert again is not None and again.min_offset_in_queue >= 300
+    with Admin(suite.address) as admin:
+        assert [t.retention_hours for t in admin.list_topics() if t.topic_name == "Brief"] == [2 / 3600]
+
+
+def test_deleting_a_topic_expires_its_messages_and_frees_the_segments_only_it_held(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
+    suites.wait_ready(suite)
+    log, dispatch = suite.commit_log, suite.dispatch_app
+    assert log is not None and log.queue is not None and log.cleaner is not None and dispatch is not None
+    with Admin(suite.address) as admin:
+        admin.create_topic("Doomed", 1)
+        admin.create_topic("Kept", 1)
+    _send(suite.address, "Doomed", MESSAGES)
+    _send(suite.address, "Kept", 100)
+    doomed = dispatch.queues.find("Doomed", 0)
+    assert doomed is not None
+    wait_until(lambda: doomed.max_offset_in_queue == MESSAGES, "dispatch")
+    wait_until(lambda: log.flushed_offset >= log.max_offset, "the flush")
+    segments = len(log.queue.mapped_files)
+    with Admin(suite.address) as admin:
+        assert admin.delete_topic("Doomed") and not admin.delete_topic("Doomed")
+        assert "Doomed" not in {t.topic_name for t in admin.list_topics()}
+    wait_until(lambda: doomed.min_offset_in_queue == MESSAGES, "the dispatch round to expire 'Doomed'")
+    round_ = log.cleaner.clean_once()  # the hour and the disk do not matter: the topic is gone
+    assert round_.reason == "topic retention"
+    assert len(round_.deleted) >= min(segments - 3, log.config.delete_file_batch_max)
+    with PullConsumer(suite.address, "k", "Kept", batch_size=100, hold_ms=200) as consumer:
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 100 and time.monotonic() < deadline:
+            got += consumer.poll(500)
+        assert [int(m.body[:6]) for m in got] == list(range(100))  # the other topic lost nothing
+    # Created again: queue offsets go on after the old ones, so no stale offset meets a new message.
+    with Admin(suite.address) as admin:
+        admin.create_topic("Doomed", 1)
+    _send(suite.address, "Doomed", 5, tag=b"new")
+    with PullConsumer(suite.address, "fresh", "Doomed", batch_size=10, hold_ms=200) as consumer:
+        again = []
+        deadline = time.monotonic() + 20
+        while len(again) < 5 and time.monotonic() < deadline:
+            again += consumer.poll(500)
+    assert [m.body[:3] for m in again] == [b"new"] * 5
+    assert [m.queue_offset for m in again] == list(range(MESSAGES, MESSAGES + 5))
+
+
+def test_the_index_volume_guard_deletes_the_oldest_index_file(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    suite = suites.start(embedded_options(tmp_path / "data", **RETENTION_STORE))
+    suites.wait_ready(suite)
+    index, log = suite.index_app, suite.commit_log
+    assert index is not None and log is not None
+    _fill(suite)
+    wait_until(lambda: index.index.last_indexed_offset >= log.max_offset - 1000, "the index")
+    files = [f.file_name for f in index.index.files]
+    assert len(files) >= 3
+    index._disk_usage = lambda _path: 0.995  # past the forcible ratio (99% in these suites)
+    wait_until(lambda: index.guard_deleted >= 2, "the guard")
+    index._disk_usage = lambda _path: 0.5
+    kept = [f.file_name for f in index.index.files]
+    assert kept == files[len(files) - len(kept) :] and len(kept) < len(files)  # the oldest went
+    assert log.min_offset == 0  # the messages themselves stay
+    with Admin(suite.address) as admin:
+        assert admin.query_by_key("Ret", f"k{MESSAGES - 1}") != []
