@@ -54,32 +54,30 @@ class RetentionPolicy:
             deleted_before=dict(tombstones),
         )
 
-    def expires_at(self, topic: str, store_ms: int, offset: int) -> tuple[int, bool]:
+    def expires_at(self, topic: str, store_ms: int, offset: int) -> int | None:
         """When the message of ``topic`` stored at ``store_ms`` at ``offset`` expires (ms since
-        the epoch) and whether per-topic settings decide it (False: ``fileReservedTime``)."""
+        the epoch), or None when ``fileReservedTime`` governs it (counted from its segment's
+        last modification, :meth:`segment_expiry`)."""
         deleted = self.deleted_before.get(topic)
         if deleted is not None and offset < deleted:
-            return NEVER, True
-        if topic != UNQUEUED:
-            ms = self.topic_ms.get(topic)
-            if ms is not None:
-                return store_ms + ms, True
-        return store_ms + self.default_ms, False
+            return NEVER
+        ms = self.topic_ms.get(topic) if topic != UNQUEUED else None
+        return None if ms is None else store_ms + ms
 
     def segment_expiry(self, summary: SegmentSummary | None, modified_ms: int) -> tuple[int, bool]:
         """When every message in a segment has expired, and whether that moment depends only on
         per-topic settings. Messages that ``fileReservedTime`` governs count as RocketMQ counts
         them, from the segment's last modification ``modified_ms`` (its mtime); so does a
         segment without a complete summary (then not explicit)."""
+        by_mtime = modified_ms + self.default_ms
         if summary is None or not summary.complete:
-            return modified_ms + self.default_ms, False
+            return by_mtime, False
         latest, explicit = NEVER, True
         for topic, (newest_ms, last_offset) in summary.topics.items():
-            at, own = self.expires_at(topic, newest_ms, last_offset)
-            if not own:
-                at = modified_ms + self.default_ms
+            at = self.expires_at(topic, newest_ms, last_offset)
+            if at is None:
+                at, explicit = by_mtime, False
             latest = max(latest, at)
-            explicit = explicit and own
         return latest, explicit
 
     def queue_cutoff_ms(self, topic: str, now_ms: int) -> int | None:

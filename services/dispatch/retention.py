@@ -82,9 +82,13 @@ class QueueRetention:
                 cq = self.queues.find(topic, queue_id)
                 if cq is None:
                     continue
-                floor = tombstone or 0
+                # The last round's floor too: a file that could not go then (not yet flushed)
+                # goes now.
+                floor = max(tombstone or 0, self.floors.get(topic, {}).get(queue_id, 0))
                 if cutoff_ms is not None:
                     floor = max(floor, await self._first_kept(cq, cutoff_ms))
+                if floor <= 0:
+                    continue  # nothing expired in this queue
                 before = cq.min_offset_in_queue
                 deleted += await asyncio.to_thread(cq.delete_expired_files, floor)
                 self.units_expired += cq.min_offset_in_queue - before

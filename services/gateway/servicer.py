@@ -376,8 +376,13 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         return [record]
 
     async def _by_key(self, request: gateway_pb.QueryMessageRequest, max_count: int) -> list:  # type: ignore[type-arg]
-        if await self.topics.get(request.topic) is None:
+        config = await self.topics.get(request.topic)
+        if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
+        # Expired by the topic's retentionHours: still in a shared segment, but gone for readers.
+        kept_from = (
+            int(time.time() * 1000 - config.retention_hours * 3_600_000) if config.retention_hours else 0
+        )
         offsets = await self.index.query_by_key(
             request.topic, request.key, request.begin_ms, request.end_ms, max_count
         )
@@ -387,8 +392,10 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             if raw is None:
                 continue
             record = decode_record(raw)
-            if record.topic == request.topic and (
-                request.key in record.keys or record.uniq_key == request.key
+            if (
+                record.topic == request.topic
+                and (request.key in record.keys or record.uniq_key == request.key)
+                and record.store_timestamp >= kept_from
             ):
                 out.append(record)
         return out

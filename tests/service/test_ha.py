@@ -125,7 +125,12 @@ def test_slave_is_byte_identical_after_load(tmp_path: Path):
     try:
         cluster.start_all()
         with Admin(cluster.gateway) as admin:
-            admin.create_topic("Copied", 4)
+            admin.create_topic("Copied", 4, retention_hours=100)
+            admin.create_topic("Gone", 1)
+        with Producer(cluster.gateway) as producer:
+            assert producer.send_batch([OutgoingMessage("Gone", b"x" * 100) for _ in range(10)]).all_ok
+        with Admin(cluster.gateway) as admin:
+            assert admin.delete_topic("Gone")
         load = Load(cluster.gateway, "Copied", threads=4, batch=64).start()
         deadline = time.monotonic() + 60
         with CommitLogAdmin(cluster.address("a")) as master:
@@ -145,6 +150,13 @@ def test_slave_is_byte_identical_after_load(tmp_path: Path):
         assert assert_logs_identical(cluster.commitlog_files("a"), cluster.commitlog_files("b"), end) >= 3
         topics = json.loads((tmp_path / "g" / "b" / "commitlog" / "config" / "topics.json").read_text())
         assert [t["topic_name"] for t in topics["topics"]] == ["Copied"], "the slave has the master's topics"
+        master_topics = json.loads(
+            (tmp_path / "g" / "a" / "commitlog" / "config" / "topics.json").read_text()
+        )
+        assert topics["topics"][0]["retention_hours"] == 100
+        assert topics["deleted"] == master_topics["deleted"] and topics["deleted"]["Gone"] > 0
+        summaries = tmp_path / "g" / "b" / "commitlog" / "segmentsummary"
+        assert len(list(summaries.glob("*.json"))) >= 3  # the slave keeps its own, for its own cleanup
     finally:
         cluster.stop_all()
 

@@ -335,7 +335,7 @@ def _send(address: str, topic: str, count: int, tag: bytes = b"") -> None:
     with Producer(address) as producer:
         for start in range(0, count, 100):
             batch = [
-                OutgoingMessage(topic, tag + b"%06d" % i + bytes(300))
+                OutgoingMessage(topic, tag + b"%06d" % i + bytes(300), keys=[f"{topic}-{tag.decode()}{i}"])
                 for i in range(start, min(count, start + 100))
             ]
             assert producer.send_batch(batch).all_ok
@@ -372,6 +372,8 @@ def test_topic_retention_expires_its_queues_and_lagging_consumers_skip_what_expi
     assert dispatch.retention.units_expired == 300
     with Admin(suite.address) as admin:
         progress = admin.consumer_progress("g", "Brief")
+        assert admin.query_by_key("Brief", "Brief-299") == []  # expired: not found by key either
+        assert len(admin.query_by_key("Other", "Other-299")) == 1
     assert (progress.total_expired, progress.total_lag) == (300 - committed, 0)
     _send(suite.address, "Brief", 10, tag=b"new")
     with PullConsumer(suite.address, "g", "Brief", batch_size=50, hold_ms=200) as consumer:
