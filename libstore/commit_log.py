@@ -645,13 +645,15 @@ class CommitLog:
                     break
                 phys.extend([pos + delta for pos in positions[i:j]])
                 mf.store_timestamp = store_ts
-                # The last record of each queue key in the run (later indexes win), for retention.
+                # For retention: the run's topics (libstore.segment_summary).
+                first_key = keys[i]
                 self.summaries.note(
                     mf.file_from_offset,
-                    dict(zip(keys[i:j], range(i, j), strict=True)),
-                    positions,
-                    delta,
+                    (first_key[0] if first_key else UNQUEUED,)
+                    if j - i == 1
+                    else {k[0] if k else UNQUEUED for k in keys[i:j]},
                     store_ts,
+                    positions[j - 1] + delta,
                     base + used,
                 )
             if j < n:

@@ -8,7 +8,7 @@ ROLLBACK) are summarised under :data:`UNQUEUED`, which always follows the store-
 Maintenance:
 
 - A master notes every run of records it appends (:meth:`SegmentSummaries.note`, under the put
-  lock: one dict per run, no per-record work beyond a C-level ``zip``).
+  lock: the run's distinct topics; nothing else per record).
 - What was not noted is a *gap* to scan: a slave's replicated bytes (:meth:`note_replicated`),
   and after a restart what was appended since the summary was last saved. The cleanup service
   scans gaps in its own thread (:meth:`fill_gaps`) before it decides; a segment whose gap
@@ -159,25 +159,25 @@ class SegmentSummaries:
         return len(pending)
 
     # -- maintenance ---------------------------------------------------------------------------
-    def note(
-        self,
-        start: int,
-        last_index: Mapping[tuple[str, int] | None, int],
-        positions: Sequence[int],
-        delta: int,
-        store_ms: int,
-        end: int,
-    ) -> None:
-        """A master appended a run of records to the segment at ``start``: ``last_index`` maps
-        each queue key in the run (None: no queue offset) to the batch index of its last record,
-        whose physical offset is ``positions[index] + delta``; all were stored at ``store_ms``;
-        the run ends at ``end`` (absolute)."""
+    def note(self, start: int, topics: Iterable[str], store_ms: int, last: int, end: int) -> None:
+        """A master appended a run of records to the segment at ``start``: ``topics`` holds the
+        run's topics (:data:`UNQUEUED` for records without a queue offset), all stored at
+        ``store_ms``; ``last`` is the offset of the run's last record, noted as every topic's
+        last offset (an upper bound: a topic deleted later has its tombstone past the whole
+        run, as deletion and appends take the same lock); the run ends at ``end``."""
         with self._lock:
             summary = self._by_start.get(start)
             if summary is None:
                 summary = self._by_start[start] = SegmentSummary(start)
-            for key, index in last_index.items():
-                summary.merge(UNQUEUED if key is None else key[0], store_ms, positions[index] + delta)
+            noted = summary.topics
+            for topic in topics:
+                entry = noted.get(topic)
+                if entry is None:
+                    noted[topic] = [store_ms, last]
+                else:
+                    if store_ms > entry[0]:
+                        entry[0] = store_ms
+                    entry[1] = last
             summary.noted_to = end
             summary.dirty = True
 
