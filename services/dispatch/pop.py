@@ -226,6 +226,11 @@ class PopService:
             except StoreError as exc:
                 out.append(exc)
         await self.journal.commit(durable=True)  # raises: none of them counts as acked
+        if self.groups.get(group).consume_message_orderly and any(e is None for e in out):
+            # FIFO: the ack unblocks its message group; a receive parked on the topic (a FIFO
+            # push consumer always keeps one) looks again now, as RocketMQ notifies on an
+            # orderly ack, instead of sleeping out its long-polling hold.
+            self.long_polling.wake_topic(topic)
         return out
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:

@@ -4,6 +4,7 @@ apache.rocketmq.v2 MessagingService, unchanged: each scenario runs the client in
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -308,6 +309,42 @@ def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(broker: str, tmp
         assert per_group[g] == [f"{g}-{i}" for i in range(8)]
     expected = [f"acct2-{i}" for i in range(4)] + ["acct2-3"] + [f"acct2-{i}" for i in range(4, 8)]
     assert per_group["acct2"] == expected
+
+
+@pytest.fixture
+def default_broker(tmp_path: Path) -> Iterator[str]:
+    """An embedded suite with the store's default timings (60 s invisible time)."""
+    suites = InProcessSuites()
+    try:
+        suite = suites.start(embedded_options(tmp_path / "data"))
+        suites.wait_ready(suite)
+        yield suite.address
+    finally:
+        suites.close()
+
+
+def test_a_fifo_backlog_drains_as_fast_as_the_consumer_acks(default_broker: str, tmp_path: Path) -> None:
+    """100 messages of one message group: a receive takes a run of them in order and blocks
+    the group until they are acked; the receive the FIFO push consumer keeps parked meanwhile
+    is woken by the ack that unblocks it (it used to sleep out its long-polling hold: ~20 s
+    of nothing after every 32 messages)."""
+    addr = default_broker
+    _setup(addr, "Backlog", queues=1, message_type="FIFO")
+    with Admin(addr) as admin:
+        admin.upsert_group("backlog-fifo", orderly=True)
+    specs = [{"body": f"b-{i}", "group": "one"} for i in range(100)]
+    sent = run_driver("send", {"endpoint": addr, "topic": "Backlog", "messages": specs}, tmp_path / "p")
+    assert not sent["errors"]
+    result = run_driver(
+        "push",
+        {"endpoint": addr, "group": "backlog-fifo", "topic": "Backlog", "expect": 100, "timeout_s": 90},
+        tmp_path / "c",
+        timeout_s=120,
+    )
+    deliveries = result["deliveries"]
+    assert [d["body"] for d in deliveries] == [f"b-{i}" for i in range(100)]
+    gaps = [b["received_ms"] - a["received_ms"] for a, b in itertools.pairwise(deliveries)]
+    assert max(gaps) < 10_000, f"a delivery waited {max(gaps)} ms for the previous ack to wake it"
 
 
 def test_delay_message_is_delivered_no_earlier_than_its_timestamp(broker: str, tmp_path: Path) -> None:
