@@ -253,6 +253,18 @@ class StoreConfig:
         "ms",
         "gateway (RocketMQ 5 protocol): a push consumer's messages stay invisible this long per renewal",
     )
+    min_invisible_time_for_recv: int = _f(
+        10_000,
+        "minInvisibleTimeMillsForRecv",
+        "ms",
+        "gateway (RocketMQ 5 protocol): shortest invisible time a receive may ask for",
+    )
+    max_invisible_time: int = _f(
+        12 * 3600 * 1000,
+        "maxInvisibleTimeMills",
+        "ms",
+        "gateway (RocketMQ 5 protocol): longest invisible time a receive or change may ask for",
+    )
     renew_ahead_time: int = _f(
         10_000, "renewAheadTimeMillis", "ms", "gateway: renew a push delivery this long before it shows again"
     )
@@ -395,6 +407,8 @@ class StoreConfig:
             "transaction_check_interval",
             "transaction_check_max",
             "default_invisible_time",
+            "min_invisible_time_for_recv",
+            "max_invisible_time",
             "renew_ahead_time",
             "renew_max_time",
             "ha_send_heartbeat_interval",

@@ -142,6 +142,22 @@ def simple(args: dict[str, Any]) -> dict[str, Any]:
     return {"messages": got, **notes}
 
 
+def receive_once(args: dict[str, Any]) -> dict[str, Any]:
+    """One receive with ``invisible_s``: the messages' ids, or the error the client raised."""
+    consumer = SimpleConsumer(
+        _config(args), args["group"], {args["topic"]: FilterExpression("*")}, args.get("await_s", 2)
+    )
+    consumer.startup()
+    try:
+        try:
+            got = consumer.receive(args.get("batch", 16), args["invisible_s"])
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"ids": [m.message_id for m in got]}
+    finally:
+        consumer.shutdown()
+
+
 def push(args: dict[str, Any]) -> dict[str, Any]:
     """A PushConsumer whose listener fails the messages whose body is in ``fail`` (always) or
     ``fail_once`` (the first time) and sleeps over those in ``slow``; runs until
@@ -336,6 +352,7 @@ SCENARIOS = {
     "send_many": send_many,
     "send": send,
     "simple": simple,
+    "receive_once": receive_once,
     "push": push,
     "transaction": transaction,
 }

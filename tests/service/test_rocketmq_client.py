@@ -313,10 +313,11 @@ def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(broker: str, tmp
 
 @pytest.fixture
 def default_broker(tmp_path: Path) -> Iterator[str]:
-    """An embedded suite with the store's default timings (60 s invisible time)."""
+    """An embedded suite with the store's default timings (60 s invisible time, receives hidden
+    for at least 10 s)."""
     suites = InProcessSuites()
     try:
-        suite = suites.start(embedded_options(tmp_path / "data"))
+        suite = suites.start(embedded_options(tmp_path / "data", minInvisibleTimeMillsForRecv=10_000))
         suites.wait_ready(suite)
         yield suite.address
     finally:
@@ -410,3 +411,23 @@ def test_transactions_commit_rollback_and_check_back(broker: str, tmp_path: Path
     )
     assert sorted(m["id"] for m in got["messages"]) == sorted([committed, checked])
     assert got["final"] == [] and rolled_back not in {m["id"] for m in got["messages"]}
+
+
+def test_receive_invisible_time_outside_the_proxy_bounds_is_refused(
+    default_broker: str, tmp_path: Path
+) -> None:
+    """ILLEGAL_INVISIBLE_TIME below minInvisibleTimeMillsForRecv (10 s) and above
+    maxInvisibleTimeMills (12 h), as RocketMQ's proxy answers; in bounds the message comes."""
+    addr = default_broker
+    _setup(addr, "Bounded", queues=1)
+    sent = run_driver(
+        "send", {"endpoint": addr, "topic": "Bounded", "messages": [{"body": "x"}]}, tmp_path / "p"
+    )
+    args = {"endpoint": addr, "group": "bounded", "topic": "Bounded"}
+    short = run_driver("receive_once", {**args, "invisible_s": 5}, tmp_path / "c1")
+    assert "40011" in short["error"] or "ILLEGAL_INVISIBLE_TIME" in short["error"], short
+    assert "too small" in short["error"]
+    long = run_driver("receive_once", {**args, "invisible_s": 13 * 3600}, tmp_path / "c2")
+    assert "too large" in long["error"], long
+    fine = run_driver("receive_once", {**args, "invisible_s": 10}, tmp_path / "c3")
+    assert fine["ids"] == sent["ids"]

@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 DEFAULT_INVISIBLE_MS = 60_000  # a push consumer's receive names no invisible time (the proxy's default)
+# What a receive without auto-renewal may ask for (the proxy's minInvisibleTimeMillsForRecv and
+# maxInvisibleTimeMills); a change of invisible time may go down to 0.
+INVISIBLE_BOUNDS_MS = (10_000, 12 * 3600 * 1000)
 MAX_RECEIVE_BATCH = 32
 MAX_LONG_POLLING_MS = 20_000
 CHECK_POLL_S = 1.0  # how often a gateway with producers claims transaction check-backs
@@ -160,6 +163,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         broker_name: str = "broker-a",
         acl: AccessControl | None = None,
         default_invisible_ms: int = DEFAULT_INVISIBLE_MS,
+        invisible_bounds_ms: tuple[int, int] = INVISIBLE_BOUNDS_MS,
         renew_ahead_ms: int = 10_000,
         renew_max_ms: int = 3 * 3600 * 1000,
         limits: GatewayLimits | None = None,
@@ -181,6 +185,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         )
         self._check_task: asyncio.Task[None] | None = None
         self.default_invisible_ms = default_invisible_ms
+        self.invisible_bounds_ms = invisible_bounds_ms
         self.renewer = HandleRenewer(
             dispatch,
             self.sessions.has_client,
@@ -189,6 +194,23 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             max_ms=renew_max_ms,
         )
         self._tracer = tracer("mqstore.gateway")
+
+    def _check_invisible(self, invisible_ms: int, least_ms: int) -> None:
+        """Raise V2Error ILLEGAL_INVISIBLE_TIME outside [``least_ms``, maxInvisibleTimeMills]
+        (the proxy's bounds and code)."""
+        most_ms = self.invisible_bounds_ms[1]
+        if invisible_ms < least_ms:
+            raise V2Error(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"the invisible time {invisible_ms} ms is too small: at least {least_ms} ms "
+                "(minInvisibleTimeMillsForRecv)",
+            )
+        if most_ms > 0 and invisible_ms > most_ms:
+            raise V2Error(
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"the invisible time {invisible_ms} ms is too large: at most {most_ms} ms "
+                "(maxInvisibleTimeMills)",
+            )
 
     def _authorize(
         self, context: grpc.aio.ServicerContext, perm: int = 0, topic: str = "", group: str = ""
@@ -499,8 +521,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         # A push consumer's receive: hidden for the default time, renewed while it is connected.
         renew = request.auto_renew and not request.HasField("invisible_duration")
         client_id = _metadata(context, "x-mq-client-id")
-        if invisible_ms <= 0:
-            raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must be positive")
+        if not renew:
+            self._check_invisible(invisible_ms, self.invisible_bounds_ms[0])
         wait_ms = (
             convert.to_ms(request.long_polling_timeout)
             if request.HasField("long_polling_timeout")
@@ -615,8 +637,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         self._authorize(context, SUB, request.topic.name, request.group.name)
         invisible_ms = convert.to_ms(request.invisible_duration)
-        if invisible_ms < 0:
-            raise V2Error(Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must not be negative")
+        self._check_invisible(invisible_ms, 0)
         # A nack: the client's back-off decides from now on, so renewal stops.
         async with self.renewer.settling([request.receipt_handle]) as (current,):
             handle = await self.dispatch.change_invisible(
