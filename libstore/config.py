@@ -265,6 +265,12 @@ class StoreConfig:
         "ms",
         "gateway (RocketMQ 5 protocol): longest invisible time a receive or change may ask for",
     )
+    invisible_time_when_clear: int = _f(
+        1000,
+        "invisibleTimeMillisWhenClear",
+        "ms",
+        "gateway (RocketMQ 5 protocol): a departed push consumer's deliveries show again this soon",
+    )
     renew_ahead_time: int = _f(
         10_000, "renewAheadTimeMillis", "ms", "gateway: renew a push delivery this long before it shows again"
     )
@@ -409,6 +415,7 @@ class StoreConfig:
             "default_invisible_time",
             "min_invisible_time_for_recv",
             "max_invisible_time",
+            "invisible_time_when_clear",
             "renew_ahead_time",
             "renew_max_time",
             "ha_send_heartbeat_interval",

@@ -226,6 +226,7 @@ class Suite:
             acl=acl,
             default_invisible_ms=cfg.default_invisible_time,
             invisible_bounds_ms=(cfg.min_invisible_time_for_recv, cfg.max_invisible_time),
+            invisible_when_clear_ms=cfg.invisible_time_when_clear,
             renew_ahead_ms=cfg.renew_ahead_time,
             renew_max_ms=cfg.renew_max_time,
             limits=gateway.limits,

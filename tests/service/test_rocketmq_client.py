@@ -13,9 +13,10 @@ import pytest
 
 from libstore import TopicNotFoundError
 from services.client import Admin, PullConsumer
+from services.serve import Suite
 from tests.rocketmq.harness import finish_driver, run_driver, start_driver
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, SplitCluster
+from tests.service.harness import InProcessSuites, SplitCluster, wait_until
 
 # Check-backs within seconds instead of RocketMQ's 6 s timeout and 30 s interval, and push
 # deliveries hidden for 3 s per renewal instead of 60 s.
@@ -312,16 +313,21 @@ def test_fifo_messages_of_a_group_arrive_in_order_one_at_a_time(broker: str, tmp
 
 
 @pytest.fixture
-def default_broker(tmp_path: Path) -> Iterator[str]:
+def default_suite(tmp_path: Path) -> Iterator[Suite]:
     """An embedded suite with the store's default timings (60 s invisible time, receives hidden
     for at least 10 s)."""
     suites = InProcessSuites()
     try:
         suite = suites.start(embedded_options(tmp_path / "data", minInvisibleTimeMillsForRecv=10_000))
         suites.wait_ready(suite)
-        yield suite.address
+        yield suite
     finally:
         suites.close()
+
+
+@pytest.fixture
+def default_broker(default_suite: Suite) -> str:
+    return default_suite.address
 
 
 def test_a_fifo_backlog_drains_as_fast_as_the_consumer_acks(default_broker: str, tmp_path: Path) -> None:
@@ -431,3 +437,42 @@ def test_receive_invisible_time_outside_the_proxy_bounds_is_refused(
     assert "too large" in long["error"], long
     fine = run_driver("receive_once", {**args, "invisible_s": 10}, tmp_path / "c3")
     assert fine["ids"] == sent["ids"]
+
+
+def test_a_push_consumer_that_dies_holding_a_message_releases_it_at_once(
+    default_suite: Suite, tmp_path: Path
+) -> None:
+    """A push consumer killed while its listener works on a message: its Telemetry stream
+    closes, the gateway makes the message visible again after invisibleTimeMillisWhenClear (1 s)
+    instead of the rest of its 60 s, and another consumer of the group gets it (attempt 2)."""
+    addr = default_suite.address
+    assert default_suite.messaging is not None
+    renewer = default_suite.messaging.renewer
+    _setup(addr, "Held", queues=1)
+    sent = run_driver(
+        "send", {"endpoint": addr, "topic": "Held", "messages": [{"body": "held"}]}, tmp_path / "p"
+    )
+    holder = start_driver(
+        "push",
+        {"endpoint": addr, "group": "holders", "topic": "Held", "expect": 1, "slow": ["held"], "slow_s": 300},
+        tmp_path / "c1",
+    )
+    try:
+        wait_until(lambda: len(renewer) == 1, "the push consumer to hold the message", timeout_s=60)
+    finally:
+        holder.kill()
+        holder.communicate()
+    got = run_driver(
+        "simple",
+        {
+            "endpoint": addr,
+            "group": "holders",
+            "topic": "Held",
+            "expect": 1,
+            "timeout_s": 20,
+            "invisible_s": 30,
+        },
+        tmp_path / "c2",
+    )
+    assert [(m["id"], m["attempt"]) for m in got["messages"]] == [(sent["ids"][0], 2)]
+    assert len(renewer) == 0

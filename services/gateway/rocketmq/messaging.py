@@ -164,6 +164,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         acl: AccessControl | None = None,
         default_invisible_ms: int = DEFAULT_INVISIBLE_MS,
         invisible_bounds_ms: tuple[int, int] = INVISIBLE_BOUNDS_MS,
+        invisible_when_clear_ms: int = 1000,
         renew_ahead_ms: int = 10_000,
         renew_max_ms: int = 3 * 3600 * 1000,
         limits: GatewayLimits | None = None,
@@ -186,6 +187,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self._check_task: asyncio.Task[None] | None = None
         self.default_invisible_ms = default_invisible_ms
         self.invisible_bounds_ms = invisible_bounds_ms
+        self.invisible_when_clear_ms = invisible_when_clear_ms  # a departed client's deliveries
+        self._releases: set[asyncio.Task[int]] = set()
         self.renewer = HandleRenewer(
             dispatch,
             self.sessions.has_client,
@@ -323,7 +326,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self, request: service.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
     ) -> service.NotifyClientTerminationResponse:
         account = self._authorize(context)
-        self.sessions.drop(_metadata(context, "x-mq-client-id"), account.access_key if account else "")
+        client_id = _metadata(context, "x-mq-client-id")
+        self.sessions.drop(client_id, account.access_key if account else "")
+        if client_id and not self.sessions.has_client(client_id):
+            await self.renewer.release_client(client_id, self.invisible_when_clear_ms)
         return service.NotifyClientTerminationResponse(status=convert.status())
 
     async def Telemetry(
@@ -356,6 +362,12 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         finally:
             reader.cancel()
             self.sessions.close(session)
+            if not self.sessions.has_client(client_id):  # its last stream: it went away
+                task = asyncio.create_task(
+                    self.renewer.release_client(client_id, self.invisible_when_clear_ms)
+                )
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
 
     async def _read_telemetry(self, commands: AsyncIterator[service.TelemetryCommand], session: Any) -> None:
         try:

@@ -12,6 +12,11 @@ This is connection state, like the Telemetry sessions: it lives in the gateway t
 receive. When that gateway restarts, renewal stops and the client's later ack with an old handle
 is refused (INVALID_RECEIPT_HANDLE); the message then comes back after its invisible time, as
 at-least-once delivery allows. Renewal also stops for a client without an open Telemetry stream.
+
+A client that goes away holding deliveries (it sends NotifyClientTermination, or its last
+Telemetry stream closes) has them released (:meth:`HandleRenewer.release_client`): made visible
+again ``invisibleTimeMillisWhenClear`` (1 s) later, as RocketMQ's proxy clears a departed
+client's handles, instead of staying hidden for the rest of their 60 s.
 """
 
 from __future__ import annotations
@@ -98,6 +103,27 @@ class HandleRenewer:
                 if held is not None:
                     self._held.setdefault(handle, held)
             raise
+
+    async def release_client(self, client_id: str, invisible_ms: int) -> int:
+        """Stop renewing the deliveries of ``client_id`` and make each visible again in
+        ``invisible_ms``; returns how many were released (one that fails, e.g. acked meanwhile,
+        is left to its invisible time)."""
+        released = 0
+        for original in [h for h, held in self._held.items() if held.client_id == client_id]:
+            held = self._held.get(original)
+            while held is not None and held.renewing is not None:
+                await asyncio.shield(held.renewing)
+            held = self._held.pop(original, None)
+            if held is None:
+                continue  # settled meanwhile
+            try:
+                await self.dispatch.change_invisible(held.group, held.topic, held.handle, invisible_ms)
+                released += 1
+            except Exception as exc:
+                log.debug("releasing %s failed: %s", original, exc)
+        if released:
+            log.info("released %d deliveries of client %s, which went away", released, client_id)
+        return released
 
     async def renew_due(self) -> int:
         """Renew every delivery that becomes visible within ``ahead_ms``; returns how many."""
