@@ -127,3 +127,12 @@ def read_through(fd: int, start: int, length: int, chunk: int = 1 << 20) -> None
         if not got:
             return
         pos += len(got)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM (RocketMQ's in-memory estimates are a share of it, accessMessageInMemoryMaxRatio);
+    8 GiB when the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 * 1024**3

@@ -424,7 +424,6 @@ class StoreConfig:
             "ha_max_gap_not_in_sync",
             "slave_timeout",
             "in_sync_replicas",
-            "access_message_in_memory_max_ratio",
             "file_reserved_time",
             "clean_resource_interval",
             "delete_file_batch_max",
@@ -442,6 +441,7 @@ class StoreConfig:
             "offload_validation_bytes",
             "delete_commit_log_files_interval",
             "delete_consume_queue_files_interval",
+            "access_message_in_memory_max_ratio",  # 0: no record counts as in memory
         )
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -397,10 +397,12 @@ class PopState:
         return self._seq
 
     # -- queries ------------------------------------------------------------------------------------
-    def _queue(self, key: QueueKey, min_offset: int) -> _Queue:
+    def _queue(self, key: QueueKey, min_offset: int, initial: Callable[[], int] | None = None) -> _Queue:
         q = self._queues.get(key)
         if q is None:
             start = self._committed_offset(*key) if self._committed_offset else -1
+            if start < 0 and initial is not None:
+                start = initial()  # where a group without an offset starts (consume_from)
             q = self._queues[key] = _Queue(max(start, min_offset) if start >= 0 else min_offset)
         elif q.pop_offset < min_offset and not q.inflight:
             q.pop_offset = min_offset  # the files below were cleaned up
@@ -458,13 +460,17 @@ class PopState:
         matches_code: Callable[[int], bool] = lambda _c: True,
         fifo: bool = False,
         max_attempts: int = 17,
+        initial_offset: Callable[[], int] | None = None,
     ) -> list[Popped]:
         """Pop up to ``max_count`` messages of one queue: in-flight messages whose invisible time
         passed first (attempt + 1), then units from the pop offset (attempt 1). Units whose tags
         code ``matches_code`` rejects, and blank units, are finished without delivery.
         ``read_units(offset, n)`` reads the queue's units; ``min_offset``/``max_offset`` are its
         bounds. A redelivery past ``max_attempts`` comes back with ``dead`` set and keeps its
-        handle's invisible time (``invisible_ms``) until :meth:`finish`.
+        handle's invisible time (``invisible_ms``) until :meth:`finish`. A group that never
+        popped the queue and has no committed offset starts at ``initial_offset()`` (default:
+        ``min_offset``); that start is journaled and committed at once, so it holds across a
+        restart even when nothing was popped.
         Raises InvalidArgumentError for a non-positive count or invisible time."""
         if max_count <= 0:
             raise InvalidArgumentError(f"pop count must be positive, got {max_count}")
@@ -473,7 +479,11 @@ class PopState:
         key = (group, topic, queue_id)
         out: list[Popped] = []
         with self._lock:
-            q = self._queue(key, min_offset)
+            new = key not in self._queues
+            q = self._queue(key, min_offset, initial_offset)
+            if new and initial_offset is not None:
+                self._log(key, q)  # the start holds even if nothing is popped now
+                self._committed(key, q)
             if fifo and any(e.visible_at > now_ms for e in q.inflight.values()):
                 return out  # the queue is locked until its messages are acked or time out
             sets: list[list[int]] = []

@@ -4,9 +4,11 @@
 A group consuming with the pop model gets ``retryMaxTimes`` redeliveries after the first delivery
 (16 by default, so at most 17 deliveries) before its message goes to ``%DLQ%<group>``;
 ``consumeMessageOrderly`` makes it a FIFO group (one message group's messages in order, the next
-only after the previous is acked). Unknown groups are created with the defaults on first use
-(RocketMQ's autoCreateSubscriptionGroup). Persisted at ``config/subscriptionGroup.json``,
-replaced atomically.
+only after the previous is acked). ``consume_from`` says where a group starts in a queue it has
+no offset for (RocketMQ's ConsumeInitMode): ``latest`` (MAX, the default for pops, as RocketMQ's
+proxy) or ``earliest`` (MIN: the queue's whole history). Unknown groups are created with the
+defaults on first use (RocketMQ's autoCreateSubscriptionGroup). Persisted at
+``config/subscriptionGroup.json``, replaced atomically.
 
 Thread-safety: every method may be called from any thread.
 """
@@ -23,6 +25,8 @@ from libstore.errors import InvalidArgumentError, StoreIOError
 
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 DEFAULT_RETRY_MAX_TIMES = 16
+CONSUME_FROM_LATEST = "latest"  # RocketMQ's ConsumeInitMode.MAX
+CONSUME_FROM_EARLIEST = "earliest"  # ConsumeInitMode.MIN
 _MAX_GROUP_LENGTH = 255
 
 
@@ -47,6 +51,7 @@ class SubscriptionGroupConfig:
     consume_enable: bool = True
     retry_max_times: int = DEFAULT_RETRY_MAX_TIMES
     consume_message_orderly: bool = False
+    consume_from: str = CONSUME_FROM_LATEST
 
     @property
     def max_delivery_attempts(self) -> int:
@@ -93,6 +98,11 @@ class SubscriptionGroupManager:
         validate_group(config.group_name)
         if not 0 <= config.retry_max_times <= 1000:
             raise InvalidArgumentError(f"retryMaxTimes must be 0-1000, got {config.retry_max_times}")
+        if config.consume_from not in (CONSUME_FROM_LATEST, CONSUME_FROM_EARLIEST):
+            raise InvalidArgumentError(
+                f"consume_from must be {CONSUME_FROM_LATEST!r} or {CONSUME_FROM_EARLIEST!r}, "
+                f"got {config.consume_from!r}"
+            )
         with self._lock:
             self._groups[config.group_name] = config
             data = {"subscriptionGroupTable": {n: asdict(c) for n, c in sorted(self._groups.items())}}

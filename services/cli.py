@@ -607,15 +607,25 @@ def group_create(
     fifo: Annotated[
         bool, typer.Option(help="consume orderly: one message group's messages in order")
     ] = False,
+    start: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="where the group starts in a queue it has no offset for: latest (RocketMQ's default: "
+            "the last message, or the start of a young queue) or earliest (the whole history)",
+        ),
+    ] = "latest",
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:
-    """Create or update a consumer group (RocketMQ 5 clients: retries and FIFO)."""
+    """Create or update a consumer group (RocketMQ 5 clients: retries, FIFO, where it starts)."""
     from services.client import Admin
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
-        g = admin.upsert_group(group, retry_max_times=retry_max_times, orderly=fifo)
+        g = admin.upsert_group(group, retry_max_times=retry_max_times, orderly=fifo, consume_from=start)
     kind = "FIFO" if g.consume_message_orderly else "concurrent"
-    console.print(f"group {g.group_name}: {kind}, retry max times {g.retry_max_times}")
+    console.print(
+        f"group {g.group_name}: {kind}, retry max times {g.retry_max_times}, starts at the {g.consume_from}"
+    )
 
 
 @topic_app.command("list")

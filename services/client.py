@@ -265,7 +265,13 @@ class Producer:
 
 
 class PullConsumer:
-    """Consumes ``topic`` as ``group`` from every read queue (or ``queues``), see module docstring."""
+    """Consumes ``topic`` as ``group`` from every read queue (or ``queues``), see module docstring.
+
+    Where it starts: at the group's committed offset of each queue; a group that never committed
+    one starts at the queue's min offset, the earliest message kept (RocketMQ's
+    CONSUME_FROM_FIRST_OFFSET for a new pull consumer). RocketMQ 5 clients, which pop, start
+    at the latest message instead unless their group says ``consume_from="earliest"``
+    (``mqstore group create --from``)."""
 
     def __init__(
         self,
@@ -481,9 +487,16 @@ class Admin:
         )  # type: ignore[arg-type]
 
     def upsert_group(
-        self, group: str, *, retry_max_times: int = 16, orderly: bool = False, consume_enable: bool = True
+        self,
+        group: str,
+        *,
+        retry_max_times: int = 16,
+        orderly: bool = False,
+        consume_enable: bool = True,
+        consume_from: str = "latest",
     ) -> SubscriptionGroupConfig:
-        """Create or update a consumer group (pop model: redeliveries before the DLQ, FIFO)."""
+        """Create or update a consumer group (pop model: redeliveries before the DLQ, FIFO, and
+        where it starts in a queue it has no offset for: "latest" or "earliest")."""
         from services.dispatch.servicer import group_from_pb, group_to_pb
 
         request = group_to_pb(
@@ -492,6 +505,7 @@ class Admin:
                 consume_enable=consume_enable,
                 retry_max_times=retry_max_times,
                 consume_message_orderly=orderly,
+                consume_from=consume_from,
             )
         )
         return group_from_pb(self._call(self._conn.stub.UpsertSubscriptionGroup, request))  # type: ignore[arg-type]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 import grpc
 
 from libstore import CommitLog, ConfigError, StoreConfig
+from libstore._os import physical_memory
 from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
@@ -283,7 +283,7 @@ class Suite:
         group = BrokerGroup(
             members,
             slave_read_enable=cfg.slave_read_enable,
-            slave_read_lag_bytes=_physical_memory() * ratio // 100,
+            slave_read_lag_bytes=physical_memory() * ratio // 100,
         )
         return GroupCommitLog(group), GroupDispatch(group), GroupIndex(group)
 
@@ -458,11 +458,3 @@ def _advertised(address: str) -> str:
 
 def _split(addresses: str) -> list[str]:
     return [a.strip() for a in addresses.split(",") if a.strip()]
-
-
-def _physical_memory() -> int:
-    """Bytes of RAM (RocketMQ's slave-read threshold is a share of it)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 8 * 1024**3

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from libstore import StoreConfig
+from libstore._os import physical_memory
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffsetPersistService
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_consume_queues
@@ -54,6 +55,7 @@ class DispatchApp(DerivedStoreApp):
             signer=ReceiptSigner.load(
                 self.root, Path(config.pop_receipt_key_file) if config.pop_receipt_key_file else None
             ),
+            in_memory_bytes=physical_memory() * config.access_message_in_memory_max_ratio // 100,
         )
         self.timer = TimerService(self.root, self.queues, commitlog)
         self.transactions = TransactionService(

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from libstore import Message
+from libstore.consume_queue import ConsumeQueue
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import (
@@ -46,7 +47,13 @@ from libstore.message_filter import TagFilter
 from libstore.pop_state import Popped, PopState, ReceiptHandle
 from libstore.record_codec import decode_record
 from libstore.results import PutMessageStatus
-from libstore.subscription_group import SubscriptionGroupConfig, SubscriptionGroupManager, dlq_topic
+from libstore.subscription_group import (
+    CONSUME_FROM_EARLIEST,
+    DLQ_GROUP_TOPIC_PREFIX,
+    SubscriptionGroupConfig,
+    SubscriptionGroupManager,
+    dlq_topic,
+)
 from libstore.system_topics import QUARANTINE_TOPIC
 from services._common.telemetry import meter, tracer
 from services.dispatch.pop_journal import PopJournal
@@ -87,8 +94,13 @@ class PopService:
         clock: Callable[[], int] = _now_ms,
         max_group_length: int = MAX_GROUP_NAME_LENGTH,
         signer: ReceiptSigner | None = None,
+        in_memory_bytes: int = 0,
     ) -> None:
         self.signer = signer or ReceiptSigner.load(Path(root))
+        self._reput_offset = reput_offset
+        # How far behind the log's end a record still counts as in memory (RocketMQ's
+        # accessMessageInMemoryMaxRatio of the machine's RAM): see _initial_offset.
+        self.in_memory_bytes = in_memory_bytes
         self.queues = queues
         self.max_group_length = max_group_length
         self.long_polling = long_polling
@@ -207,10 +219,26 @@ class PopService:
                 matches_code=filt.matches_code,
                 fifo=config.consume_message_orderly,
                 max_attempts=config.max_delivery_attempts,
+                initial_offset=lambda cq=cq: self._initial_offset(config, cq),
             )
             if len(out) >= max_count:
                 break
         return out
+
+    def _initial_offset(self, config: SubscriptionGroupConfig, cq: ConsumeQueue) -> int:
+        """Where ``config``'s group starts in ``cq`` without an offset (RocketMQ's pop
+        getInitOffset): ``earliest`` (and dead-letter queues), the min offset; ``latest``, the
+        last message (max offset - 1), unless the queue is young (its min offset is 0 and its
+        first message still within ``in_memory_bytes`` of the log's end: RocketMQ's "offset 0 is
+        still in memory"), then 0, so a group that starts right after the first sends sees them."""
+        lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
+        if config.consume_from == CONSUME_FROM_EARLIEST or cq.topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
+            return lo
+        if lo <= 0:
+            first = cq.read_unit(0)
+            if first is not None and self._reput_offset() - first.phy_offset <= self.in_memory_bytes:
+                return 0
+        return max(lo, hi - 1)
 
     # -- ack / change ---------------------------------------------------------------------------------
     async def ack(self, group: str, topic: str, receipt_handles: Sequence[str]) -> list[StoreError | None]:

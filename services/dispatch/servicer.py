@@ -6,7 +6,7 @@ import grpc
 
 from libstore.consume_queue import BoundaryType
 from libstore.results import GetMessageStatus
-from libstore.subscription_group import SubscriptionGroupConfig
+from libstore.subscription_group import CONSUME_FROM_LATEST, SubscriptionGroupConfig
 from services.dispatch.local import LocalDispatch
 from services.proto import common_pb, dispatch_grpc, dispatch_pb
 
@@ -189,6 +189,7 @@ def group_to_pb(c: SubscriptionGroupConfig) -> dispatch_pb.SubscriptionGroup:
         consume_enable=c.consume_enable,
         retry_max_times=c.retry_max_times,
         consume_message_orderly=c.consume_message_orderly,
+        consume_from=c.consume_from,
     )
 
 
@@ -198,6 +199,7 @@ def group_from_pb(m: dispatch_pb.SubscriptionGroup) -> SubscriptionGroupConfig:
         consume_enable=m.consume_enable,
         retry_max_times=m.retry_max_times,
         consume_message_orderly=m.consume_message_orderly,
+        consume_from=m.consume_from or CONSUME_FROM_LATEST,
     )
 
 

@@ -476,3 +476,33 @@ def test_a_push_consumer_that_dies_holding_a_message_releases_it_at_once(
     )
     assert [(m["id"], m["attempt"]) for m in got["messages"]] == [(sent["ids"][0], 2)]
     assert len(renewer) == 0
+
+
+def test_a_new_group_starts_at_the_latest_message_unless_told_earliest(tmp_path: Path) -> None:
+    """RocketMQ's proxy pops a group without an offset from the queue's last message
+    (ConsumeInitMode.MAX), except in a queue young enough that its first message is still in
+    memory; ``consume_from="earliest"`` takes the whole history. With no record counted in
+    memory (accessMessageInMemoryMaxRatio 0) the queue here is old."""
+    suites = InProcessSuites()
+    try:
+        suite = suites.start(embedded_options(tmp_path / "data", accessMessageInMemoryMaxRatio=0))
+        suites.wait_ready(suite)
+        addr = suite.address
+        _setup(addr, "History", queues=1)
+        with Admin(addr) as admin:
+            assert admin.upsert_group("from-start", consume_from="earliest").consume_from == "earliest"
+        specs = [{"body": f"m-{i}"} for i in range(10)]
+        sent = run_driver("send", {"endpoint": addr, "topic": "History", "messages": specs}, tmp_path / "p")
+        args = {"endpoint": addr, "topic": "History", "invisible_s": 30}
+        latest = run_driver("receive_once", {**args, "group": "from-now"}, tmp_path / "c1")
+        assert latest["ids"] == sent["ids"][-1:]
+        earliest = run_driver("receive_once", {**args, "group": "from-start"}, tmp_path / "c2")
+        assert sorted(earliest["ids"]) == sorted(sent["ids"])
+        # The start is kept: the next receive of the latest group gets what came after it.
+        more = run_driver(
+            "send", {"endpoint": addr, "topic": "History", "messages": [{"body": "m-10"}]}, tmp_path / "p2"
+        )
+        after = run_driver("receive_once", {**args, "group": "from-now"}, tmp_path / "c3")
+        assert after["ids"] == more["ids"]
+    finally:
+        suites.close()
