@@ -158,6 +158,7 @@ class DispatchApp(DerivedStoreApp):
         self._background = [
             asyncio.create_task(self.pop.run_revive(self._background_stop)),
             asyncio.create_task(self.timer.run(self._background_stop)),
+            asyncio.create_task(self.transactions.run_orphan_sweep(self._background_stop)),
         ]
 
     async def stop(self) -> None:

@@ -11,6 +11,9 @@
   resolution DISCARD, as RocketMQ gives up after transactionCheckMax). Check counts persist in
   ``transaction/checkState.json``; the pending list is rebuilt from the half and op queues'
   units after a restart.
+* :meth:`sweep_orphans`: a half message no gateway claimed for a whole interval after its check
+  was due (no producer of its topic connected anywhere) has the check counted anyway, so
+  ``transactionCheckMax`` still ends it, as RocketMQ counts every check round.
 
 Gateways call claim_checks periodically and push each claimed message to a producer of its topic
 over the Telemetry stream (services.gateway.rocketmq); the producer's checker answers with an
@@ -224,6 +227,31 @@ class TransactionService:
             if (h.next_check_ms or h.store_ms + self.timeout_ms) <= now
             and (h.real_topic is None or h.real_topic in topics or h.checks >= self.check_max)
         ]
+        return await self._check(due, now, topics, max_count)
+
+    async def sweep_orphans(self) -> int:
+        """Count a check for every half message overdue by a whole ``transactionCheckInterval``:
+        no gateway claimed it, so no producer of its topic is connected anywhere (RocketMQ's
+        check service counts a round whether or not a producer answers). Past
+        ``transactionCheckMax`` such a half message is dropped as any other. Returns how many
+        were counted or dropped."""
+        self._scan()
+        now = self.clock()
+        overdue = [
+            (off, h)
+            for off, h in self.pending.items()
+            if (h.next_check_ms or h.store_ms + self.timeout_ms) + self.interval_ms <= now
+        ]
+        before = len(self.pending)
+        counted = await self._check(overdue, now, None, len(overdue))
+        return len(counted) + before - len(self.pending)
+
+    async def _check(
+        self, due: list[tuple[int, _Half]], now: int, topics: Collection[str] | None, max_count: int
+    ) -> list[TransactionCheck]:
+        """Count one check of each ``due`` half message of ``topics`` (None: any topic, for
+        the orphan sweep) up to ``max_count``, dropping those past the limit; returns the checks
+        counted."""
         out: list[TransactionCheck] = []
         changed = False
         for start in range(0, len(due), 256):
@@ -254,8 +282,10 @@ class TransactionService:
                             uniq = rec.properties.get(MessageConst.UNIQ_KEY, "")
                             await self._resolve(off, "DISCARD", uniq)
                     continue
-                if h.real_topic not in topics:
+                if topics is not None and h.real_topic not in topics:
                     continue
+                if h.next_check_ms > now or off not in self.pending:
+                    continue  # counted by a concurrent claim or sweep while this one read
                 if len(out) >= max_count:
                     break
                 h.checks += 1
@@ -265,6 +295,19 @@ class TransactionService:
         if changed:
             self._save()
         return out
+
+    async def run_orphan_sweep(self, stop: asyncio.Event) -> None:
+        """:meth:`sweep_orphans` every half ``transactionCheckInterval`` (0.2-5 s) until ``stop``."""
+        period_s = min(5.0, max(0.2, self.interval_ms / 2000.0))
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+            if stop.is_set():
+                return
+            try:
+                await self.sweep_orphans()
+            except Exception as exc:  # the store unreachable: next round
+                log.warning("transaction orphan sweep failed: %s", exc)
 
     def _save(self) -> None:
         """Persist the check counts of the pending half messages that were checked."""

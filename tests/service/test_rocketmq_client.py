@@ -506,3 +506,36 @@ def test_a_new_group_starts_at_the_latest_message_unless_told_earliest(tmp_path:
         assert after["ids"] == more["ids"]
     finally:
         suites.close()
+
+
+def test_an_orphaned_transaction_is_counted_and_dropped_without_a_producer(tmp_path: Path) -> None:
+    """A producer sends a half message and goes away: no gateway has a producer of the topic to
+    ask, yet every check round counts, so transactionCheckMax (2 here) ends it: dropped, never
+    delivered. It used to wait unresolved for ever."""
+    store = {"transaction_timeout": 1000, "transaction_check_interval": 1000, "transaction_check_max": 2}
+    suites = InProcessSuites()
+    try:
+        suite = suites.start(embedded_options(tmp_path / "data", **store))
+        suites.wait_ready(suite)
+        addr = suite.address
+        assert suite.dispatch_app is not None
+        transactions = suite.dispatch_app.transactions
+        _setup(addr, "Orphans", queues=1, message_type="TRANSACTION")
+        sent = run_driver(
+            "transaction",
+            {"endpoint": addr, "topic": "Orphans", "messages": [{"body": "left open", "action": "check"}]},
+            tmp_path / "p",
+        )
+        assert len(sent["ids"]) == 1 and sent["checks"] == []
+        wait_until(lambda: len(transactions.pending) == 1, "the half message to be listed")
+        (half,) = transactions.pending.values()
+        wait_until(lambda: not transactions.pending, "the orphan to be dropped", timeout_s=30)
+        assert half.checks == 2  # counted each round, then dropped past transactionCheckMax
+        got = run_driver(
+            "simple",
+            {"endpoint": addr, "group": "orphan-readers", "topic": "Orphans", "expect": 1, "timeout_s": 4},
+            tmp_path / "c",
+        )
+        assert got["messages"] == []
+    finally:
+        suites.close()
