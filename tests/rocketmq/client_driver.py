@@ -32,7 +32,12 @@ from rocketmq import (
 
 def _config(args: dict[str, Any]) -> ClientConfiguration:
     creds = Credentials(args["ak"], args["sk"]) if args.get("ak") else Credentials()
-    return ClientConfiguration(args["endpoint"], creds, request_timeout=args.get("request_timeout", 3))
+    return ClientConfiguration(
+        args["endpoint"],
+        creds,
+        namespace=args.get("namespace", ""),
+        request_timeout=args.get("request_timeout", 3),
+    )
 
 
 def _tls(args: dict[str, Any]) -> bool:
@@ -61,6 +66,8 @@ def _message(topic: str, spec: dict[str, Any]) -> Message:
 def _view(m: Any) -> dict[str, Any]:
     return {
         "id": m.message_id,
+        "topic": m.topic,
+        "namespace": m.namespace,
         "body": m.body.decode(errors="replace"),
         "attempt": m.delivery_attempt,
         "tag": m.tag,

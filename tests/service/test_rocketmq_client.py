@@ -539,3 +539,32 @@ def test_an_orphaned_transaction_is_counted_and_dropped_without_a_producer(tmp_p
         assert got["messages"] == []
     finally:
         suites.close()
+
+
+def test_resource_namespaces_isolate_topics_and_groups(broker: str, tmp_path: Path) -> None:
+    """A producer and a consumer in namespace nsA use topic T1 and group G1: the store keeps
+    them as nsA%T1 and nsA%G1 (RocketMQ's mapping), so clients without a namespace, using the
+    same names, never see their messages, and the nsA consumer sees the names it used."""
+    addr = broker
+    _setup(addr, "nsA%T1", queues=1)
+    _setup(addr, "T1", queues=1)
+    ns = {"endpoint": addr, "topic": "T1", "namespace": "nsA"}
+    plain = {"endpoint": addr, "topic": "T1"}
+    in_ns = run_driver("send", {**ns, "messages": [{"body": "in nsA"}]}, tmp_path / "p1")
+    outside = run_driver("send", {**plain, "messages": [{"body": "no namespace"}]}, tmp_path / "p2")
+    assert not in_ns["errors"] and not outside["errors"]
+    got_ns = run_driver(
+        "simple", {**ns, "group": "G1", "expect": 1, "timeout_s": 10, "final_empty": True}, tmp_path / "c1"
+    )
+    got_plain = run_driver(
+        "simple", {**plain, "group": "G1", "expect": 1, "timeout_s": 10, "final_empty": True}, tmp_path / "c2"
+    )
+    assert [(m["body"], m["topic"], m["namespace"]) for m in got_ns["messages"]] == [("in nsA", "T1", "nsA")]
+    assert got_ns["final"] == [] and got_plain["final"] == []
+    assert [(m["body"], m["topic"]) for m in got_plain["messages"]] == [("no namespace", "T1")]
+    with PullConsumer(addr, "own-api", "nsA%T1", hold_ms=200) as consumer:  # the store's own name
+        seen = []
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            seen += consumer.poll(500)
+    assert [m.body for m in seen] == [b"in nsA"]

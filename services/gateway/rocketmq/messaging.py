@@ -61,7 +61,7 @@ from services._common.telemetry import tracer
 from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
 from services.gateway.limits import GatewayLimits, HeldPolls
-from services.gateway.rocketmq import convert
+from services.gateway.rocketmq import convert, namespace
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.error_status import error_status
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
@@ -80,6 +80,7 @@ DEFAULT_INVISIBLE_MS = 60_000  # a push consumer's receive names no invisible ti
 INVISIBLE_BOUNDS_MS = (10_000, 12 * 3600 * 1000)
 MAX_RECEIVE_BATCH = 32
 MAX_LONG_POLLING_MS = 20_000
+NAMESPACE_HEADER = "x-mq-namespace"  # a client's resource namespace (services.gateway.rocketmq.namespace)
 CHECK_POLL_S = 1.0  # how often a gateway with producers claims transaction check-backs
 DEADLINE_MARGIN_MS = 800  # end a long poll this long before the client's deadline
 
@@ -121,7 +122,13 @@ def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable
         @functools.wraps(fn)
         async def handler(self: MessagingServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
             try:
-                return await fn(self, request, context)
+                ns = _metadata(context, NAMESPACE_HEADER)
+                if ns:
+                    namespace.wrap_request(request)
+                result = await fn(self, request, context)
+                if ns:
+                    namespace.unwrap_response(result, ns)  # type: ignore[arg-type]
+                return result
             except Exception as exc:
                 return response(_error_status(exc, fn.__name__))
 
@@ -352,12 +359,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         # account (its signature's date ages while the stream lives).
         session.may_publish = lambda topic, who=account: who is None or who.may(PUB, topic)
         self._ensure_check_loop()
-        reader = asyncio.create_task(self._read_telemetry(request_iterator, session))
+        ns = _metadata(context, NAMESPACE_HEADER)
+        reader = asyncio.create_task(self._read_telemetry(request_iterator, session, ns))
         try:
             while True:
                 command = await session.next()
                 if command is None:
                     break
+                if ns:
+                    namespace.unwrap_response(command, ns)
                 yield command
         finally:
             reader.cancel()
@@ -369,9 +379,13 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 self._releases.add(task)
                 task.add_done_callback(self._releases.discard)
 
-    async def _read_telemetry(self, commands: AsyncIterator[service.TelemetryCommand], session: Any) -> None:
+    async def _read_telemetry(
+        self, commands: AsyncIterator[service.TelemetryCommand], session: Any, ns: str = ""
+    ) -> None:
         try:
             async for command in commands:
+                if ns:
+                    namespace.wrap_request(command)
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     reply = await self._settings_reply(command.settings, session)
@@ -497,7 +511,10 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def ReceiveMessage(
         self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[service.ReceiveMessageResponse]:
+        ns = _metadata(context, NAMESPACE_HEADER)
         try:
+            if ns:
+                namespace.wrap_request(request)
             responses = await self._receive(request, context)
         except Exception as exc:
             responses = [
@@ -505,6 +522,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
             ]
         for r in responses:
+            if ns:
+                namespace.unwrap_response(r, ns)
             yield r
 
     async def _receive(
