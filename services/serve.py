@@ -412,6 +412,9 @@ class Suite:
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._ready_task is not None:
             self._ready_task.cancel()
+        if self.messaging is not None and self.server is not None:
+            self.messaging.drain()
+            await asyncio.sleep(0.1)  # let the streams send their last commands and complete
         if self.server is not None:
             await self.server.stop(grace_s)
         if self.messaging is not None:

@@ -590,3 +590,31 @@ def test_a_request_far_past_the_byte_cap_is_refused_before_it_is_read_in(
         gateway_grpc.GatewayStub(ch).Produce(request, timeout=10)
     assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert _max_offset(suite) == before
+
+
+def test_a_stopping_gateway_completes_telemetry_streams_with_ok(tmp_path: Path) -> None:
+    """An orderly stop ends each Telemetry stream with OK before the server goes (a proxy's
+    orderly shutdown): RocketMQ's Java client reopens a completed stream a second later; the
+    Python client 5.1 only at its next settings sync (up to 300 s, see the README)."""
+    suites = InProcessSuites()
+    release = threading.Event()
+
+    def commands() -> Iterator[service.TelemetryCommand]:
+        yield _settings(1)
+        release.wait(30)  # the stream stays open, as a client's does
+
+    try:
+        suite = suites.start(
+            ServeOptions(role="embedded", data_dir=tmp_path / "d", listen="127.0.0.1:0", store=SMALL_STORE)
+        )
+        suites.wait_ready(suite)
+        with grpc.insecure_channel(suite.address) as channel:
+            stub = service_grpc.MessagingServiceStub(channel)
+            call = stub.Telemetry(commands(), metadata=[("x-mq-client-id", "leaving@1")], timeout=30)
+            assert next(call).status.code == Code.OK
+            suites.stop(suite)
+            assert list(call) == []  # nothing more: the stream completed
+            assert call.code() == grpc.StatusCode.OK, call.details()
+    finally:
+        release.set()
+        suites.close()

@@ -196,6 +196,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         self.invisible_bounds_ms = invisible_bounds_ms
         self.invisible_when_clear_ms = invisible_when_clear_ms  # a departed client's deliveries
         self._releases: set[asyncio.Task[int]] = set()
+        self._draining = False  # set by drain(): streams end because the gateway stops
         self.renewer = HandleRenewer(
             dispatch,
             self.sessions.has_client,
@@ -372,7 +373,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         finally:
             reader.cancel()
             self.sessions.close(session)
-            if not self.sessions.has_client(client_id):  # its last stream: it went away
+            if not self._draining and not self.sessions.has_client(client_id):  # it went away
                 task = asyncio.create_task(
                     self.renewer.release_client(client_id, self.invisible_when_clear_ms)
                 )
@@ -698,6 +699,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
         except InvalidArgumentError as exc:
             raise V2Error(Code.INVALID_TRANSACTION_ID, str(exc)) from None
         return service.EndTransactionResponse(status=convert.status())
+
+    def drain(self) -> int:
+        """The gateway is about to stop: complete every Telemetry stream with OK, as a proxy's
+        orderly shutdown does, so clients that reopen a completed stream (RocketMQ's Java
+        client does a second later) find a gateway that is up; what they held is not released
+        early (they keep working on it). Returns how many streams were ended."""
+        self._draining = True
+        return self.sessions.end_all()
 
     async def close(self) -> None:
         """Stop the check-back loop (the server has stopped)."""

@@ -126,6 +126,14 @@ class ClientSessions:
             self._by_client.pop(client_id, None)
         return len(ended)
 
+    def end_all(self) -> int:
+        """End every stream (the gateway shuts down): each completes with OK after what was
+        queued; returns how many."""
+        streams = [session for sessions in self._by_client.values() for session in sessions]
+        for session in streams:
+            session.end()
+        return len(streams)
+
     def has_client(self, client_id: str) -> bool:
         """Whether the client has a Telemetry stream open here."""
         return bool(self._by_client.get(client_id))
