@@ -420,6 +420,20 @@ def _rocketmq_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                 f"| {topology} | {name} | {r.messages:,} | {r.msgs_per_s:,.0f} "
                 f"| {r.msgs_per_s * 1024 / 1e6:.1f} | {r.errors} |"
             )
+    console.print("  rocketmq client one call at a time, gateway and do-nothing server ...", end="")
+    with scratch_dir(data_dir, "rocketmq-ceiling") as d:
+        ceilings = rocketmq_bench.ceiling(d)
+    console.print(" " + ", ".join(f"{c.name} {c.ratio:.2f}x" for c in ceilings))
+    lines += [
+        "",
+        "One client process, one call at a time (medians of 3 alternating rounds): the embedded gateway "
+        "next to a MessagingService that answers at once and stores nothing (bench.floor_messaging), "
+        "the ceiling the client itself sets (target: 0.85x).",
+        "",
+        "| run | gateway msgs/s | do-nothing server msgs/s | gateway / ceiling |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {c.name} | {c.gateway:,.0f} | {c.floor:,.0f} | {c.ratio:.2f} |" for c in ceilings]
     return lines
 
 

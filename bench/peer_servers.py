@@ -257,6 +257,16 @@ def _stop_epmd(port: int, env: dict[str, str]) -> None:
 
 
 @contextmanager
+def floor_messaging(root: Path) -> Iterator[PeerServer]:
+    """The do-nothing RocketMQ 5 MessagingService (bench.floor_messaging) as a process of its own."""
+    port = _free_port()
+    args = [sys.executable, "-m", "bench.floor_messaging", "--listen", f"{HOST}:{port}"]
+    log = root / "floor-messaging.log"
+    with _process(args, log, lambda: port_open(port), cwd=REPO) as pid:
+        yield PeerServer(pid, port, {}, log)
+
+
+@contextmanager
 def floor_server(root: Path) -> Iterator[PeerServer]:
     """The do-nothing Gateway (bench.floor_server) as a process of its own."""
     port = _free_port()

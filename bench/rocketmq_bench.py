@@ -13,14 +13,21 @@ a process with ours):
   message to its last.
 
 Rates are the sum of the processes' rates (each measured over its own run).
+
+:func:`ceiling` measures what the client itself allows, one call at a time: one Producer sending
+one message per call and waiting for it, and one SimpleConsumer doing receive(32) then one ack
+per message, against the embedded gateway and against a do-nothing MessagingService
+(bench.floor_messaging) in the same run, alternating, medians of ``rounds``.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.peer_servers import floor_messaging
 from bench.service_bench import TOPIC, running_suite
 from tests.rocketmq.harness import finish_driver, start_driver
 
@@ -63,3 +70,58 @@ def run(root: Path, topology: str, processes: int = 2, count: int = 10_000) -> t
             sum(r["errors"] for r in got),
         )
     return produce, consume
+
+
+@dataclass
+class Ceiling:
+    """One workload's medians (msgs/s) against the gateway and against the do-nothing server."""
+
+    name: str
+    gateway: float
+    floor: float
+
+    @property
+    def ratio(self) -> float:
+        return self.gateway / self.floor if self.floor else 0.0
+
+
+def _one_at_a_time(address: str, home: Path, sends: int, receives: int) -> tuple[float, float]:
+    """(sends/s one at a time, msgs/s of receive(32) + ack each) of one client process each."""
+    (sent,) = _run(
+        "send_many", [{"endpoint": address, "topic": TOPIC, "count": sends, "size": 1024, "window": 1}], home
+    )
+    (got,) = _run(
+        "receive_many",
+        [{"endpoint": address, "topic": TOPIC, "group": "bench-ceiling", "count": receives, "idle_s": 3}],
+        home,
+    )
+    return len(sent["ids"]) / sent["seconds"], got["acked"] / got["seconds"] if got["seconds"] else 0.0
+
+
+def ceiling(root: Path, rounds: int = 3, sends: int = 2000, receives: int = 4000) -> list[Ceiling]:
+    """The official client one call at a time against the embedded gateway (ASYNC_FLUSH) and the
+    do-nothing MessagingService, ``rounds`` alternating rounds; medians."""
+    gateway: list[tuple[float, float]] = []
+    floor: list[tuple[float, float]] = []
+    with (
+        running_suite(root, "embedded", "ASYNC_FLUSH") as address,
+        floor_messaging(root) as bare,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        home = Path(tmp)
+        # What the consumers of every round take: a backlog sent 64 in flight (not measured).
+        backlog = [
+            {"endpoint": address, "topic": TOPIC, "count": receives * rounds, "size": 1024, "window": 64}
+        ]
+        _run("send_many", backlog, home)
+        for _ in range(rounds):
+            gateway.append(_one_at_a_time(address, home, sends, receives))
+            floor.append(_one_at_a_time(f"{bare.host}:{bare.port}", home, sends, receives))
+    return [
+        Ceiling(
+            name,
+            statistics.median(r[i] for r in gateway),
+            statistics.median(r[i] for r in floor),
+        )
+        for i, name in enumerate(("send one at a time", "receive(32) + ack each"))
+    ]
