@@ -1035,6 +1035,10 @@ class CommitLog:
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
                 self._table_offset = end
                 self._master_confirm = self.confirm_offset  # no more than it showed as the master
+            if role is not BrokerRole.SLAVE:
+                # Tombstones copied from a master that held more: this log's new messages
+                # start at its own end.
+                self.topic_config.clamp_tombstones(end)
             self._role = role
         if role is not BrokerRole.SYNC_MASTER:
             self.ha_service.fail_waiters(PutMessageStatus.SLAVE_NOT_AVAILABLE)
@@ -1189,6 +1193,7 @@ class CommitLog:
             offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
         self._queue_offsets = offsets
         self._table_offset = offset
+        self.topic_config.clamp_tombstones(offset)
         self._master_confirm = min(self._master_confirm, offset)  # the new master's frames say more
         self._save_snapshot(self._snapshot_at(offset, offsets))
         self.ha_state.truncate(offset)

@@ -193,6 +193,15 @@ class TopicConfigManager:
         """Deleted topics: name -> CommitLog offset before which their messages are expired."""
         return dict(self._deleted)
 
+    def clamp_tombstones(self, end: int) -> None:
+        """The log now ends at ``end`` (cut, or a master that holds less than the one that
+        wrote a tombstone): a tombstone past it would expire messages appended from now on."""
+        with self._lock:
+            past = {name: end for name, at in self._deleted.items() if at > end}
+            if past:
+                self._deleted.update(past)
+                self._persist_locked()
+
     def forget_tombstones_below(self, min_offset: int) -> None:
         """Drop tombstones the log no longer needs: every byte before them is gone."""
         with self._lock:

@@ -106,6 +106,7 @@ class DispatchApp(DerivedStoreApp):
             self.queues, self._checkpoint_file(), log_min, log_max, last_exit_ok
         )
         self.pop.journal.rollback(log_max)  # no pop snapshot past the log's end is trusted
+        self.retention.clamp(log_max)
         self.retention.apply_saved()
         return resume
 
@@ -125,6 +126,7 @@ class DispatchApp(DerivedStoreApp):
 
     def _cut(self, log_end: int, reput_offset: int) -> int:
         self.queues.truncate_dirty(log_end)
+        self.retention.clamp(log_end)
         self.pop.journal.rollback(log_end)
         return min(reput_offset, log_end)
 

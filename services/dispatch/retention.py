@@ -64,6 +64,22 @@ class QueueRetention:
                 if cq is not None:
                     cq.correct_min_offset(floor)
 
+    def clamp(self, log_end: int) -> None:
+        """The CommitLog was cut at ``log_end``: units past it are gone and those appended from
+        now on are new, so no floor may lie past it. Raises StoreIOError."""
+        changed = False
+        for queues in self.floors.values():
+            for queue_id, floor in queues.items():
+                if floor > log_end:
+                    queues[queue_id] = log_end
+                    changed = True
+        if changed:
+            self._save()
+
+    def _save(self) -> None:
+        data = json.dumps({t: {str(q): o for q, o in qs.items()} for t, qs in self.floors.items()})
+        atomic_write(self.path, data.encode())
+
     async def run_once(self, policy: RetentionPolicy, now_ms: int) -> int:
         """One round (module docstring); returns how many ConsumeQueue files were deleted.
         Raises StoreIOError (files), or what ``store_time_of`` raises."""
@@ -97,8 +113,7 @@ class QueueRetention:
                     kept[queue_id] = floor
                     changed = True
         if changed:
-            data = json.dumps({t: {str(q): o for q, o in qs.items()} for t, qs in self.floors.items()})
-            await asyncio.to_thread(atomic_write, self.path, data.encode())
+            await asyncio.to_thread(self._save)
         return deleted
 
     async def _first_kept(self, cq: ConsumeQueue, cutoff_ms: int) -> int:

@@ -243,3 +243,32 @@ def test_the_policy_reads_a_summary() -> None:
     summary.gap = (0, 10)  # not summarised yet: judged by mtime, as RocketMQ
     assert policy.segment_expiry(summary, modified_ms=50_000) == (50_000 + 72 * hour, False)
     assert policy.queue_cutoff_ms("R", 10 * hour) == 8 * hour and policy.queue_cutoff_ms("G", 0) is None
+
+
+def test_a_cut_or_a_new_master_below_a_tombstone_moves_it_back(
+    open_log: Callable[..., CommitLog], tmp_path: Path
+) -> None:
+    """A tombstone past the log's end would expire the messages appended from there on (a
+    topic created again after a failover to a member that held less): a cut, and a member
+    that becomes the master, bring tombstones back to the log's end."""
+    master = open_log(store_path_root_dir=str(tmp_path / "m"))
+    slave = open_log(broker_role=BrokerRole.SLAVE)
+    size = master.config.mapped_file_size_commit_log
+    _put_until(master, ["Gone"], size // 2)
+    cut_at = master.max_offset
+    _put_until(master, ["Gone"], size + 1000)
+    assert master.delete_topic("Gone")
+    _replicate(master, slave)
+    slave.topic_config.replace_all(master.topic_config.list(), master.topic_config.tombstones())
+    assert slave.topic_config.tombstones() == {"Gone": master.max_offset}
+    slave.truncate_to(cut_at)
+    assert slave.topic_config.tombstones() == {"Gone": cut_at}
+    # A member promoted while its log ends below a tombstone it copied.
+    slave.topic_config.replace_all([], {"Gone": cut_at + 10_000})
+    slave.start_master_term(BrokerRole.ASYNC_MASTER)
+    assert slave.topic_config.tombstones() == {"Gone": cut_at}
+    assert slave.put_messages([Message("Gone", b"new life", 0)]).all_ok
+    summary = slave.summaries.get(0)
+    assert summary is not None
+    at = slave.retention_policy().expires_at("Gone", summary.topics["Gone"][0], summary.topics["Gone"][1])
+    assert at is None  # the new message is not expired by the old deletion
