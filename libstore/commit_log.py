@@ -799,10 +799,11 @@ class CommitLog:
         self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
         return deleted
 
-    def refresh_summaries(self) -> int:
-        """Scan what the segment summaries miss (replicated bytes, the tail after a restart);
-        returns how many gaps were closed (libstore.segment_summary)."""
-        return self.summaries.fill_gaps(self._summarise)
+    def refresh_summaries(self, budget_bytes: int = 1 << 62) -> int:
+        """Scan what the segment summaries miss (replicated bytes, the tail after a restart),
+        oldest first, at most about ``budget_bytes``; returns how many gaps were closed
+        (libstore.segment_summary)."""
+        return self.summaries.fill_gaps(self._summarise, budget_bytes)
 
     def _summarise(self, start: int, end: int) -> Iterator[tuple[str, int, int]]:
         """(summary topic, store ms, offset) of each record in [start, end); StoreIOError when

@@ -6,7 +6,8 @@ Every ``cleanResourceInterval`` (10 s; the first a minute after start, as Rocket
    injectable, default :func:`disk_usage_ratio`);
 2. above ``diskSpaceWarningLevelRatio`` (90%) marks the store disk-full: puts are refused with
    DiskFullError (RESOURCE_EXHAUSTED, reason DISK_FULL) until a round measures below it again;
-3. scans what the segment summaries miss (libstore.segment_summary) and takes the retention
+3. scans what the segment summaries miss (libstore.segment_summary), oldest first, at most two
+   segments' worth per round and not at all under disk pressure, and takes the retention
    settings of the moment (libstore.retention_policy);
 4. deletes, oldest first, segments whose messages have all expired: at once when per-topic
    settings alone decide that (``retentionHours``, deleted topics), else, as RocketMQ, when the
@@ -152,7 +153,10 @@ class CleanCommitLogService(ServiceThread):
             reason = f"deleteWhen hour {hour:02d}"
         else:
             reason = ""
-        self.log.refresh_summaries()
+        if not forced:  # disk pressure deletes without asking the summaries: no time for scans
+            # At most two segments' worth per round: after an upgrade every segment is a gap,
+            # and the oldest (the next to go) come first.
+            self.log.refresh_summaries(2 * cfg.mapped_file_size_commit_log)
         doomed = self._doomed(reason, forced, self.hold() if self.hold is not None else None)
         pause_s = cfg.delete_commit_log_files_interval / 1000.0
         deleted = self.log.delete_head_segments(

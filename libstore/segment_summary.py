@@ -46,7 +46,7 @@ class SegmentSummary:
     offset]``; ``noted_to`` is the absolute offset up to which appends were noted; ``gap`` an
     absolute range [from, to) not summarised yet (None: complete)."""
 
-    __slots__ = ("dirty", "gap", "noted_to", "start", "topics")
+    __slots__ = ("dirty", "epoch", "gap", "noted_to", "start", "topics")
 
     def __init__(self, start: int, noted_to: int | None = None) -> None:
         self.start = start
@@ -54,6 +54,7 @@ class SegmentSummary:
         self.noted_to = start if noted_to is None else noted_to
         self.gap: tuple[int, int] | None = None
         self.dirty = True
+        self.epoch = 0  # bumped by a cut: a scan that started before it is thrown away
 
     @property
     def complete(self) -> bool:
@@ -98,6 +99,9 @@ class SegmentSummaries:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self._lock = threading.Lock()
+        # Held while a file is written or removed, so a save racing a cut or a drop never
+        # brings back the file of a summary that is gone (taken before _lock, never after).
+        self._file_lock = threading.Lock()
         self._by_start: dict[int, SegmentSummary] = {}
         self._loaded: dict[int, SegmentSummary] = {}
 
@@ -149,7 +153,11 @@ class SegmentSummaries:
                 summary.dirty = False
         for start, data in pending:
             try:
-                atomic_write(self._path(start), data)
+                with self._file_lock:
+                    with self._lock:
+                        gone = start not in self._by_start
+                    if not gone:
+                        atomic_write(self._path(start), data)
             except StoreIOError:
                 with self._lock:
                     summary = self._by_start.get(start)
@@ -200,15 +208,21 @@ class SegmentSummaries:
             summary.noted_to = max(summary.noted_to, end)
             summary.dirty = True
 
-    def fill_gaps(self, scan: Callable[[int, int], Iterator[tuple[str, int, int]]]) -> int:
-        """Scan every gap with ``scan(from, to)``, which yields (topic, store ms, offset) per
-        record and raises StoreIOError when the bytes are not records (the gap stays). Returns
-        how many gaps were closed."""
+    def fill_gaps(
+        self, scan: Callable[[int, int], Iterator[tuple[str, int, int]]], budget_bytes: int = 1 << 62
+    ) -> int:
+        """Scan gaps, oldest segment first, with ``scan(from, to)``, which yields (topic, store
+        ms, offset) per record and raises StoreIOError when the bytes are not records (the gap
+        stays); stop once ``budget_bytes`` were scanned (the rest waits for the next call). A
+        scan that a cut or reset overtook is thrown away. Returns how many gaps were closed."""
         with self._lock:
-            todo = [(s.start, s.gap) for s in self._by_start.values() if s.gap is not None]
+            todo = sorted((s.start, s.gap, s, s.epoch) for s in self._by_start.values() if s.gap is not None)
         closed = 0
-        for start, gap in todo:
+        for start, gap, original, epoch in todo:
             assert gap is not None
+            if budget_bytes <= 0:
+                break
+            budget_bytes -= gap[1] - gap[0]
             found = SegmentSummary(start)
             try:
                 for topic, store_ms, offset in scan(*gap):
@@ -218,8 +232,8 @@ class SegmentSummaries:
                 continue
             with self._lock:
                 summary = self._by_start.get(start)
-                if summary is None or summary.gap is None:
-                    continue
+                if summary is not original or summary.epoch != epoch or summary.gap is None:
+                    continue  # cut, reset or dropped while it was read: what it found may be gone
                 for topic, (store_ms, offset) in found.topics.items():
                     summary.merge(topic, store_ms, offset)
                 a, b = summary.gap
@@ -238,6 +252,7 @@ class SegmentSummaries:
             for start in gone:
                 del self._by_start[start]
             for summary in self._by_start.values():
+                summary.epoch += 1
                 if summary.noted_to > offset:
                     summary.noted_to = offset
                     summary.dirty = True
@@ -283,5 +298,5 @@ class SegmentSummaries:
         return self.directory / f"{start:0{_NAME_WIDTH}d}.json"
 
     def _remove_file(self, start: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with self._file_lock, contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(start))

@@ -33,7 +33,13 @@ from pathlib import Path
 from libstore._files import atomic_write, read_json
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.errors import CorruptRecordError, InvalidArgumentError, ServiceNotAvailableError, StoreIOError
+from libstore.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    NotMasterError,
+    ServiceNotAvailableError,
+    StoreIOError,
+)
 from libstore.message import MessageConst, ascii_int
 from libstore.record_codec import decode_record
 from libstore.system_topics import HALF_TOPIC, OP_TOPIC
@@ -90,6 +96,7 @@ class TransactionService:
         self._ended: set[int] = set()  # resolved here before dispatch listed the half
         self._loaded_checks: dict[int, tuple[int, int]] = {}  # from the state file, until scanned
         self._locks: dict[int, asyncio.Lock] = {}  # one resolution at a time per half message
+        self._claimed_for: dict[str, int] = {}  # topic -> when a gateway last claimed for it, ms
         self._tracer = tracer("mqstore.dispatch")
 
     def load(self) -> None:
@@ -221,6 +228,8 @@ class TransactionService:
             return []
         self._scan()
         now = self.clock()
+        for topic in topics:  # a producer of it is connected: the sweep leaves it to the claims
+            self._claimed_for[topic] = now
         due = [
             (off, h)
             for off, h in self.pending.items()
@@ -284,6 +293,8 @@ class TransactionService:
                     continue
                 if topics is not None and h.real_topic not in topics:
                     continue
+                if topics is None and self._claimed_for.get(h.real_topic or "", -1) >= now - self.interval_ms:
+                    continue  # a gateway has a producer of its topic: its claims count the checks
                 if h.next_check_ms > now or off not in self.pending:
                     continue  # counted by a concurrent claim or sweep while this one read
                 if len(out) >= max_count:
@@ -306,6 +317,8 @@ class TransactionService:
                 return
             try:
                 await self.sweep_orphans()
+            except NotMasterError:
+                pass  # a SLAVE's dispatch: its master ends what it must
             except Exception as exc:  # the store unreachable: next round
                 log.warning("transaction orphan sweep failed: %s", exc)
 

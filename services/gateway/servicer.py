@@ -379,10 +379,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         config = await self.topics.get(request.topic)
         if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
-        # Expired by the topic's retentionHours: still in a shared segment, but gone for readers.
+        # Expired by the topic's retentionHours, or stored before the topic was last deleted:
+        # still in a shared segment, but gone for readers.
         kept_from = (
             int(time.time() * 1000 - config.retention_hours * 3_600_000) if config.retention_hours else 0
         )
+        deleted_before = (await self.commitlog.topic_tombstones()).get(request.topic, 0)
         offsets = await self.index.query_by_key(
             request.topic, request.key, request.begin_ms, request.end_ms, max_count
         )
@@ -396,6 +398,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 record.topic == request.topic
                 and (request.key in record.keys or record.uniq_key == request.key)
                 and record.store_timestamp >= kept_from
+                and record.phy_offset >= deleted_before
             ):
                 out.append(record)
         return out

@@ -437,6 +437,9 @@ def test_deleting_a_topic_expires_its_messages_and_frees_the_segments_only_it_he
             again += consumer.poll(500)
     assert [m.body[:3] for m in again] == [b"new"] * 5
     assert [m.queue_offset for m in again] == list(range(MESSAGES, MESSAGES + 5))
+    with Admin(suite.address) as admin:  # keys of the deleted incarnation are gone too
+        assert admin.query_by_key("Doomed", f"Doomed-{MESSAGES - 1}") == []  # its segment is kept
+        assert len(admin.query_by_key("Doomed", "Doomed-new3")) == 1
 
 
 def test_the_index_volume_guard_deletes_the_oldest_index_file(

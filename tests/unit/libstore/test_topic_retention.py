@@ -6,7 +6,7 @@ segments a cleanup round deletes as the (injected) clock moves on."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from libstore import BrokerRole, CommitLog, Message, StoreConfig
@@ -272,3 +272,26 @@ def test_a_cut_or_a_new_master_below_a_tombstone_moves_it_back(
     assert summary is not None
     at = slave.retention_policy().expires_at("Gone", summary.topics["Gone"][0], summary.topics["Gone"][1])
     assert at is None  # the new message is not expired by the old deletion
+
+
+def test_a_scan_overtaken_by_a_cut_is_thrown_away(tmp_path: Path) -> None:
+    """A slave cuts its log while the cleanup thread scans a gap, then takes new bytes there:
+    what the scan read is gone, so the gap must stay for the next scan (a summary marked
+    complete without the new records' topics could let their segment go early)."""
+    from libstore.segment_summary import SegmentSummaries
+
+    summaries = SegmentSummaries(tmp_path / "s")
+    summaries.reconcile([(0, 1000)])  # nothing saved: the whole segment is a gap
+
+    def scan(start: int, end: int) -> Iterator[tuple[str, int, int]]:
+        yield "Old", 1, 100
+        summaries.cut(400)  # meanwhile: the log is cut and new bytes come in
+        summaries.note_replicated(0, 400, 700)
+        yield "Old", 1, 500
+
+    assert summaries.fill_gaps(scan) == 0
+    summary = summaries.get(0)
+    assert summary is not None and not summary.complete
+    assert summaries.fill_gaps(lambda a, b: iter([("New", 2, a)])) == 1  # the next scan reads them
+    summary = summaries.get(0)
+    assert summary is not None and summary.complete and "New" in summary.topics
