@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from collections.abc import AsyncIterator
 
 import grpc
 
+from bench import floor_server
 from libstore.message import MessageRecord
-from services._common.server import CHANNEL_OPTIONS
 from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.messaging import MAX_LONG_POLLING_MS, MAX_RECEIVE_BATCH, PRODUCER_BACKOFF
 from services.gateway.rocketmq.pb import definition, service, service_grpc
@@ -155,19 +154,12 @@ class FloorMessaging(service_grpc.MessagingServiceServicer):
 
 
 async def serve(listen: str) -> None:
-    """Serve on ``listen`` (host:port) until SIGTERM or SIGINT."""
+    """Serve on ``listen`` (host:port) until SIGTERM or SIGINT (bench.floor_server's loop)."""
     host, _, port = listen.rpartition(":")
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    service_grpc.add_MessagingServiceServicer_to_server(FloorMessaging(host, int(port)), server)
-    if server.add_insecure_port(listen) == 0:
-        raise SystemExit(f"cannot listen on {listen}")
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop(1.0)
+    servicer = FloorMessaging(host, int(port))
+    await floor_server.serve(
+        listen, lambda server: service_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import Callable
 
 import grpc
 
@@ -37,10 +38,14 @@ class FloorGateway(gateway_grpc.GatewayServicer):
         return self._reply
 
 
-async def serve(listen: str) -> None:
-    """Serve on ``listen`` (host:port) until SIGTERM or SIGINT."""
+async def serve(listen: str, register: Callable[[grpc.aio.Server], None] | None = None) -> None:
+    """Serve on ``listen`` (host:port) until SIGTERM or SIGINT: the servicers ``register`` adds
+    (default: the do-nothing Gateway) on a bare server."""
     server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    gateway_grpc.add_GatewayServicer_to_server(FloorGateway(), server)
+    if register is None:
+        gateway_grpc.add_GatewayServicer_to_server(FloorGateway(), server)
+    else:
+        register(server)
     if server.add_insecure_port(listen) == 0:
         raise SystemExit(f"cannot listen on {listen}")
     await server.start()

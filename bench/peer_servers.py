@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,20 +257,20 @@ def _stop_epmd(port: int, env: dict[str, str]) -> None:
 
 
 @contextmanager
-def floor_messaging(root: Path) -> Iterator[PeerServer]:
-    """The do-nothing RocketMQ 5 MessagingService (bench.floor_messaging) as a process of its own."""
+def _floor(root: Path, module: str) -> Iterator[PeerServer]:
+    """A do-nothing server (``python -m <module> --listen``) as a process of its own."""
     port = _free_port()
-    args = [sys.executable, "-m", "bench.floor_messaging", "--listen", f"{HOST}:{port}"]
-    log = root / "floor-messaging.log"
+    args = [sys.executable, "-m", module, "--listen", f"{HOST}:{port}"]
+    log = root / f"{module.rpartition('.')[2]}.log"
     with _process(args, log, lambda: port_open(port), cwd=REPO) as pid:
         yield PeerServer(pid, port, {}, log)
 
 
-@contextmanager
-def floor_server(root: Path) -> Iterator[PeerServer]:
-    """The do-nothing Gateway (bench.floor_server) as a process of its own."""
-    port = _free_port()
-    args = [sys.executable, "-m", "bench.floor_server", "--listen", f"{HOST}:{port}"]
-    log = root / "floor.log"
-    with _process(args, log, lambda: port_open(port), cwd=REPO) as pid:
-        yield PeerServer(pid, port, {}, log)
+def floor_messaging(root: Path) -> AbstractContextManager[PeerServer]:
+    """The do-nothing RocketMQ 5 MessagingService (bench.floor_messaging)."""
+    return _floor(root, "bench.floor_messaging")
+
+
+def floor_server(root: Path) -> AbstractContextManager[PeerServer]:
+    """The do-nothing Gateway (bench.floor_server)."""
+    return _floor(root, "bench.floor_server")

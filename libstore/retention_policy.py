@@ -48,9 +48,7 @@ class RetentionPolicy:
         (hours)."""
         return cls(
             default_ms=int(file_reserved_hours * HOUR_MS),
-            topic_ms={
-                t.topic_name: int(t.retention_hours * HOUR_MS) for t in topics if t.retention_hours > 0
-            },
+            topic_ms={t.topic_name: t.retention_ms for t in topics if t.retention_ms > 0},
             deleted_before=dict(tombstones),
         )
 

@@ -60,6 +60,11 @@ class TopicConfig:
     retention_hours: float = 0.0
 
     @property
+    def retention_ms(self) -> int:
+        """``retention_hours`` in ms (0: the store's fileReservedTime decides)."""
+        return int(self.retention_hours * 3_600_000)
+
+    @property
     def readable(self) -> bool:
         return bool(self.perm & PERM_READ)
 

@@ -381,9 +381,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
         # Expired by the topic's retentionHours, or stored before the topic was last deleted:
         # still in a shared segment, but gone for readers.
-        kept_from = (
-            int(time.time() * 1000 - config.retention_hours * 3_600_000) if config.retention_hours else 0
-        )
+        kept_from = int(time.time() * 1000) - config.retention_ms if config.retention_ms else 0
         deleted_before = (await self.commitlog.topic_tombstones()).get(request.topic, 0)
         offsets = await self.index.query_by_key(
             request.topic, request.key, request.begin_ms, request.end_ms, max_count

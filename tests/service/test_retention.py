@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from libstore import DiskFullError, decode_record
+from libstore import DiskFullError, MessageRecord, decode_record
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from services._common.telemetry import metrics_snapshot
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
@@ -36,6 +36,15 @@ RETENTION_STORE = {
     "flushIntervalCommitLog": 50,
 }
 MESSAGES = 3000
+
+
+def _poll(consumer: PullConsumer, count: int, timeout_s: float = 20.0) -> list[MessageRecord]:
+    """Poll ``consumer`` until it gave ``count`` messages or ``timeout_s`` passed; all it gave."""
+    got: list[MessageRecord] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count and time.monotonic() < deadline:
+        got += consumer.poll(500)
+    return got
 
 
 def _fill(suite: Suite) -> ConsumeQueue:
@@ -120,18 +129,12 @@ def test_derived_files_follow_the_commit_log_min_offset(suites: InProcessSuites,
     assert not any(p.name in {n for n, _ in deleted} for p in log.config.commit_log_dir.iterdir())
 
     # Consumers start at the first message kept; deleted messages are no longer found by key.
-    got = []
     with PullConsumer(suite.address, "after-retention", "Ret", batch_size=256, hold_ms=200) as consumer:
-        deadline = time.monotonic() + 20
-        while len(got) < MESSAGES - first and time.monotonic() < deadline:
-            got += consumer.poll(500)
+        got = _poll(consumer, MESSAGES - first)
     assert [int(m.body[:6]) for m in got] == list(range(first, MESSAGES))
     # A group whose position was deleted moves on to the first message kept and says so.
     with PullConsumer(suite.address, "early", "Ret", batch_size=256, hold_ms=200) as early:
-        resumed = []
-        deadline = time.monotonic() + 20
-        while not resumed and time.monotonic() < deadline:
-            resumed += early.poll(500)
+        resumed = _poll(early, 1)
         assert int(resumed[0].body[:6]) == first
         assert early.skipped == {0: first - committed}
     with Admin(suite.address) as admin:
@@ -255,11 +258,7 @@ def test_a_small_disk_stays_writable_through_three_times_its_size(
         record = decode_record(log.get_message(phy, size))
         assert record.body[:8] == b"%08d" % seq and record.body[8:] == body
     with PullConsumer(suite.address, "lagging", "Disk", batch_size=32, hold_ms=100) as lagging:
-        got = []
-        deadline = time.monotonic() + 20
-        while not got and time.monotonic() < deadline:
-            got = lagging.poll(500)
-        first = int(got[0].body[:8])
+        first = int(_poll(lagging, 1)[0].body[:8])
     assert first == kept[0] > 0 and lagging.skipped == {0: first}  # queue offsets are sequence numbers
 
 
@@ -377,10 +376,7 @@ def test_topic_retention_expires_its_queues_and_lagging_consumers_skip_what_expi
     assert (progress.total_expired, progress.total_lag) == (300 - committed, 0)
     _send(suite.address, "Brief", 10, tag=b"new")
     with PullConsumer(suite.address, "g", "Brief", batch_size=50, hold_ms=200) as consumer:
-        fresh = []
-        deadline = time.monotonic() + 20
-        while len(fresh) < 10 and time.monotonic() < deadline:
-            fresh += consumer.poll(500)
+        fresh = _poll(consumer, 10)
         assert [m.body[:3] for m in fresh] == [b"new"] * 10
         assert consumer.skipped == {0: 300 - committed}
     # A restart with no round due for an hour: the saved floor keeps the min offset.
@@ -421,20 +417,14 @@ def test_deleting_a_topic_expires_its_messages_and_frees_the_segments_only_it_he
     assert round_.reason == "topic retention"
     assert len(round_.deleted) >= min(segments - 3, log.config.delete_file_batch_max)
     with PullConsumer(suite.address, "k", "Kept", batch_size=100, hold_ms=200) as consumer:
-        got = []
-        deadline = time.monotonic() + 20
-        while len(got) < 100 and time.monotonic() < deadline:
-            got += consumer.poll(500)
+        got = _poll(consumer, 100)
         assert [int(m.body[:6]) for m in got] == list(range(100))  # the other topic lost nothing
     # Created again: queue offsets go on after the old ones, so no stale offset meets a new message.
     with Admin(suite.address) as admin:
         admin.create_topic("Doomed", 1)
     _send(suite.address, "Doomed", 5, tag=b"new")
     with PullConsumer(suite.address, "fresh", "Doomed", batch_size=10, hold_ms=200) as consumer:
-        again = []
-        deadline = time.monotonic() + 20
-        while len(again) < 5 and time.monotonic() < deadline:
-            again += consumer.poll(500)
+        again = _poll(consumer, 5)
     assert [m.body[:3] for m in again] == [b"new"] * 5
     assert [m.queue_offset for m in again] == list(range(MESSAGES, MESSAGES + 5))
     with Admin(suite.address) as admin:  # keys of the deleted incarnation are gone too
