@@ -153,6 +153,8 @@ class CommitLog:
         self._store_host = encode_host(*config.store_host_address)
         self._encoder = RecordEncoder(self._store_host, config.max_message_size, config.max_topic_length)
         self._topic_config = topic_config
+        # (topic table version, {topic: write queue count}) for adopt_records; see there.
+        self._adopt_topics: tuple[int, dict[str, int]] = (-1, {})
         self._put_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # taken after the put lock, never before it
         self._begin_time_in_lock = 0.0
@@ -529,11 +531,16 @@ class CommitLog:
         bound) or TopicNotFoundError; nothing is written.
         """
         self._check_writable()
-        assert self._topic_config is not None
+        topics = self._topic_config
+        assert topics is not None
+        # Topics producers may put to, with their queue counts, while the table is unchanged.
+        version, known = self._adopt_topics
+        if version != topics.version:
+            version, known = self._adopt_topics = (topics.version, {})
         return self._encoder.adopt_records(
             raw,
             time.time_ns() // 1_000_000,
-            self._topic_config.write_queue_nums,
+            topics.write_queue_nums,
             choose_queue=self._next_queue,
             born_host=born_host,
             check_topic=check_producer_topic,
@@ -541,6 +548,7 @@ class CommitLog:
             forbidden_properties=STORE_PROPERTIES,
             sys_flag_mask=PRODUCER_SYS_FLAGS,
             max_records=max_records,
+            known_topics=known,
         )
 
     def _next_queue(self, topic: str) -> int:

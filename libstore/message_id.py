@@ -103,6 +103,21 @@ class UniqKeyGenerator:
             diff = (now_ms - self._start_ms) & 0xFFFFFFFF
         return self._prefix + f"{diff:08X}{counter:04X}"
 
+    def next_many(self, n: int) -> list[str]:
+        """``n`` new unique keys, as ``n`` calls of :meth:`next` at one instant would give them
+        (one clock read and one lock for the batch; the 16-bit counter wraps as there)."""
+        if n <= 0:
+            return []
+        now_ms = time.time_ns() // 1_000_000
+        with self._lock:
+            if now_ms >= self._next_start_ms:
+                self._start_ms, self._next_start_ms = _month_bounds_ms(now_ms)
+            first = self._counter + 1
+            self._counter = (self._counter + n) & 0xFFFF
+            diff = (now_ms - self._start_ms) & 0xFFFFFFFF
+        head = f"{self._prefix}{diff:08X}"
+        return [f"{head}{c & 0xFFFF:04X}" for c in range(first, first + n)]
+
 
 def _month_bounds_ms(now_ms: int) -> tuple[int, int]:
     t = time.localtime(now_ms / 1000)

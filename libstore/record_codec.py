@@ -544,6 +544,7 @@ class RecordEncoder:
         forbidden_properties: frozenset[str] | None = None,
         sys_flag_mask: int = -1,
         max_records: int = 0,
+        known_topics: dict[str, int] | None = None,
     ) -> EncodedBatch:
         """Validate records a client encoded and make them this store's, without decoding them
         into messages (the records form of Produce: RocketMQ's layout with PHYSICALOFFSET,
@@ -565,6 +566,11 @@ class RecordEncoder:
         MessageIllegalError (or a subclass) naming the first bad record, or when there are more
         than ``max_records`` records (0: no bound); nothing is kept.
 
+        ``known_topics`` (topic -> queue count), when given, holds topics that earlier calls with
+        the same checks already met under the same topic table: their records take the C path
+        from the first one on (a batch of one record of a known topic runs no Python per
+        record). Topics met here are added to it. The caller drops it when the table changes.
+
         Thread-safety: may run on a worker thread while the store appends (it touches no state
         of the store but the topic table, which locks, and round-robin counters).
         """
@@ -573,7 +579,7 @@ class RecordEncoder:
         out = EncodedBatch()
         buf = bytearray(raw)
         limit = len(buf)
-        limits: dict[str, int] = {}
+        limits: dict[str, int] = {} if known_topics is None else known_topics
         # The C run (libstore._codec) takes the common records and stops at the first one that
         # needs this Python code: to refuse it, or to meet its topic.
         forbidden = frozenset() if check_properties is None else forbidden_properties

@@ -6,6 +6,7 @@ interceptor turns into INVALID_ARGUMENT: a malformed field never reaches the log
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from libstore import (
@@ -41,8 +42,10 @@ def host_text(host: tuple[str, int]) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+@functools.lru_cache(maxsize=1024)
 def peer_text(peer: str) -> str:
-    """The caller's address from a gRPC peer string, as :func:`host_text`."""
+    """The caller's address from a gRPC peer string, as :func:`host_text` (cached: a
+    connection's peer string repeats on every call it makes)."""
     return host_text(peer_host(peer))
 
 

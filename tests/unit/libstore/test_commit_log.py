@@ -304,3 +304,45 @@ def test_read_many_reads_ranges_across_segments_and_marks_what_is_gone(open_log)
     assert decode_record(whole[0]).keys == ["k7"]
     end = res[599].next_offset
     assert cl.read_many([(end, 100), (10**12, 50), (res[1].phy_offset, 10**6)]) == [None, None, None]
+
+
+def _client_batch(topic: str, n: int = 1, queue_id: int = -1) -> bytes:
+    """Records as the Python client encodes them (QUEUEID -1: the store places them)."""
+    from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+
+    client = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255)
+    msgs = [Message(topic, b"x" * 10, queue_id, properties={"UNIQ_KEY": f"{topic}{i}"}) for i in range(n)]
+    return bytes(client.encode_batch(msgs, 0, unassigned_queue_ok=True).buf)
+
+
+def test_adopted_records_of_a_known_topic_skip_the_per_record_python_path(open_log, monkeypatch):
+    """A topic met once is remembered with its queue count, so even a batch of one record of
+    it is validated by the C run alone; a change to the topic table is seen by the next batch."""
+    from libstore.record_codec import RecordEncoder, _ext
+
+    assert _ext is not None, "make install builds libstore._codec"
+    cl: CommitLog = open_log()
+    cl.topic_config.create_or_update(TopicConfig("Known", 4, 4))
+    slow: list[int] = []
+    real = RecordEncoder._adopt_one
+
+    def counting(self, *args, **kw):
+        slow.append(args[3])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(RecordEncoder, "_adopt_one", counting)
+    first = cl.adopt_records(_client_batch("Known"))
+    assert slow == [0]  # the first record of a new topic meets it in Python
+    for _ in range(3):
+        batch = cl.adopt_records(_client_batch("Known"))
+        cl.append_batch(batch)
+    assert slow == [0] and len(first.sizes) == 1
+    # Fewer queues now: queue 3 is gone, and the table's change drops what was remembered.
+    cl.topic_config.create_or_update(TopicConfig("Known", 2, 2))
+    with pytest.raises(QueueIdOutOfRangeError, match="has 2 queues"):
+        cl.adopt_records(_client_batch("Known", queue_id=3))
+    placed = cl.adopt_records(_client_batch("Known", n=4))
+    assert {key[1] for key in placed.queue_keys if key} <= {0, 1}
+    # A topic producers may not use is refused however warm the cache is.
+    with pytest.raises(MessageIllegalError):
+        cl.adopt_records(_client_batch("RMQ_SYS_TRANS_HALF_TOPIC"))
