@@ -1422,6 +1422,132 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
     Py_RETURN_NONE;
 }
 
+/* ---------------------------------------------------------------- IndexFile */
+
+/* Java String.hashCode over the UTF-16 code units of ``u`` (as libstore.tags.java_string_hash),
+   then the IndexFile's key hash: its absolute value, 0 when that does not fit an int32. */
+static int32_t index_hash_of_str(PyObject *u) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(u);
+    int kind = PyUnicode_KIND(u);
+    const void *data = PyUnicode_DATA(u);
+    uint32_t h = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c > 0xFFFF) { /* a surrogate pair in UTF-16 */
+            c -= 0x10000;
+            h = 31u * h + (uint32_t)(0xD800 + (c >> 10));
+            h = 31u * h + (uint32_t)(0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31u * h + (uint32_t)c;
+        }
+    }
+    int32_t signed_h = (int32_t)h;
+    if (signed_h == INT32_MIN) return 0; /* abs() overflows: Java then clamps to 0 */
+    return signed_h < 0 ? -signed_h : signed_h;
+}
+
+PyDoc_STRVAR(index_hashes_doc,
+"index_hashes(keys: list[str]) -> list[int]\n\n"
+"The IndexFile key hash of each key: abs(Java String.hashCode), 0 when it overflows\n"
+"(libstore.index_file.index_hash_of over libstore.tags.java_string_hashes).");
+
+static PyObject *py_index_hashes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "index_hashes(keys: list[str])");
+        return NULL;
+    }
+    PyObject *keys = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyUnicode_Check(key)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "index_hashes: keys must be str");
+            return NULL;
+        }
+        PyObject *v = PyLong_FromLong(index_hash_of_str(key));
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(index_put_run_doc,
+"index_put_run(mm, key_hashes, offsets, timestamps, start, stop, count, slot_num, entries_at,\n"
+"              begin_timestamp) -> new_slots\n\n"
+"IndexFile.put_many's loop: entries start..stop-1 of the three parallel lists (key hashes >= 0,\n"
+"CommitLog offsets, store times in ms) are written as entries count, count+1, ... of the file\n"
+"mapped by ``mm`` (a writable buffer): hashKey, phyOffset, timeDiff (s since\n"
+"begin_timestamp, clamped to 0..INT32_MAX; 0 when begin_timestamp <= 0) and the slot's\n"
+"previous entry (0 when the slot is empty or points past ``count``); each key's slot then\n"
+"points at its entry. Returns how many slots were empty before. Big-endian, as RocketMQ.");
+
+static PyObject *py_index_put_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyList_Check(args[1]) || !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "index_put_run: (mm, list, list, list, 6 ints)");
+        return NULL;
+    }
+    PyObject *hashes = args[1], *offsets = args[2], *timestamps = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]), stop = PyLong_AsSsize_t(args[5]);
+    long long count = PyLong_AsLongLong(args[6]), slot_num = PyLong_AsLongLong(args[7]);
+    Py_ssize_t entries_at = PyLong_AsSsize_t(args[8]);
+    long long begin = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    if (start < 0 || stop < start || stop > PyList_GET_SIZE(hashes) || stop > PyList_GET_SIZE(offsets)
+        || stop > PyList_GET_SIZE(timestamps) || slot_num <= 0 || count < 0 || entries_at < 40) {
+        PyErr_SetString(PyExc_ValueError, "index_put_run: arguments out of range");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
+    unsigned char *mm = (unsigned char *)view.buf;
+    long long new_slots = 0;
+    if (entries_at + (count + (stop - start)) * 20 > view.len || 40 + slot_num * 4 > entries_at) {
+        PyErr_SetString(PyExc_ValueError, "index_put_run: the entries do not fit the file");
+        goto error;
+    }
+    for (Py_ssize_t k = start; k < stop; k++) {
+        long long key_hash = PyLong_AsLongLong(PyList_GET_ITEM(hashes, k));
+        long long phy = PyLong_AsLongLong(PyList_GET_ITEM(offsets, k));
+        long long ts = PyLong_AsLongLong(PyList_GET_ITEM(timestamps, k));
+        if (PyErr_Occurred()) goto error;
+        if (key_hash < 0 || key_hash > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "index_put_run: key hashes are 0..INT32_MAX");
+            goto error;
+        }
+        unsigned char *slot = mm + 40 + (key_hash % slot_num) * 4;
+        long long prev = rd32(slot);
+        if (prev <= 0 || prev > count) {
+            prev = 0;
+            new_slots++;
+        }
+        long long diff = 0;
+        if (begin > 0) {
+            /* floor division, as Python's // */
+            long long d = ts - begin;
+            diff = d >= 0 ? d / 1000 : -((-d + 999) / 1000);
+            diff = diff < 0 ? 0 : diff > INT32_MAX ? INT32_MAX : diff;
+        }
+        unsigned char *e = mm + entries_at + count * 20;
+        wr32(e, (int32_t)key_hash);
+        wr64(e + 4, (int64_t)phy);
+        wr32(e + 12, (int32_t)diff);
+        wr32(e + 16, (int32_t)prev);
+        wr32(slot, (int32_t)count);
+        count++;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(new_slots);
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -1431,6 +1557,8 @@ static PyMethodDef methods[] = {
     {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL, encode_run_doc},
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,
      configure_record_doc},
+    {"index_hashes", (PyCFunction)(void (*)(void))py_index_hashes, METH_FASTCALL, index_hashes_doc},
+    {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,7 +38,7 @@ from typing import Final
 
 import numpy as np
 
-from libstore import _os, durability_hooks
+from libstore import _os, durability_hooks, record_codec
 from libstore.errors import StoreIOError
 from libstore.tags import java_string_hash
 
@@ -201,6 +201,19 @@ class IndexFile:
         slot_num = self.hash_slot_num
         entries_at = self._entries_at
         begin = self.begin_timestamp
+        ext = record_codec.native()
+        if (
+            ext is not None
+            and type(key_hashes) is list
+            and type(offsets) is list
+            and type(timestamps) is list
+        ):
+            # The same loop in C (libstore._codec.index_put_run); the code below is its reference.
+            self.hash_slot_count += ext.index_put_run(
+                mm, key_hashes, offsets, timestamps, start, stop, count, slot_num, entries_at, begin
+            )
+            self._write_header()
+            return n
         unpack_slot = _SLOT.unpack_from
         pack_slot = _SLOT.pack_into
         pack_entry = _ENTRY.pack_into

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from libstore import record_codec
 from libstore._files import fsync_dir
 from libstore.errors import StoreIOError
 from libstore.index_file import IndexFile, index_hash_of
@@ -251,7 +252,12 @@ class IndexService:
             last = offset
         if not keys:
             return
-        hashes = [index_hash_of(h) for h in java_string_hashes(keys)]
+        ext = record_codec.native()
+        hashes = (
+            ext.index_hashes(keys)
+            if ext is not None
+            else [index_hash_of(h) for h in java_string_hashes(keys)]
+        )
         f = self.files[-1] if self.files else self._new_file(None)
         done = f.put_many(hashes, offsets, timestamps)
         self._dirty.add(f.file_name)

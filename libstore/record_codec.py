@@ -73,6 +73,14 @@ if not os.environ.get("MQSTORE_PURE_PYTHON"):
     except ImportError:  # pragma: no cover - a build without the C compiler
         _ext = None
 
+
+def native() -> Any:
+    """libstore._codec when it is built and in use, else None (MQSTORE_PURE_PYTHON=1, or no
+    C compiler at install). Other modules' hot loops (IndexFile) take their C versions from it
+    too, so one switch (and the tests' pure-Python mode) covers them all."""
+    return _ext
+
+
 MESSAGE_MAGIC_CODE: Final = -626843481  # 0xDAA320A7, v1
 MESSAGE_MAGIC_CODE_V2: Final = -626843477  # 0xDAA320AB, v2: 2-byte topic length
 BLANK_MAGIC_CODE: Final = -875286124  # 0xCBD43194, end-of-file blank

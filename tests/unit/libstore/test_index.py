@@ -7,10 +7,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import libstore.index_file as index_file
+from libstore import record_codec
 from libstore.index_file import IndexFile, index_file_size, index_key_hash_code
 from libstore.index_service import IndexService, index_file_name, index_file_time
 from libstore.message import MessageSysFlag
@@ -181,6 +182,9 @@ def test_a_batch_interrupted_midway_leaves_a_header_that_claims_it(tmp_path: Pat
         unpack_from = real.unpack_from
 
     monkeypatch.setattr(index_file, "_ENTRY", Dying)
+    # The kill is injected into the Python loop; the C loop (index_put_run) runs between the
+    # same two header writes.
+    monkeypatch.setattr(record_codec, "_ext", None)
     with pytest.raises(OSError, match="killed"):
         service.dispatch_batch([_req(o, "T", ["k"], T0) for o in (200, 300, 400)])
     monkeypatch.setattr(index_file, "_ENTRY", real)
@@ -303,3 +307,51 @@ def test_roll_back_without_the_marked_file_rebuilds_from_the_older_files_end(tmp
     assert service.roll_back(600, mark) == 200  # from where the older file ends
     assert [f.begin_phy_offset for f in service.files] == [0]
     service.shutdown()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(
+        st.lists(
+            st.tuples(
+                st.lists(st.text(min_size=1, max_size=6), max_size=3),  # KEYS (any code points)
+                st.one_of(st.none(), st.text(min_size=1, max_size=8)),  # UNIQ_KEY
+                st.integers(-5_000, 10_000_000),  # ms after T0 (some before the file's begin)
+            ),
+            min_size=1,
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_index_files_built_in_c_equal_the_python_reference_byte_for_byte(tmp_path: Path, batches):
+    """libstore._codec's index_hashes and index_put_run against the Python loop they replace:
+    same files, rolls (7 slots, 10 entries: collisions and full files) and headers included."""
+    assert record_codec.native() is not None, "make install builds libstore._codec"
+    built = {}
+    for name, ext in (("c", record_codec.native()), ("pure", None)):
+        root = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(record_codec, "_ext", ext)
+            service = IndexService(root, 7, 10)
+            service.load()
+            offset = 0
+            for batch in batches:
+                reqs = []
+                for keys, uniq, dt_ms in batch:
+                    reqs.append(_req(offset, "T", keys, T0 + dt_ms, uniq=uniq))
+                    offset += 100
+                service.dispatch_batch(reqs)
+            for f in service.files:
+                f.flush()
+            built[name] = [f.path.read_bytes() for f in service.files]
+            service.shutdown()
+    assert built["c"] == built["pure"]
+
+
+def test_index_hashes_in_c_match_java_string_hash():
+    ext = record_codec.native()
+    assert ext is not None
+    keys = ["", "a", "T#k", "é", "日本", "😀", "x😀y", "\ud7ff", "polygenelubricants", "Aa" * 40]
+    assert ext.index_hashes(keys) == [index_key_hash_code(k) for k in keys]
