@@ -1427,6 +1427,8 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
 /* Java String.hashCode over the UTF-16 code units of ``u`` (as libstore.tags.java_string_hash),
    then the IndexFile's key hash: its absolute value, 0 when that does not fit an int32. */
 static int32_t index_hash_of_str(PyObject *u) {
+    /* ``u`` is ready (index_hashes checks). A lone surrogate is hashed as the code unit it is,
+       as Java would; the Python reference cannot encode one (dispatch never hands it one). */
     Py_ssize_t n = PyUnicode_GET_LENGTH(u);
     int kind = PyUnicode_KIND(u);
     const void *data = PyUnicode_DATA(u);
@@ -1465,6 +1467,10 @@ static PyObject *py_index_hashes(PyObject *self, PyObject *const *args, Py_ssize
         if (!PyUnicode_Check(key)) {
             Py_DECREF(out);
             PyErr_SetString(PyExc_TypeError, "index_hashes: keys must be str");
+            return NULL;
+        }
+        if (PyUnicode_READY(key) < 0) {
+            Py_DECREF(out);
             return NULL;
         }
         PyObject *v = PyLong_FromLong(index_hash_of_str(key));
@@ -1507,14 +1513,24 @@ static PyObject *py_index_put_run(PyObject *self, PyObject *const *args, Py_ssiz
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) return NULL;
     unsigned char *mm = (unsigned char *)view.buf;
     long long new_slots = 0;
-    if (entries_at + (count + (stop - start)) * 20 > view.len || 40 + slot_num * 4 > entries_at) {
+    Py_ssize_t n = stop - start;
+    /* Bounds in division form, so no product can overflow; entry numbers must fit an int32. */
+    if (entries_at > view.len || slot_num > (entries_at - 40) / 4 || count > INT32_MAX - n
+        || count > (view.len - entries_at) / 20 - n) {
         PyErr_SetString(PyExc_ValueError, "index_put_run: the entries do not fit the file");
         goto error;
     }
     for (Py_ssize_t k = start; k < stop; k++) {
-        long long key_hash = PyLong_AsLongLong(PyList_GET_ITEM(hashes, k));
-        long long phy = PyLong_AsLongLong(PyList_GET_ITEM(offsets, k));
-        long long ts = PyLong_AsLongLong(PyList_GET_ITEM(timestamps, k));
+        /* Exact ints only: a subclass's __index__ could run code that changes the lists. */
+        PyObject *h_obj = PyList_GET_ITEM(hashes, k), *p_obj = PyList_GET_ITEM(offsets, k);
+        PyObject *t_obj = PyList_GET_ITEM(timestamps, k);
+        if (!PyLong_CheckExact(h_obj) || !PyLong_CheckExact(p_obj) || !PyLong_CheckExact(t_obj)) {
+            PyErr_SetString(PyExc_TypeError, "index_put_run: hashes, offsets and times are ints");
+            goto error;
+        }
+        long long key_hash = PyLong_AsLongLong(h_obj);
+        long long phy = PyLong_AsLongLong(p_obj);
+        long long ts = PyLong_AsLongLong(t_obj);
         if (PyErr_Occurred()) goto error;
         if (key_hash < 0 || key_hash > INT32_MAX) {
             PyErr_SetString(PyExc_ValueError, "index_put_run: key hashes are 0..INT32_MAX");
@@ -1526,12 +1542,10 @@ static PyObject *py_index_put_run(PyObject *self, PyObject *const *args, Py_ssiz
             prev = 0;
             new_slots++;
         }
-        long long diff = 0;
-        if (begin > 0) {
-            /* floor division, as Python's // */
-            long long d = ts - begin;
-            diff = d >= 0 ? d / 1000 : -((-d + 999) / 1000);
-            diff = diff < 0 ? 0 : diff > INT32_MAX ? INT32_MAX : diff;
+        long long diff = 0; /* whole seconds after begin, clamped to 0..INT32_MAX */
+        if (begin > 0 && ts > begin) {
+            diff = (ts - begin) / 1000; /* ts > begin > 0: no overflow */
+            diff = diff > INT32_MAX ? INT32_MAX : diff;
         }
         unsigned char *e = mm + entries_at + count * 20;
         wr32(e, (int32_t)key_hash);

@@ -105,7 +105,9 @@ class UniqKeyGenerator:
 
     def next_many(self, n: int) -> list[str]:
         """``n`` new unique keys, as ``n`` calls of :meth:`next` at one instant would give them
-        (one clock read and one lock for the batch; the 16-bit counter wraps as there)."""
+        (one clock read and one lock for the batch; the 16-bit counter wraps as there). As with
+        :meth:`next`, keys repeat past 65,536 in one millisecond (RocketMQ's layout); a Produce
+        request carries far fewer (``maxMessagesPerRequest``)."""
         if n <= 0:
             return []
         now_ms = time.time_ns() // 1_000_000

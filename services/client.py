@@ -111,11 +111,11 @@ class OutgoingMessage:
         if not self.properties and self.tags is None and not self.keys:
             return {MessageConst.UNIQ_KEY: uniq_key}  # the common case, without copies
         props = dict(self.properties)
-        if self.tags is not None:
+        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)  # in this order: the records' bytes
+        if self.tags is not None:  # stay those earlier clients wrote
             props[MessageConst.TAGS] = self.tags
         if self.keys:
             props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(self.keys)
-        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
         return props
 
     def to_pb(self, uniq_key: str) -> common_pb.Message:

@@ -553,10 +553,8 @@ def _check_divergence(
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=1024)
 def _born_host_bytes(text: str) -> bytes:
-    """8 encoded bytes of an IPv4 "ip:port", or b"" (IPv6 and empty: leave the record's).
-    Cached: one producer connection sends the same address on every call."""
+    """8 encoded bytes of an IPv4 "ip:port", or b"" (IPv6 and empty: leave the record's)."""
     ip, sep, port = text.rpartition(":")
     if not sep or ":" in ip or not port.isdigit():
         return b""

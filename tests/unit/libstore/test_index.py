@@ -355,3 +355,29 @@ def test_index_hashes_in_c_match_java_string_hash():
     assert ext is not None
     keys = ["", "a", "T#k", "é", "日本", "😀", "x😀y", "\ud7ff", "polygenelubricants", "Aa" * 40]
     assert ext.index_hashes(keys) == [index_key_hash_code(k) for k in keys]
+
+
+def test_index_put_run_refuses_arguments_outside_the_file():
+    """The C loop checks its bounds (no write past the mapping, whatever the caller passes)."""
+    ext = record_codec.native()
+    assert ext is not None
+    mm = bytearray(40 + 7 * 4 + 10 * 20)  # header, 7 slots, 10 entries
+    ok = ([1, 2], [100, 200], [T0, T0])
+    assert ext.index_put_run(mm, *ok, 0, 2, 1, 7, 68, T0) == 2
+    for count, slot_num, entries_at in (
+        (9, 7, 68),
+        (2**62, 7, 68),
+        (1, 2**62, 68),
+        (1, 7, 10**9),
+        (1, 7, 10),
+    ):
+        with pytest.raises(ValueError):
+            ext.index_put_run(mm, *ok, 0, 2, count, slot_num, entries_at, T0)
+
+    class Sneaky(int):
+        pass
+
+    with pytest.raises(TypeError):
+        ext.index_put_run(mm, [Sneaky(1)], [100], [T0], 0, 1, 1, 7, 68, T0)
+    with pytest.raises(ValueError):
+        ext.index_put_run(mm, [-1], [100], [T0], 0, 1, 1, 7, 68, T0)

@@ -3,7 +3,9 @@ encoder makes of the same messages (properties, TAGS, KEYS, UNIQ_KEY, the caller
 
 from __future__ import annotations
 
-from libstore import MessageConst
+import pytest
+
+from libstore import Message, MessageConst
 from libstore.message_id import UniqKeyGenerator
 from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, decode_record
 from services.client import OutgoingMessage, Producer
@@ -44,25 +46,37 @@ def test_records_carry_what_the_messages_say():
     assert all(r.born_host == ("0.0.0.0", 0) and r.born_timestamp > 0 for r in records)
 
 
-def test_wire_records_equal_the_store_encoders_records_of_the_same_messages():
-    """Byte for byte, but for the born timestamp the encoder fills in: the client's lean message
-    objects and libstore's Message make the same records."""
-    m = OutgoingMessage("T", b"body", tags="x", keys=["a"], properties={"p": "v"}, queue_id=1)
+@pytest.mark.parametrize("tags", [None, "", "TagA"])
+@pytest.mark.parametrize("keys", [(), ["k1"], ("k1", "k2")])
+@pytest.mark.parametrize("props", [{}, {"p": "v"}, {MessageConst.UNIQ_KEY: "MINE", "p": "v"}])
+def test_wire_records_equal_libstore_messages_byte_for_byte(tags, keys, props):
+    """The client's lean message objects make the records a libstore Message of the same
+    fields makes (built here as callers of libstore build them), born time aside."""
+    m = OutgoingMessage("T", b"body", tags=tags, keys=keys, properties=props, queue_id=1)
     producer = Producer("127.0.0.1:1")
     try:
         wire = producer._request([m]).records
     finally:
         producer.close()
     (rec,) = _decoded(gateway_pb.ProduceRequest(records=wire))
-    reference = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255).encode_batch(
-        [m.to_message(rec.to_message().properties[MessageConst.UNIQ_KEY])],
-        rec.born_timestamp,
-        unassigned_queue_ok=True,
+    uniq = rec.to_message().properties[MessageConst.UNIQ_KEY]
+    reference = Message(
+        "T",
+        b"body",
+        1,
+        tags=tags,
+        keys=list(keys) or None,
+        properties={**props, MessageConst.UNIQ_KEY: props.get(MessageConst.UNIQ_KEY, uniq)},
+        born_host=("0.0.0.0", 0),
     )
-    assert bytes(reference.buf) == wire
+    encoded = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255).encode_batch(
+        [reference], rec.born_timestamp, unassigned_queue_ok=True
+    )
+    assert bytes(encoded.buf) == wire
 
 
 def test_next_many_continues_the_counter_as_next_does():
+    """A batch of keys is what as many calls of next() at one instant would give."""
     gen = UniqKeyGenerator("10.0.0.1", pid=7)
     first = gen.next()
     many = gen.next_many(5)
@@ -75,6 +89,7 @@ def test_next_many_continues_the_counter_as_next_does():
 
 
 def test_next_many_wraps_the_16_bit_counter():
+    """The counter wraps at 16 bits within a batch as it does across calls."""
     gen = UniqKeyGenerator("10.0.0.1", pid=7)
     gen._counter = 0xFFFE
     keys = gen.next_many(4)
