@@ -120,9 +120,11 @@ def machine_facts(data_dir: Path) -> dict[str, str]:
 
 
 def process_tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) used so far by process ``pid`` and its live
-    descendants, from /proc/<pid>/stat (clock-tick resolution, usually 10 ms); 0.0 for a pid
-    that is gone. The difference of two readings is the CPU a server spent in between."""
+    """CPU seconds (user + system, all threads) used so far by process ``pid`` and its
+    descendants, live or exited and reaped (a process's cutime/cstime hold its waited-for
+    children's: Redis's AOF rewrite child, say, still counts after it exits), from
+    /proc/<pid>/stat (clock-tick resolution, usually 10 ms); 0.0 for a pid that is gone. The
+    difference of two readings is the CPU a server spent in between."""
     children: dict[int, list[int]] = {}
     times: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -132,11 +134,12 @@ def process_tree_cpu_s(pid: int) -> float:
             stat = (entry / "stat").read_text()
         except OSError:
             continue  # exited meanwhile
-        # pid (comm) state ppid ... utime stime: fields 4, 14 and 15; comm may hold spaces
+        # pid (comm) state ppid ... utime stime cutime cstime: fields 4 and 14-17; comm may
+        # hold spaces
         fields = stat[stat.rindex(")") + 2 :].split()
         proc = int(entry.name)
         children.setdefault(int(fields[1]), []).append(proc)
-        times[proc] = int(fields[11]) + int(fields[12])
+        times[proc] = sum(int(f) for f in fields[11:15])
     ticks, todo = 0, [pid]
     while todo:
         proc = todo.pop()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -192,3 +194,17 @@ def test_process_cpu_counts_this_process_and_nothing_for_a_gone_pid() -> None:
         pass
     assert process_tree_cpu_s(os.getpid()) > before
     assert process_tree_cpu_s(2**22 + 1) == 0.0  # above pid_max's default: never a live pid
+
+
+def test_process_cpu_keeps_what_an_exited_child_used() -> None:
+    """A server's forked child (Redis's AOF rewrite) that burns CPU and exits must not make
+    the server's CPU go down between two readings: once reaped, it counts in cutime."""
+    before = process_tree_cpu_s(os.getpid())
+    burn = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    time.sleep(0.2)
+    during = process_tree_cpu_s(os.getpid())
+    child.wait()  # reaped: its /proc entry is gone
+    after = process_tree_cpu_s(os.getpid())
+    assert after >= during
+    assert after - before >= 0.3
