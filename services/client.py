@@ -106,13 +106,14 @@ class OutgoingMessage:
         )
 
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
-        """The properties the record carries: the user's, TAGS and KEYS (keys joined by one
-        space), and ``uniq_key`` as UNIQ_KEY unless the user set one."""
+        """The properties the record carries, in the order they are encoded (the order earlier
+        clients wrote them in): the user's, ``uniq_key`` as UNIQ_KEY unless the user set one,
+        then TAGS and KEYS (keys joined by one space)."""
         if not self.properties and self.tags is None and not self.keys:
             return {MessageConst.UNIQ_KEY: uniq_key}  # the common case, without copies
         props = dict(self.properties)
-        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)  # in this order: the records' bytes
-        if self.tags is not None:  # stay those earlier clients wrote
+        props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
+        if self.tags is not None:
             props[MessageConst.TAGS] = self.tags
         if self.keys:
             props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(self.keys)
