@@ -12,8 +12,6 @@ the gateway, with the same client processes.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -163,10 +161,8 @@ async def serve(listen: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``--listen HOST:PORT`` (loopback only in the benchmarks)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.floor_messaging", description=__doc__)
-    parser.add_argument("--listen", required=True, help="host:port to serve on, e.g. 127.0.0.1:50052")
-    asyncio.run(serve(parser.parse_args(argv).listen))
+    """Command line: ``--listen HOST:PORT``."""
+    floor_server.run_cli("bench.floor_messaging", __doc__, serve, argv)
 
 
 if __name__ == "__main__":

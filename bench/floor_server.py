@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -57,11 +57,19 @@ async def serve(listen: str, register: Callable[[grpc.aio.Server], None] | None 
     await server.stop(1.0)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line: ``--listen HOST:PORT`` (loopback only in the benchmarks)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.floor_server", description=__doc__)
+def run_cli(
+    module: str, description: str | None, serve_on: Callable[[str], Awaitable[None]], argv: list[str] | None
+) -> None:
+    """A do-nothing server's command line, ``python -m <module> --listen HOST:PORT`` (loopback
+    only in the benchmarks): runs ``serve_on(listen)`` until it returns."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument("--listen", required=True, help="host:port to serve on, e.g. 127.0.0.1:50051")
-    asyncio.run(serve(parser.parse_args(argv).listen))
+    asyncio.run(serve_on(parser.parse_args(argv).listen))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``--listen HOST:PORT``."""
+    run_cli("bench.floor_server", __doc__, serve, argv)
 
 
 if __name__ == "__main__":
