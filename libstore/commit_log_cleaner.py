@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from libstore.config import StoreConfig
 from libstore.errors import StoreIOError
+from libstore.mapped_file_queue import MappedFileQueue
 from libstore.service_thread import ServiceThread
 
 if TYPE_CHECKING:
@@ -157,13 +158,16 @@ class CleanCommitLogService(ServiceThread):
             # At most two segments' worth per round: after an upgrade every segment is a gap,
             # and the oldest (the next to go) come first.
             self.log.refresh_summaries(2 * cfg.mapped_file_size_commit_log)
-        doomed = self._doomed(reason, forced, self.hold() if self.hold is not None else None)
+        by_round: set[int] = set()  # segments (first offsets) that only the round's reason let go
+        doomed = self._doomed(reason, forced, self.hold() if self.hold is not None else None, by_round)
         pause_s = cfg.delete_commit_log_files_interval / 1000.0
         deleted = self.log.delete_head_segments(
             doomed, batch_max=cfg.delete_file_batch_max, pause=lambda: not self._stopped.wait(pause_s)
         )
-        if deleted and not reason:
-            reason = "topic retention"
+        if deleted and not by_round.intersection(
+            MappedFileQueue.parse_file_name(name) for name, _ in deleted
+        ):
+            reason = "topic retention"  # whatever the hour or the disk: per-topic settings decided
         self.log.summaries.save_dirty()
         self.log.topic_config.forget_tombstones_below(self.log.min_offset)
         result = CleanupRound(int(self._clock() * 1000), usage, reason, tuple(deleted), self.log.min_offset)
@@ -180,8 +184,12 @@ class CleanCommitLogService(ServiceThread):
         self.last_round = result
         return result
 
-    def _doomed(self, reason: str, forced: bool, keep_from: int | None) -> Callable[[MappedFile], str]:
-        """The per-segment test of one round (module docstring, step 4)."""
+    def _doomed(
+        self, reason: str, forced: bool, keep_from: int | None, by_round: set[int]
+    ) -> Callable[[MappedFile], str]:
+        """The per-segment test of one round (module docstring, step 4). Adds to ``by_round``
+        the first offset of each segment it dooms for the round's reason (the hour, the disk)
+        rather than for per-topic settings alone."""
         policy = self.log.retention_policy()
         now_ms = int(self._clock() * 1000)
         summaries = self.log.summaries
@@ -196,8 +204,17 @@ class CleanCommitLogService(ServiceThread):
             except OSError as exc:
                 raise StoreIOError(f"cannot stat {mf.path}: {exc.strerror}") from exc
             expires_at, explicit = policy.segment_expiry(summaries.get(mf.file_from_offset), modified_ms)
-            if expires_at <= now_ms and (explicit or reason):
-                return "every message in it has expired" + ("" if explicit else f" ({reason})")
-            return "disk usage forces it" if forced else ""
+            if expires_at <= now_ms and explicit:
+                return "every message in it has expired"
+            expired = expires_at <= now_ms and bool(reason)
+            if expired or forced:
+                by_round.add(mf.file_from_offset)
+            return (
+                f"every message in it has expired ({reason})"
+                if expired
+                else "disk usage forces it"
+                if forced
+                else ""
+            )
 
         return doomed

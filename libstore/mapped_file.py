@@ -29,6 +29,7 @@ decides what is valid after a crash; recovery sets the positions.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -104,7 +105,8 @@ class MappedFile:
 
         ``preload`` reads the new file into the page cache; ``warm`` writes zeros over it
         (fdatasync every ``warm_flush_pages`` pages when > 0) and mlocks it. Raises DiskFullError
-        when the space cannot be allocated, StoreIOError on other OS errors.
+        when the space cannot be allocated, StoreIOError on other OS errors and when ``path``
+        exists already.
         """
         tmp = path.with_name(path.name + ".tmp")
         fd = -1
@@ -115,6 +117,8 @@ class MappedFile:
                 _warm_fd(fd, file_size, warm_flush_pages)
             elif preload:
                 _os.read_through(fd, 0, file_size)
+            if os.path.lexists(path):  # never over a segment: it may hold acknowledged records
+                raise FileExistsError(errno.EEXIST, "the segment exists already", str(path))
             os.rename(tmp, path)
             dfd = os.open(path.parent, os.O_RDONLY)
             try:

@@ -15,7 +15,11 @@ Truncation and reset are durable before they return (segment fdatasynced, folder
 take the allocator's segments created ahead past the new end with them.
 
 Thread-safety: the segment list is replaced, never mutated in place, so readers can take a
-snapshot without a lock; appends come from one writer; commit/flush from one thread each.
+snapshot without a lock; appends come from one writer; commit/flush from one thread each. Two
+threads replace the list while the log runs, the writer (a new segment at the tail) and the
+cleaner (the oldest goes from the head); each replacement reads and writes the list under one
+small lock, or one of them would put back a list without the other's change (a lost new segment
+is created again at the same offset and overwrites what was appended to it).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class MappedFileQueue:
         self._on_new_file = on_new_file
         # Flush/commit and truncation move the same watermarks: one at a time.
         self._flush_lock = threading.RLock()
+        # Held only while the list is read and replaced (module docstring, thread-safety).
+        self._list_lock = threading.Lock()
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -154,7 +160,8 @@ class MappedFileQueue:
             return None
         if not self.mapped_files:
             mf.first_create_in_queue = True
-        self.mapped_files = [*self.mapped_files, mf]
+        with self._list_lock:
+            self.mapped_files = [*self.mapped_files, mf]
         if self._on_new_file is not None:
             self._on_new_file(mf)
         return mf
@@ -298,7 +305,8 @@ class MappedFileQueue:
                 why = doomed(mf)
                 if not why:
                     break
-                self.mapped_files = files[1:]  # readers see the new list or the old one, whole
+                with self._list_lock:  # the writer may have added a segment since ``files``
+                    self.mapped_files = self.mapped_files[1:]  # readers see the new list or the old
                 log.info("deleting segment %s: %s", mf.file_name, why)
                 try:
                     mf.destroy()
@@ -333,7 +341,8 @@ class MappedFileQueue:
                 keep.append(mf)
             else:
                 gone.append(mf)
-        self.mapped_files = keep
+        with self._list_lock:
+            self.mapped_files = keep
         self.flushed_where = min(self.flushed_where, offset)
         self.committed_where = min(self.committed_where, offset)
         moved = self._remove(gone, move_to, f"beyond the log end {offset}")
@@ -351,7 +360,8 @@ class MappedFileQueue:
         """Delete every segment, durably; the next append creates the segment holding
         ``start_offset``. Raises StoreIOError."""
         with self._flush_lock:
-            gone, self.mapped_files = self.mapped_files, []
+            with self._list_lock:
+                gone, self.mapped_files = self.mapped_files, []
             self.flushed_where = self.committed_where = start_offset
             self._remove(gone, None, "the log restarts empty")
             self._discard_created_ahead(0)

@@ -144,3 +144,14 @@ def test_destroy_deletes_the_file(tmp_path: Path):
     mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
     mf.destroy()
     assert not mf.path.exists() and mf.closed
+
+
+def test_create_refuses_to_replace_an_existing_segment(tmp_path: Path) -> None:
+    path = tmp_path / offset_to_file_name(0)
+    mf = MappedFile.create(path, 4096)
+    mf.append_records(b"kept" * 16)
+    mf.flush(0)
+    with pytest.raises(StoreIOError, match="exists already"):
+        MappedFile.create(path, 4096)
+    assert path.read_bytes()[:64] == b"kept" * 16 and not path.with_name(path.name + ".tmp").exists()
+    mf.close()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.errors import StoreIOError
-from libstore.mapped_file import offset_to_file_name
+from libstore.mapped_file import MappedFile, offset_to_file_name
 from libstore.mapped_file_queue import MappedFileQueue
 
 SIZE = 64 * 1024
@@ -121,4 +122,34 @@ def test_allocator_pre_creates_the_next_segment_and_cleans_up(tmp_path: Path):
     assert second is not None and second.file_from_offset == SIZE
     alloc.shutdown()
     assert not (tmp_path / offset_to_file_name(2 * SIZE)).exists(), "unused pre-allocated segment deleted"
+    q.shutdown()
+
+
+def test_a_segment_the_writer_adds_while_the_head_is_deleted_stays_in_the_list(tmp_path: Path):
+    """The cleaner (head) and the writer (tail) both replace the list: a segment the writer adds
+    while the cleaner decides about the head must survive the cleaner's replacement, or the
+    writer would create it again at the same offset and overwrite what it appended there."""
+    q = MappedFileQueue(tmp_path, SIZE)
+    _fill(q, 3)
+    q.flush_to(3 * SIZE)
+    added: list[MappedFile] = []
+
+    def writer() -> None:
+        mf = q.get_last_mapped_file_or_create(0)
+        assert mf is not None
+        mf.append_records(b"w" * 100)
+        added.append(mf)
+
+    def doomed(mf: MappedFile) -> str:
+        if not added:  # the writer rolls between the cleaner's look at the head and its deletion
+            t = threading.Thread(target=writer)
+            t.start()
+            t.join()
+        return "expired"
+
+    deleted = q.delete_head_files(doomed, batch_max=1)
+    assert [name for name, _ in deleted] == [offset_to_file_name(0)]
+    assert [mf.file_name for mf in q.mapped_files] == [offset_to_file_name(i * SIZE) for i in (1, 2, 3)]
+    assert q.get_last_mapped_file_or_create(0) is added[0]  # appended to again, not created anew
+    assert q.get_max_wrote_position() == 3 * SIZE + 100
     q.shutdown()

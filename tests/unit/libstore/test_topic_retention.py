@@ -182,12 +182,17 @@ def test_per_topic_retention_deletes_at_any_hour_and_a_longer_topic_holds_its_se
     assert _deleted(log, cleaner) == names[:2]  # not the deleteWhen hour: per-topic alone decides
     assert cleaner.last_round is not None and cleaner.last_round.reason == "topic retention"
     assert _deleted(log, _cleaner(log, hours_later=5)) == []  # "Long" holds segment 2 (and 3 behind it)
-    assert _deleted(log, _cleaner(log, hours_later=11)) == names[2:4]
+    cleaner = _cleaner(log, hours_later=11, hour=4)
+    assert _deleted(log, cleaner) == names[2:4]
+    # The deleteWhen hour let nothing more go: the round names what decided, not the hour.
+    assert cleaner.last_round is not None and cleaner.last_round.reason == "topic retention"
     # Segment 4 holds "Global": 72 h after its last modification, and only at the hour or
     # under disk pressure, as RocketMQ.
     assert _deleted(log, _cleaner(log, hours_later=11, hour=4)) == []
     assert _deleted(log, _cleaner(log, hours_later=73)) == []
-    assert _deleted(log, _cleaner(log, hours_later=73, hour=4)) == names[4:5]
+    cleaner = _cleaner(log, hours_later=73, hour=4)
+    assert _deleted(log, cleaner) == names[4:5]
+    assert cleaner.last_round is not None and cleaner.last_round.reason == "deleteWhen hour 04"
     assert _segments(log) == names[5:]  # the newest segment stays whatever it holds
 
 
