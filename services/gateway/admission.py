@@ -9,10 +9,16 @@ as tasks and buffered requests without bound, and each call's latency with it.
 :class:`ProduceAdmission` admits a produce (own API Produce, RocketMQ 5 SendMessage) only when
 
 * the event loop's lag (how late a timer set ``sample_interval_ms`` ahead runs: the time a
-  ready call waits before it runs) is at most ``waitTimeMillsInSendQueue``, and
+  ready call waits before it runs) has not passed ``waitTimeMillsInSendQueue`` in each of the
+  last two samples, and
 * the request bytes of the produce calls it holds (being appended, or waiting for the flush or
   the replica) plus this one stay within ``maxInflightProduceBytes``; one call is always
   admitted when none is held, whatever its size.
+
+One stall alone (a collector pause, the process descheduled on a busy host) refuses nothing:
+it is over by the time it is measured and leaves no backlog behind it, and RocketMQ's Python
+client gives up on a TOO_MANY_REQUESTS send instead of backing off. A loop that stays behind
+from one sample to the next is the backlog the push back is for.
 
 Otherwise it raises :class:`~libstore.errors.SystemBusyError` before anything of the request
 is written, so the client may send it again; the error carries a retry hint (milliseconds):
@@ -53,7 +59,8 @@ class ProduceAdmission:
         self.max_inflight_bytes = max_inflight_bytes
         self.sample_interval_ms = sample_interval_ms
         self.inflight_bytes = 0
-        self.lag_ms = 0.0
+        self.lag_ms = 0.0  # the last sample's lag (ms)
+        self.previous_lag_ms = 0.0  # the one before it
         self.refused = 0
         self._sampler: asyncio.Task[None] | None = None
 
@@ -67,7 +74,7 @@ class ProduceAdmission:
         while True:
             due = loop.time() + interval
             await asyncio.sleep(interval)
-            self.lag_ms = max(0.0, (loop.time() - due) * 1000.0)
+            self.previous_lag_ms, self.lag_ms = self.lag_ms, max(0.0, (loop.time() - due) * 1000.0)
 
     @classmethod
     def of(cls, limits: GatewayLimits) -> ProduceAdmission:
@@ -85,9 +92,10 @@ class ProduceAdmission:
     @contextlib.contextmanager
     def admit(self, size: int) -> Iterator[None]:
         """Hold ``size`` request bytes while the body runs. Raises SystemBusyError (nothing
-        held) when the loop lags or the bytes held would pass the bound (module docstring)."""
+        held) when the loop stays behind or the bytes held would pass the bound (module
+        docstring)."""
         self._ensure_sampler()
-        lag = self.lag_ms
+        lag = min(self.lag_ms, self.previous_lag_ms)
         if lag > self.max_queue_wait_ms:
             self.refused += 1
             hint = int(min(MAX_RETRY_MS, max(MIN_RETRY_MS, lag)))

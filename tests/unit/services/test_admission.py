@@ -42,17 +42,26 @@ def test_bytes_in_flight_are_bounded_and_released() -> None:
     asyncio.run(run())
 
 
-def test_a_lagging_loop_refuses_until_it_catches_up() -> None:
+def test_a_loop_that_stays_behind_refuses_until_it_catches_up_and_one_stall_refuses_nothing() -> None:
+    async def stall(admission: ProduceAdmission) -> None:
+        """Block the loop for 300 ms, then run it until the sampler has measured that."""
+        taken = admission.lag_ms
+        time.sleep(0.3)  # the loop is blocked: a call would wait this long before running
+        deadline = time.monotonic() + 5
+        while admission.lag_ms == taken and time.monotonic() < deadline:
+            await asyncio.sleep(0)
+        assert admission.lag_ms > 100
+
     async def run() -> None:
         admission = ProduceAdmission(max_queue_wait_ms=100, max_inflight_bytes=1 << 20, sample_interval_ms=5)
         try:
             with admission.admit(10):
                 pass  # starts the sampler
             await asyncio.sleep(0.01)  # ... which is now waiting for its next sample
-            time.sleep(0.3)  # the loop is blocked: a call would wait this long before running
-            deadline = time.monotonic() + 5
-            while admission.lag_ms <= 100 and time.monotonic() < deadline:
-                await asyncio.sleep(0)
+            await stall(admission)
+            with admission.admit(10):  # one stall, over by now: no backlog to push back on
+                assert admission.refused == 0
+            await stall(admission)  # the next sample is late too: the loop stays behind
             with pytest.raises(SystemBusyError) as refused, admission.admit(10):
                 raise AssertionError("admitted while the loop lags")
             assert 100 < refused.value.retry_after_ms <= MAX_RETRY_MS
