@@ -10,6 +10,12 @@ Rows, in order:
 * Redis 7 Streams, appendfsync everysec and always; NATS JetStream (file store); RabbitMQ 3, a
   stream and a durable classic queue with publisher confirms (bench.peer_servers, bench.peer_clients).
 
+The floor and the two mqstore rows, whose ratios are the request-path targets, run side by side
+(:func:`run_alternating`): their three servers stay up for the whole run and the rounds take
+turns (floor round 0, ASYNC_FLUSH round 0, SYNC_FLUSH round 0, floor round 1, ...), so a machine
+that slows down or speeds up during the run (a shared host drifts by tens of percent within
+minutes) weighs on each of them alike. The other brokers follow, one row at a time.
+
 Each row names the mqstore row it is compared with: ASYNC_FLUSH for peers that acknowledge
 before an fsync, SYNC_FLUSH for those that acknowledge after one. A broker or client package
 that is missing, or a broker that does not start, makes its row "skipped" with the reason; a
@@ -25,14 +31,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from bench import peer_servers
-from bench.harness import scratch_dir
+from bench.harness import payload_pool, scratch_dir
 from bench.peer_clients import (
     JetStreamClient,
     MqstoreClient,
@@ -42,7 +48,7 @@ from bench.peer_clients import (
     import_client,
 )
 from bench.peer_servers import HOST, PeerServer, PeerUnavailable
-from bench.peer_workload import PeerClient, Workload, WorkloadResult, run_rounds
+from bench.peer_workload import PeerClient, Workload, WorkloadResult, run_round, run_rounds
 from bench.service_bench import running_processes
 
 ASYNC, SYNC = "ASYNC_FLUSH", "SYNC_FLUSH"
@@ -197,6 +203,52 @@ def run_peer(spec: PeerSpec, data_dir: Path, workload: Workload) -> PeerRow:
     return PeerRow(spec, result)
 
 
+ALTERNATED = ("floor", "mqstore-async", "mqstore-sync")  # rows run side by side (module docstring)
+
+
+def run_alternating(specs: list[PeerSpec], data_dir: Path, workload: Workload) -> list[PeerRow]:
+    """Start every spec's server, then run ``workload.rounds`` rounds taking turns between them
+    (spec 0 round 0, spec 1 round 0, ..., spec 0 round 1, ...); stop them all. A spec whose
+    server or client is unavailable is skipped, one whose round breaks off is failed from then
+    on; the others go on. Returns one row per spec, in their order."""
+    rows: dict[str, PeerRow] = {}
+    servers: dict[str, PeerServer] = {}
+    with ExitStack() as stack:
+        for spec in specs:
+            try:
+                for module, package in spec.requires:
+                    import_client(module, package)
+                root = stack.enter_context(scratch_dir(data_dir, f"peers-{spec.key}"))
+                servers[spec.key] = stack.enter_context(spec.server(root))
+                rows[spec.key] = PeerRow(spec, WorkloadResult())
+            except PeerUnavailable as exc:
+                rows[spec.key] = PeerRow(spec, skipped=str(exc))
+            except Exception as exc:
+                rows[spec.key] = PeerRow(spec, failed=f"{type(exc).__name__}: {exc}")
+        pools = {spec.key: payload_pool(1 << 20, seed=f"peers-{spec.key}".encode()) for spec in specs}
+        for n in range(workload.rounds):
+            for spec in specs:
+                row, server = rows[spec.key], servers.get(spec.key)
+                if row.result is None or server is None:
+                    continue
+                try:
+                    round_ = asyncio.run(
+                        run_round(
+                            spec.client(server),
+                            f"peers-{spec.key}-{n}",
+                            workload,
+                            pool=pools[spec.key],
+                            server_pid=server.pid,
+                            consume=spec.consume,
+                        )
+                    )
+                except Exception as exc:  # as in run_peer: reported in the row, the others go on
+                    rows[spec.key] = PeerRow(spec, failed=f"{type(exc).__name__}: {exc}")
+                    continue
+                row.result.rounds.append(round_)
+    return [rows[spec.key] for spec in specs]
+
+
 def run(console: Console, data_dir: Path, facts: dict[str, str], only: str = "") -> list[str]:
     """Run every row (those whose key contains ``only``), print them, save JSON and return the
     markdown for bench/README.md."""
@@ -204,8 +256,17 @@ def run(console: Console, data_dir: Path, facts: dict[str, str], only: str = "")
     rows = []
     t0 = time.monotonic()
     load_before = os.getloadavg()[0]
-    for spec in default_specs():
-        if only and only not in spec.key:
+    specs = [spec for spec in default_specs() if not only or only in spec.key]
+    together = [spec for spec in specs if spec.key in ALTERNATED]
+    if together:
+        console.print(f"  {', '.join(spec.key for spec in together)}, rounds taking turns ...")
+        started = time.monotonic()
+        rows.extend(run_alternating(together, data_dir, workload))
+        for row in rows:
+            console.print(f"  {row.spec.system}, {row.spec.config} ... {_summary(row)}", markup=False)
+        console.print(f"  ({time.monotonic() - started:.0f} s)")
+    for spec in specs:
+        if spec.key in ALTERNATED:
             continue
         console.print(f"  {spec.system}, {spec.config} ...", end="")
         started = time.monotonic()

@@ -4,12 +4,13 @@ in-memory broker, skipped rows for missing brokers or client packages, the ratio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,59 @@ def test_process_cpu_keeps_what_an_exited_child_used() -> None:
     after = process_tree_cpu_s(os.getpid())
     assert after >= during
     assert after - before >= 0.3
+
+
+def test_alternated_rows_keep_their_servers_up_and_take_turns_round_by_round(tmp_path: Path) -> None:
+    """The floor and mqstore rows run side by side: every server starts before the first round
+    and stops after the last, rounds alternate between the rows, and a row whose round breaks
+    off is failed without stopping the others."""
+    events: list[str] = []
+
+    class Recording(MemoryBroker):
+        def __init__(self, key: str, fail_round: int = -1) -> None:
+            super().__init__()
+            self.key, self.fail_round = key, fail_round
+
+        async def open(self, queue: str) -> None:
+            events.append(f"round {queue}")
+            if queue.endswith(f"-{self.fail_round}"):
+                raise WorkloadError("refused")
+            await super().open(queue)
+
+    def server(key: str) -> object:
+        @contextlib.contextmanager
+        def running(root: Path) -> Iterator[peer_servers.PeerServer]:
+            assert root.is_dir()
+            events.append(f"start {key}")
+            yield peer_servers.PeerServer(os.getpid(), 0, {}, root / "log")
+            events.append(f"stop {key}")
+
+        return running
+
+    def spec(key: str, fail_round: int = -1) -> peer_bench.PeerSpec:
+        return peer_bench.PeerSpec(
+            key,
+            key,
+            "cfg",
+            "ack",
+            None,
+            server(key),
+            lambda s: Recording(key, fail_round),  # type: ignore[arg-type]
+        )
+
+    rows = peer_bench.run_alternating(
+        [spec("a"), spec("b", fail_round=1)], tmp_path, dataclasses.replace(SMALL, rounds=3)
+    )
+    assert events == [
+        "start a",
+        "start b",
+        "round peers-a-0",
+        "round peers-b-0",
+        "round peers-a-1",
+        "round peers-b-1",
+        "round peers-a-2",
+        "stop b",
+        "stop a",
+    ]
+    assert rows[0].result is not None and len(rows[0].result.rounds) == 3
+    assert rows[1].result is None and rows[1].failed == "WorkloadError: refused"
