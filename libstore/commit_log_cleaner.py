@@ -206,15 +206,12 @@ class CleanCommitLogService(ServiceThread):
             expires_at, explicit = policy.segment_expiry(summaries.get(mf.file_from_offset), modified_ms)
             if expires_at <= now_ms and explicit:
                 return "every message in it has expired"
-            expired = expires_at <= now_ms and bool(reason)
-            if expired or forced:
+            if expires_at <= now_ms and reason:
                 by_round.add(mf.file_from_offset)
-            return (
-                f"every message in it has expired ({reason})"
-                if expired
-                else "disk usage forces it"
-                if forced
-                else ""
-            )
+                return f"every message in it has expired ({reason})"
+            if forced:
+                by_round.add(mf.file_from_offset)
+                return "disk usage forces it"
+            return ""
 
         return doomed
