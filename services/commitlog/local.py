@@ -112,7 +112,9 @@ class LocalCommitLog:
             results = self._merge(messages, appended.results if appended else None, placed)
             wait_store = appended.wait_store if appended is not None else True
             # Durable once the furthest record is: replays may sit before or after the new ones.
-            ends = [p + s for p, s in zip(results.phy_offsets, results.sizes, strict=True)]
+            ends = [
+                p + s for p, s in zip(results.phy_offsets, results.sizes[: results.appended], strict=True)
+            ]
             if ends:
                 results.status = await self._wait_durable(max(ends), wait_store)
             span.set_attribute("mqstore.status", results.status.name)
@@ -159,7 +161,9 @@ class LocalCommitLog:
                     res.store_timestamp,
                 )
             results = self._merge(range(n), appended.results if appended else None, placed)
-            ends = [p + s for p, s in zip(results.phy_offsets, results.sizes, strict=True)]
+            ends = [
+                p + s for p, s in zip(results.phy_offsets, results.sizes[: results.appended], strict=True)
+            ]
             if ends:
                 results.status = await self._wait_durable(max(ends), True)
             span.set_attribute("mqstore.status", results.status.name)
