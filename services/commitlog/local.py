@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import operator
 import shutil
 import threading
 import time
@@ -111,12 +112,9 @@ class LocalCommitLog:
                 self._remember(fresh, appended.results)
             results = self._merge(messages, appended.results if appended else None, placed)
             wait_store = appended.wait_store if appended is not None else True
-            # Durable once the furthest record is: replays may sit before or after the new ones.
-            ends = [
-                p + s for p, s in zip(results.phy_offsets, results.sizes[: results.appended], strict=True)
-            ]
-            if ends:
-                results.status = await self._wait_durable(max(ends), wait_store)
+            end = _furthest_end(results)
+            if end is not None:
+                results.status = await self._wait_durable(end, wait_store)
             span.set_attribute("mqstore.status", results.status.name)
             return results
 
@@ -161,11 +159,9 @@ class LocalCommitLog:
                     res.store_timestamp,
                 )
             results = self._merge(range(n), appended.results if appended else None, placed)
-            ends = [
-                p + s for p, s in zip(results.phy_offsets, results.sizes[: results.appended], strict=True)
-            ]
-            if ends:
-                results.status = await self._wait_durable(max(ends), True)
+            end = _furthest_end(results)
+            if end is not None:
+                results.status = await self._wait_durable(end, True)
             span.set_attribute("mqstore.status", results.status.name)
             return results
 
@@ -554,6 +550,14 @@ def _check_divergence(
             log_id,
             current,
         )
+
+
+def _furthest_end(results: PutMessageResults) -> int | None:
+    """CommitLog offset just past the furthest appended or replayed record (a batch is durable
+    once that is: replays may sit before or after the new ones); None when nothing was. Only
+    the first ``appended`` sizes have records: a batch cut short by a full disk has more."""
+    n = results.appended
+    return max(map(operator.add, results.phy_offsets, results.sizes[:n])) if n else None
 
 
 @functools.lru_cache(maxsize=4096)
