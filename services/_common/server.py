@@ -29,6 +29,11 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# gRPC binds with SO_REUSEPORT unless told otherwise: a second process started on a port that is
+# already served would bind it too and the kernel would split the connections between the two
+# (a client then meets the wrong service, UNIMPLEMENTED, or the wrong store). Off, the second bind
+# fails and the process says so.
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
 
 
 @dataclass
@@ -85,8 +90,9 @@ async def start_grpc_server(
     inside the tracing and error-mapping ones (what they raise is mapped like a servicer's
     error). ``max_receive_bytes``: the largest request gRPC reads in (a larger one is refused,
     RESOURCE_EXHAUSTED, before it is buffered whole). Raises OSError when an address cannot be
-    bound, ConfigError for TLS settings that cannot serve."""
-    options = [o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    bound (another process serving that port included: SO_REUSEPORT is off), ConfigError for TLS
+    settings that cannot serve."""
+    options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=[*server_interceptors(), *interceptors], options=options)
     names = add_servicers(server)
@@ -98,19 +104,15 @@ async def start_grpc_server(
     host, _, _ = address.rpartition(":")
     if tls is not None:
         credentials = tls.server_credentials(require_client_auth=require_client_auth, clients=clients)
-        port = server.add_secure_port(address, credentials)
+        port = _bind(address, lambda: server.add_secure_port(address, credentials))
     else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot bind {address}")
+        port = _bind(address, lambda: server.add_insecure_port(address))
     health_server = None
     health_port = 0
     if health_address:
-        health_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        health_server = grpc.aio.server(options=SERVER_OPTIONS)
         health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
-        health_port = health_server.add_insecure_port(health_address)
-        if health_port == 0:
-            raise OSError(f"cannot bind {health_address}")
+        health_port = _bind(health_address, lambda: health_server.add_insecure_port(health_address))
         await health_server.start()
     await server.start()
     running = GrpcServer(server, port, health, names, host or "127.0.0.1", health_server, health_port)
@@ -119,3 +121,15 @@ async def start_grpc_server(
     # while the overall status ("") stays NOT_SERVING until recovery and catch-up are done.
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     return running
+
+
+def _bind(address: str, add_port: Callable[[], int]) -> int:
+    """Run gRPC's add-port call for ``address``; its refusals (RuntimeError from recent grpcio,
+    port 0 from older ones) become OSError naming the address."""
+    try:
+        port = add_port()
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind {address}: in use or not an address of this host") from exc
+    if port == 0:
+        raise OSError(f"cannot bind {address}")
+    return port

@@ -45,10 +45,20 @@ SMALL_STORE = {
 }
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now and that this process has not handed out before
+    (the OS may give a just-released port again, and two servers of one test must not share
+    one). For servers in other processes, whose bound port the test cannot read back."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def poll_until(

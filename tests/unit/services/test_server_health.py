@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services._common.server import LIVENESS_SERVICE, start_grpc_server
@@ -32,5 +33,22 @@ def test_liveness_serves_before_readiness() -> None:
             await server.set_serving(False)  # what stop() does first
             assert (await status(""), await status(LIVENESS_SERVICE)) == (NOT_SERVING, SERVING)
         await server.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_served_port_cannot_be_bound_twice() -> None:
+    """A second server on a port that is already served fails to start (gRPC's SO_REUSEPORT
+    is off): otherwise the kernel splits connections between the two and clients meet the
+    wrong service."""
+
+    async def scenario() -> None:
+        first = await start_grpc_server("127.0.0.1:0", lambda s: [])
+        try:
+            with pytest.raises(OSError, match="cannot bind"):
+                second = await start_grpc_server(f"127.0.0.1:{first.port}", lambda s: [])
+                await second.stop(0)
+        finally:
+            await first.stop(0)
 
     asyncio.run(scenario())
