@@ -49,6 +49,7 @@ from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_if_scheduled
 from services._common.telemetry import meter, tracer
+from services.commitlog.decoded_batches import DecodedBatches
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
@@ -70,11 +71,10 @@ class LocalCommitLog:
         self.log = log
         self.dedup = dedup
         self._tracer = tracer("mqstore.commitlog")
-        # Recently appended client-encoded batches, decoded by their validation: start offset ->
-        # (end offset, requests with their final offsets). In-process followers take these
-        # instead of decoding the same bytes again; an older offset reads the log as usual.
-        self._decoded: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
-        self._decoded_records = 0  # requests held in _decoded
+        # Recently appended client-encoded batches, decoded by their validation, with their
+        # final offsets. In-process followers take these instead of decoding the same bytes
+        # again; an older offset reads the log as usual.
+        self._decoded = DecodedBatches(DECODED_BATCHES_KEPT, DECODED_RECORDS_KEPT)
         # Chunks read back from the log and decoded for a follower: start -> (end, requests).
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
@@ -86,7 +86,6 @@ class LocalCommitLog:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
         changed role): what they point at may no longer be in the log."""
         self._decoded.clear()
-        self._decoded_records = 0
         self._chunks.clear()
         if self.dedup is not None:
             self.dedup.clear()
@@ -197,12 +196,8 @@ class LocalCommitLog:
             req.commit_log_offset = phy
             req.consume_queue_offset = qoff
             req.store_timestamp = ts
-        start = results.phy_offsets[0]
-        decoded = self._decoded
-        decoded[start] = (results.phy_offsets[n - 1] + results.sizes[n - 1], requests)
-        self._decoded_records += n
-        while len(decoded) > DECODED_BATCHES_KEPT or self._decoded_records > DECODED_RECORDS_KEPT:
-            self._decoded_records -= len(decoded.popitem(last=False)[1][1])
+        end = results.phy_offsets[n - 1] + results.sizes[n - 1]
+        self._decoded.keep(results.phy_offsets[0], end, requests)
 
     def _split_replays(self, messages: Sequence[Message]) -> tuple[list[Message], dict[int, Placed]]:
         dedup = self.dedup
@@ -381,13 +376,16 @@ class LocalCommitLog:
                 moved.clear()
                 if gens.generation != stream_gen:
                     self._decoded.clear()
-                    self._decoded_records = 0
                     self._chunks.clear()
                     _check_divergence(lid, gens.generation, lid, stream_gen, gens.divergence_point)
                     stream_gen = gens.generation
                 confirm = log.confirm_offset
                 if offset < confirm:
-                    hit = (self._decoded.get(offset) or self._chunks.get(offset)) if decoded else None
+                    hit = (
+                        (self._decoded.take(offset, confirm, max_bytes) or self._chunks.get(offset))
+                        if decoded
+                        else None
+                    )
                     if hit is not None and hit[0] <= confirm:
                         yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1], lid, stream_gen)
                         offset = hit[0]
@@ -396,8 +394,13 @@ class LocalCommitLog:
                     if pending is not None:  # another follower is decoding this chunk: share it
                         await asyncio.shield(pending)
                         continue
+                    limit = confirm
+                    if decoded:  # stop at the next kept batch: from there on, no decoding
+                        following = self._decoded.next_start(offset)
+                        if following is not None:
+                            limit = min(limit, following)
                     try:
-                        data, next_offset = log.read_chunk(offset, confirm, max_bytes)
+                        data, next_offset = log.read_chunk(offset, limit, max_bytes)
                     except OffsetOutOfRangeError:
                         if offset >= log.min_offset:
                             raise
