@@ -337,9 +337,11 @@ class LocalCommitLog:
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset`` (a record boundary), forever. With
         ``decoded`` (in-process followers) chunks come as decoded requests (``records``, no
-        bytes): a batch appended as client-encoded records as its validation decoded it while it
-        is among the last DECODED_BATCHES_KEPT batches, other bytes decoded here once and shared
-        by the followers that read the same chunk (:meth:`_decode_chunk`).
+        bytes): batches appended as client-encoded records as their validation decoded them,
+        while they are among the last DECODED_BATCHES_KEPT (from the record at the follower's
+        offset on, consecutive batches joined up to ``max_chunk_bytes``); other bytes decoded
+        here once and shared by the followers that read the same chunk (:meth:`_decode_chunk`),
+        a chunk ending where the next kept batch starts.
 
         Raises LogDivergedError when the log was cut since the caller's ``(log_id,
         generation)`` (at the start, or later while streaming), OffsetOutOfRangeError when
