@@ -22,6 +22,7 @@ from libstore import FlushDiskType
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
+SERVICE_RUNS = 3  # the services suite's rows are medians of this many runs in one suite's life
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,7 +292,7 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
     """Produce and consume over the gateway, embedded and split, ASYNC_FLUSH and SYNC_FLUSH."""
     lines = [
         f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
-        "server and load-generating clients share the cores.",
+        f"server and load-generating clients share the cores; each row: medians of {SERVICE_RUNS} runs.",
         "",
         "| topology | flush | run | msgs/s | body MB/s | p50 ms | p99 ms |",
         "|---|---|---|---|---|---|---|",
@@ -299,11 +300,11 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
     per_process = 60_000
     mb = service_bench.BODY / 1e6  # MB of message body per message
 
-    def row(topology: str, flush: str, run: str, r: service_bench.LoadResult) -> None:
-        console.print(f"  {topology} {flush} {run}: {r.msgs_per_s:,.0f} msgs/s, p99 {r.pct(99):.1f} ms")
+    def row(topology: str, flush: str, run: str, m: service_bench.Medians) -> None:
+        console.print(f"  {topology} {flush} {run}: {m.msgs_per_s:,.0f} msgs/s, p99 {m.p99:.1f} ms")
         lines.append(
-            f"| {topology} | {flush} | {run} | {r.msgs_per_s:,.0f} | {r.msgs_per_s * mb:,.1f} | "
-            f"{r.pct(50):.1f} | {r.pct(99):.1f} |"
+            f"| {topology} | {flush} | {run} | {m.msgs_per_s:,.0f} | {m.msgs_per_s * mb:,.1f} | "
+            f"{m.p50:.1f} | {m.p99:.1f} |"
         )
 
     for topology in ("embedded", "split"):
@@ -312,20 +313,41 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                 scratch_dir(data_dir, f"svc-{topology}") as d,
                 service_bench.running_suite(d, topology, flush) as gw,
             ):
-                r = service_bench.produce(gw, processes=2, per_process=per_process, batch=256, inflight=4)
-                row(topology, flush, "produce, 2 clients x 4 batches of 256 in flight", r)
+                runs = [
+                    service_bench.produce(gw, processes=2, per_process=per_process, batch=256, inflight=4)
+                    for _ in range(SERVICE_RUNS)
+                ]
+                row(
+                    topology,
+                    flush,
+                    "produce, 2 clients x 4 batches of 256 in flight",
+                    service_bench.Medians.of(runs),
+                )
                 if flush == "ASYNC_FLUSH":
-                    c = service_bench.consume(gw, "bench", r.messages)
-                    row(topology, flush, "consume, one group, pulls of up to 512", c)
+                    # each run a fresh group, reading the first run's messages from the start
+                    consumed = [
+                        service_bench.consume(gw, f"bench-{i}", runs[0].messages) for i in range(SERVICE_RUNS)
+                    ]
+                    row(
+                        topology,
+                        flush,
+                        "consume, one group, pulls of up to 512",
+                        service_bench.Medians.of(consumed),
+                    )
                     if topology == "embedded":
                         for offered in (50_000, 20_000):  # open loop, OMB shape
-                            paced = service_bench.produce(
-                                gw,
-                                processes=2,
-                                per_process=per_process,
-                                batch=64,
-                                inflight=32,
-                                rate=offered / 2,
+                            paced = service_bench.Medians.of(
+                                [
+                                    service_bench.produce(
+                                        gw,
+                                        processes=2,
+                                        per_process=per_process,
+                                        batch=64,
+                                        inflight=32,
+                                        rate=offered / 2,
+                                    )
+                                    for _ in range(SERVICE_RUNS)
+                                ]
                             )
                             pushed = f"; {paced.pushed_back:,} calls pushed back" if paced.pushed_back else ""
                             run = f"produce offered at {offered:,} msgs/s (batches of 64, <= 32 in flight"

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,31 @@ class LoadResult:
             return float("nan")
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+@dataclass(frozen=True)
+class Medians:
+    """One row over repeated runs: the medians of their msgs/s, p50 and p99 latency (ms), and
+    the calls pushed back over all of them."""
+
+    runs: int
+    msgs_per_s: float
+    p50: float
+    p99: float
+    pushed_back: int
+
+    @classmethod
+    def of(cls, results: Sequence[LoadResult]) -> Medians:
+        """Raises ValueError for no results."""
+        if not results:
+            raise ValueError("no runs to take medians of")
+        return cls(
+            len(results),
+            statistics.median(r.msgs_per_s for r in results),
+            statistics.median(r.pct(50) for r in results),
+            statistics.median(r.pct(99) for r in results),
+            sum(r.pushed_back for r in results),
+        )
 
 
 def _build_requests(worker: int, total: int, batch: int) -> list[bytes]:

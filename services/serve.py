@@ -438,6 +438,7 @@ async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = Non
     # process: keep it out of every later full collection, whose pauses are request latency.
     gc.collect()
     gc.freeze()
+    tune_young_collections()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -449,6 +450,22 @@ async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = Non
     finally:
         log.info("mqstore %s stopping", options.role)
         await suite.stop()
+
+
+# Container objects allocated (net of those freed) between two collections of the youngest
+# generation; CPython's default is 700. A produced batch makes a few hundred short-lived objects
+# per call (decoded requests, lists, futures), so at 700 the collector runs about once per batch,
+# finds them alive and promotes them, and the older generations' collections then walk what is
+# already dead by refcount. Measured on the embedded suite (5 x 120,000 messages, batches of 256):
+# 785 ms of collections at 700, 98 ms at 10,000.
+YOUNG_GENERATION_THRESHOLD = 10_000
+
+
+def tune_young_collections() -> None:
+    """Set the youngest generation's collection threshold to YOUNG_GENERATION_THRESHOLD,
+    keeping CPython's thresholds for the older two."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, older, oldest)
 
 
 def _advertised(address: str) -> str:
