@@ -11,8 +11,10 @@ server's cores are the ones measured:
 * paced produce: batches scheduled at a fixed rate to offer a given msgs/s, at most ``inflight``
   outstanding per client; latency runs from each batch's scheduled send time to its
   acknowledgement, so a server that falls behind shows as latency (no coordinated omission).
-* consume: a fresh group reads everything produced, 512 per pull, long polling, records decoded
-  in the client.
+* consume: a fresh group reads the first ``expected`` messages, 512 per pull, long polling,
+  records decoded in the client.
+
+The suite (bench.__main__) repeats each row and reports :class:`Medians`.
 """
 
 from __future__ import annotations
