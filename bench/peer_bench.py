@@ -48,7 +48,7 @@ from bench.peer_clients import (
     import_client,
 )
 from bench.peer_servers import HOST, PeerServer, PeerUnavailable
-from bench.peer_workload import PeerClient, Workload, WorkloadResult, run_round, run_rounds
+from bench.peer_workload import PeerClient, Workload, WorkloadResult, run_round
 from bench.service_bench import running_processes
 
 ASYNC, SYNC = "ASYNC_FLUSH", "SYNC_FLUSH"
@@ -182,25 +182,9 @@ def default_specs() -> list[PeerSpec]:
 
 
 def run_peer(spec: PeerSpec, data_dir: Path, workload: Workload) -> PeerRow:
-    """Start ``spec``'s server in a scratch folder under ``data_dir``, run the workload, stop it."""
-    try:
-        for module, package in spec.requires:
-            import_client(module, package)
-        with scratch_dir(data_dir, f"peers-{spec.key}") as root, spec.server(root) as server:
-            result = asyncio.run(
-                run_rounds(
-                    lambda: spec.client(server),
-                    f"peers-{spec.key}",
-                    workload,
-                    server_pid=server.pid,
-                    consume=spec.consume,
-                )
-            )
-    except PeerUnavailable as exc:
-        return PeerRow(spec, skipped=str(exc))
-    except Exception as exc:  # a broken run is reported in its row, and the suite goes on
-        return PeerRow(spec, failed=f"{type(exc).__name__}: {exc}")
-    return PeerRow(spec, result)
+    """Start ``spec``'s server in a scratch folder under ``data_dir``, run the workload, stop it
+    (:func:`run_alternating` with nobody to take turns with)."""
+    return run_alternating([spec], data_dir, workload)[0]
 
 
 ALTERNATED = ("floor", "mqstore-async", "mqstore-sync")  # rows run side by side (module docstring)
@@ -223,7 +207,7 @@ def run_alternating(specs: list[PeerSpec], data_dir: Path, workload: Workload) -
                 rows[spec.key] = PeerRow(spec, WorkloadResult())
             except PeerUnavailable as exc:
                 rows[spec.key] = PeerRow(spec, skipped=str(exc))
-            except Exception as exc:
+            except Exception as exc:  # a server that breaks is reported in its row
                 rows[spec.key] = PeerRow(spec, failed=f"{type(exc).__name__}: {exc}")
         pools = {spec.key: payload_pool(1 << 20, seed=f"peers-{spec.key}".encode()) for spec in specs}
         for n in range(workload.rounds):
@@ -242,7 +226,7 @@ def run_alternating(specs: list[PeerSpec], data_dir: Path, workload: Workload) -
                             consume=spec.consume,
                         )
                     )
-                except Exception as exc:  # as in run_peer: reported in the row, the others go on
+                except Exception as exc:  # a broken round is reported in its row, and the others go on
                     rows[spec.key] = PeerRow(spec, failed=f"{type(exc).__name__}: {exc}")
                     continue
                 row.result.rounds.append(round_)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,7 +31,6 @@ from bench.harness import (
     Recorder,
     Sample,
     body_at,
-    payload_pool,
     process_tree_cpu_s,
     window_sample,
 )
@@ -226,25 +225,3 @@ async def run_round(
     finally:
         await client.close()
     return RoundResult(batch_rate, single, consume_rate, cpu)
-
-
-async def run_rounds(
-    make_client: Callable[[], PeerClient],
-    name: str,
-    workload: Workload,
-    *,
-    server_pid: int | None = None,
-    consume: bool = True,
-) -> WorkloadResult:
-    """``workload.rounds`` rounds, each with a new client from ``make_client()`` on queue
-    ``<name>-<round>``."""
-    pool = payload_pool(1 << 20, seed=name.encode())
-    result = WorkloadResult()
-    for n in range(workload.rounds):
-        client = make_client()
-        result.rounds.append(
-            await run_round(
-                client, f"{name}-{n}", workload, pool=pool, server_pid=server_pid, consume=consume
-            )
-        )
-    return result
