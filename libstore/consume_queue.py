@@ -28,7 +28,7 @@ import contextlib
 import enum
 import logging
 import struct
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -70,6 +70,16 @@ class CqUnit(NamedTuple):
     phy_offset: int
     size: int
     tags_code: int
+
+
+class UnitColumns(NamedTuple):
+    """Consecutive units from ``queue_offset``, column by column: the messages' CommitLog
+    offsets, their sizes (bytes; BLANK_UNIT_SIZE for a pre-fill unit) and tags codes."""
+
+    queue_offset: int
+    phy_offsets: list[int]
+    sizes: list[int]
+    tags_codes: list[int]
 
 
 class BoundaryType(enum.Enum):
@@ -268,27 +278,47 @@ class ConsumeQueue:
         """Up to ``max_count`` units from ``queue_offset`` (blank units included, marked by
         size BLANK_UNIT_SIZE), crossing segments. Empty when the offset is outside the queue."""
         out: list[CqUnit] = []
-        offset = queue_offset
-        end = self.max_offset_in_queue
-        while len(out) < max_count and offset < end:
-            mf, pos, limit = self._locate(offset)
-            if mf is None:
-                break
-            n = min(max_count - len(out), (limit - pos) // CQ_STORE_UNIT_SIZE)
-            if n <= 0:
-                break
-            try:
-                raw = mf.buffer[pos : pos + n * CQ_STORE_UNIT_SIZE]
-            except ValueError:  # segment closed under us
-                break
+        for offset, raw in self._unit_runs(queue_offset, max_count):
             # tuple.__new__ straight away: a pull decodes hundreds of units, and the namedtuple's
             # own constructor is one more Python call for each
             out.extend(
                 _new_unit(CqUnit, (offset + i, phy, size, code))
                 for i, (phy, size, code) in enumerate(_UNIT.iter_unpack(raw))
             )
-            offset += n
         return out
+
+    def read_columns(self, queue_offset: int, max_count: int) -> UnitColumns:
+        """The units :meth:`read_units` would return, as columns (one numpy pass per segment
+        instead of a Python object per unit: what a pull of hundreds of units reads)."""
+        phys: list[int] = []
+        sizes: list[int] = []
+        codes: list[int] = []
+        for _, raw in self._unit_runs(queue_offset, max_count):
+            units = np.frombuffer(raw, dtype=_UNIT_DTYPE)
+            phys += units["phy"].tolist()
+            sizes += units["size"].tolist()
+            codes += units["tag"].tolist()
+        return UnitColumns(queue_offset, phys, sizes, codes)
+
+    def _unit_runs(self, queue_offset: int, max_count: int) -> Iterator[tuple[int, bytes]]:
+        """(first queue offset, raw units) per segment crossed, ``max_count`` units in all."""
+        offset = queue_offset
+        end = self.max_offset_in_queue
+        left = max_count
+        while left > 0 and offset < end:
+            mf, pos, limit = self._locate(offset)
+            if mf is None:
+                return
+            n = min(left, (limit - pos) // CQ_STORE_UNIT_SIZE)
+            if n <= 0:
+                return
+            try:
+                raw = mf.buffer[pos : pos + n * CQ_STORE_UNIT_SIZE]
+            except ValueError:  # segment closed under us
+                return
+            yield offset, raw
+            offset += n
+            left -= n
 
     def read_unit(self, queue_offset: int) -> CqUnit | None:
         units = self.read_units(queue_offset, 1)

@@ -1,7 +1,7 @@
 """The pull algorithm (RocketMQ ``DefaultMessageStore.getMessage``), over two small callables so
 that the embedded store and the split topology's gateway run the same code.
 
-Given a queue's min/max offsets, ``read_units(queue_offset, count)`` (ConsumeQueue units) and
+Given a queue's min/max offsets, ``read_columns(queue_offset, count)`` (ConsumeQueue units) and
 ``read_records([(phy_offset, size), ...])`` (raw CommitLog records, None where the log no longer
 holds one), :func:`get_messages`:
 
@@ -21,10 +21,12 @@ service and the gateway.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, count
 
-from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
+from libstore.consume_queue import BLANK_UNIT_SIZE, UnitColumns
 from libstore.message import MessageRecord
 from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.record_codec import check_record, decode_record
@@ -67,14 +69,21 @@ class GetMessageResult:
 @dataclass
 class UnitSelection:
     """Phase 1 of a pull, where the ConsumeQueue is: ``status`` is set when the offset holds no
-    unit (and ``units`` is empty); else ``units`` passed the tags-code filter and
-    ``next_offset`` follows the last unit scanned."""
+    unit (and the columns are empty); else the selected units, column by column (queue offsets,
+    CommitLog offsets, sizes in bytes), passed the tags-code filter and ``next_offset`` follows
+    the last unit scanned."""
 
     status: GetMessageStatus | None
     next_offset: int
     min_offset: int
     max_offset: int
-    units: list[CqUnit] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    phy_offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The (CommitLog offset, size) of every selected unit: what step 4 reads."""
+        return list(zip(self.phy_offsets, self.sizes, strict=True))
 
 
 def select_units(
@@ -82,41 +91,81 @@ def select_units(
     max_count: int,
     min_offset: int,
     max_offset: int,
-    read_units: Callable[[int, int], Sequence[CqUnit]],
+    read_columns: Callable[[int, int], UnitColumns],
     tag_filter: TagFilter = ACCEPT_ALL,
     max_bytes: int = 256 * 1024,
 ) -> UnitSelection:
-    """Steps 1-3 of the module docstring: offset checks, then the units to read."""
+    """Steps 1-3 of the module docstring: offset checks, then the units to read.
+    ``read_columns(queue_offset, count)`` is ConsumeQueue.read_columns."""
     status = _status_for_offset(offset, min_offset, max_offset)
     if status is not None:
         return UnitSelection(status[0], status[1], min_offset, max_offset)
     window = min(max(MAX_FILTER_UNITS, max_count), max_offset - offset)
-    selected: list[CqUnit] = []
+    sel = UnitSelection(None, offset, min_offset, max_offset)
     total = 0
-    next_offset = offset
     scanned = 0
     full = False
     # Read units in chunks: an unfiltered pull needs max_count of them; a filtered one goes on
     # through the window while the filter skips units.
     while not full and scanned < window:
-        units = read_units(next_offset, min(window - scanned, max(max_count - len(selected), 32)))
-        if not units:
+        cols = read_columns(sel.next_offset, min(window - scanned, max(max_count - len(sel.sizes), 32)))
+        n = len(cols.sizes)
+        if not n:
             if scanned == 0:
                 return UnitSelection(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
             break
-        scanned += len(units)
-        for unit in units:
-            if len(selected) >= max_count or (selected and total + unit.size > max_bytes):
-                full = True
-                break
-            next_offset = unit.queue_offset + 1
-            if unit.size == BLANK_UNIT_SIZE or not tag_filter.matches_code(unit.tags_code):
-                continue
-            selected.append(unit)
-            total += unit.size
-        if len(selected) >= max_count:
+        scanned += n
+        if tag_filter.codes is None and BLANK_UNIT_SIZE not in cols.sizes:
+            full, total = _take_all(sel, cols, max_count, total, max_bytes)
+        else:
+            full, total = _take_matching(sel, cols, max_count, total, max_bytes, tag_filter)
+        if len(sel.sizes) >= max_count:
             full = True
-    return UnitSelection(None, next_offset, min_offset, max_offset, selected)
+    return sel
+
+
+def _take_all(
+    sel: UnitSelection, cols: UnitColumns, max_count: int, total: int, max_bytes: int
+) -> tuple[bool, int]:
+    """Every unit of ``cols`` passes (no filter, no blank unit): take the longest prefix that
+    keeps within ``max_count`` and ``max_bytes`` (the first unit of a pull always). Returns
+    (stopped on a unit, bytes selected). The same outcome as :func:`_take_matching`, in C loops."""
+    sizes = cols.sizes[: max_count - len(sel.sizes)]
+    ends = list(accumulate(sizes, initial=total))[1:]  # bytes selected after each unit
+    k = bisect_right(ends, max_bytes)
+    if k == 0 and not sel.sizes:
+        k = 1
+    if k:
+        first = cols.queue_offset
+        sel.queue_offsets += range(first, first + k)
+        sel.phy_offsets += cols.phy_offsets[:k]
+        sel.sizes += sizes[:k]
+        sel.next_offset = first + k
+        total = ends[k - 1]
+    return k < len(cols.sizes), total
+
+
+def _take_matching(
+    sel: UnitSelection, cols: UnitColumns, max_count: int, total: int, max_bytes: int, tag_filter: TagFilter
+) -> tuple[bool, int]:
+    """Unit by unit: skip blank units and those whose tags code ``tag_filter`` rejects; stop
+    before the unit that would pass ``max_count`` or ``max_bytes``. Returns (stopped on a
+    unit, bytes selected)."""
+    matches = tag_filter.matches_code
+    qoffs, phys, sizes = sel.queue_offsets, sel.phy_offsets, sel.sizes
+    for queue_offset, phy, size, code in zip(
+        count(cols.queue_offset), cols.phy_offsets, cols.sizes, cols.tags_codes
+    ):
+        if len(sizes) >= max_count or (sizes and total + size > max_bytes):
+            return True, total
+        sel.next_offset = queue_offset + 1
+        if size == BLANK_UNIT_SIZE or not matches(code):
+            continue
+        qoffs.append(queue_offset)
+        phys.append(phy)
+        sizes.append(size)
+        total += size
+    return False, total
 
 
 def fetch_messages(
@@ -124,7 +173,7 @@ def fetch_messages(
     raws: Sequence[bytes | None],
     tag_filter: TagFilter = ACCEPT_ALL,
 ) -> GetMessageResult:
-    """Step 4 of the module docstring: ``raws`` are the records of ``selection.units`` (None
+    """Step 4 of the module docstring: ``raws`` are the records of ``selection``'s units (None
     where the CommitLog no longer holds one); drops those whose exact TAGS do not match."""
     if selection.status is not None:
         return GetMessageResult(
@@ -133,23 +182,28 @@ def fetch_messages(
     result = GetMessageResult(
         GetMessageStatus.NO_MATCHED_MESSAGE, selection.next_offset, selection.min_offset, selection.max_offset
     )
-    removed = 0
     exact = not tag_filter.accepts_all
-    for unit, raw in zip(selection.units, raws, strict=True):
-        if not raw:
-            removed += 1
-            continue
-        if exact:
-            req = check_record(raw, 0, len(raw), check_crc=False)
-            if not req.success or not tag_filter.matches_tags(req.tags):
+    if len(raws) != len(selection.sizes):
+        raise ValueError(f"{len(raws)} records for {len(selection.sizes)} units")
+    if not exact and all(raws):  # every record there, none to filter: the lists as they are
+        result.records = list(raws)  # type: ignore[arg-type]
+        result.queue_offsets = list(selection.queue_offsets)
+        result.phy_offsets = list(selection.phy_offsets)
+    else:
+        for queue_offset, phy, raw in zip(selection.queue_offsets, selection.phy_offsets, raws, strict=True):
+            if not raw:
+                result.removed += 1
                 continue
-        result.records.append(raw)
-        result.queue_offsets.append(unit.queue_offset)
-        result.phy_offsets.append(unit.phy_offset)
-    result.removed = removed
+            if exact:
+                req = check_record(raw, 0, len(raw), check_crc=False)
+                if not req.success or not tag_filter.matches_tags(req.tags):
+                    continue
+            result.records.append(raw)
+            result.queue_offsets.append(queue_offset)
+            result.phy_offsets.append(phy)
     if result.records:
         result.status = GetMessageStatus.FOUND
-    elif removed:
+    elif result.removed:
         result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
     return result
 
@@ -159,14 +213,14 @@ def get_messages(
     max_count: int,
     min_offset: int,
     max_offset: int,
-    read_units: Callable[[int, int], Sequence[CqUnit]],
+    read_columns: Callable[[int, int], UnitColumns],
     read_records: Callable[[list[tuple[int, int]]], Sequence[bytes | None]],
     tag_filter: TagFilter = ACCEPT_ALL,
     max_bytes: int = 256 * 1024,
 ) -> GetMessageResult:
     """One pull from a queue whose units are ``min_offset..max_offset-1`` (see module docstring)."""
-    selection = select_units(offset, max_count, min_offset, max_offset, read_units, tag_filter, max_bytes)
-    raws = read_records([(u.phy_offset, u.size) for u in selection.units]) if selection.units else []
+    selection = select_units(offset, max_count, min_offset, max_offset, read_columns, tag_filter, max_bytes)
+    raws = read_records(selection.ranges()) if selection.sizes else []
     return fetch_messages(selection, raws, tag_filter)
 
 

@@ -239,7 +239,7 @@ class MessageStore:
             max_count,
             cq.min_offset_in_queue,
             cq.max_offset_in_queue,
-            cq.read_units,
+            cq.read_columns,
             self.commit_log.read_many,
             filt or ACCEPT_ALL,
             self.config.max_transfer_bytes_on_message_in_memory,

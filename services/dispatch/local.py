@@ -72,19 +72,25 @@ class LocalDispatch:
         if cq is None:
             return Entries(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         sel = select_units(
-            offset, max_count, cq.min_offset_in_queue, cq.max_offset_in_queue, cq.read_units, filt, max_bytes
+            offset,
+            max_count,
+            cq.min_offset_in_queue,
+            cq.max_offset_in_queue,
+            cq.read_columns,
+            filt,
+            max_bytes,
         )
         status = sel.status if sel.status is not None else GetMessageStatus.FOUND
-        if sel.status is None and not sel.units:
+        if sel.status is None and not sel.sizes:
             status = GetMessageStatus.NO_MATCHED_MESSAGE
         return Entries(
             status,
             sel.next_offset,
             sel.min_offset,
             sel.max_offset,
-            [u.queue_offset for u in sel.units],
-            [u.phy_offset for u in sel.units],
-            [u.size for u in sel.units],
+            sel.queue_offsets,
+            sel.phy_offsets,
+            sel.sizes,
         )
 
     async def get_entries(

@@ -44,7 +44,7 @@ from libstore import (
     decode_message_id,
     decode_record,
 )
-from libstore.consume_queue import BoundaryType, CqUnit
+from libstore.consume_queue import BoundaryType
 from libstore.errors import AuthenticationError, PermissionDeniedError, TooManyRequestsError
 from libstore.get_message import UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
@@ -268,18 +268,16 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                     f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} "
                     "(maxHeldPolls); retry after a back-off"
                 )
-            units = [
-                CqUnit(q, p, s, 0)
-                for q, p, s in zip(entries.queue_offsets, entries.phy_offsets, entries.sizes, strict=True)
-            ]
             selection = UnitSelection(
                 None if entries.status in _SELECTED else entries.status,
                 entries.next_offset,
                 entries.min_offset,
                 entries.max_offset,
-                units,
+                entries.queue_offsets,
+                entries.phy_offsets,
+                entries.sizes,
             )
-            raws = await self.commitlog.read([(u.phy_offset, u.size) for u in units]) if units else []
+            raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
             too_small = result.status is GetMessageStatus.OFFSET_TOO_SMALL
