@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libstore import BrokerRole, CommitLog, Message, StoreConfig
 from services.commitlog.dedup_window import DedupWindow, Placed, persist_window, restore_window, window_path
@@ -197,3 +199,38 @@ def test_a_saved_window_catches_up_from_the_first_record_kept_after_retention(
     assert kept and kept == later[-len(kept) :]  # every record still in the log is keyed
     first_kept = next(r for r in log.scan_records(log.min_offset, log.max_offset) if r.msg_size)
     assert first_kept.uniq_key == kept[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    capacity=st.integers(1, 12),
+    batches=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["T", "U"]), st.sampled_from(["a", "b", "c", "d", "e", None, ""])),
+            max_size=9,
+        ),
+        max_size=12,
+    ),
+)
+def test_batches_keep_what_record_by_record_puts_keep(capacity: int, batches) -> None:
+    """put_many writes a batch whose records all have keys column by column when its slots do
+    not wrap around the ring, else record by record; either way the window holds what a model
+    of the ring holds: a key is there while its newest put is among the last ``capacity``."""
+    window = DedupWindow(capacity=capacity, ttl_ms=60_000)
+    now = time.time_ns() // 1_000_000
+    slots: list[tuple[str, Placed]] = []  # every keyed put so far, oldest first
+    phy = 0
+    for batch in batches:
+        topics = [t for t, _ in batch]
+        uniq = [u for _, u in batch]
+        placed = [Placed(phy + 10 * i, 10, phy + i, now) for i in range(len(batch))]
+        phy += 10 * len(batch)
+        window.put_many(topics, uniq, [p[0] for p in placed], [10] * len(batch), [p[2] for p in placed], now)
+        slots += [(f"{t}#{u}", p) for t, u, p in zip(topics, uniq, placed, strict=True) if u]
+    kept = slots[-capacity:] if slots else []
+    newest = {key: p for key, p in slots}
+    expected = {key: p for key, p in newest.items() if (key, p) in kept}
+    everything = [(t, u) for t in ("T", "U") for u in ("a", "b", "c", "d", "e")]
+    hits = window.get_many([t for t, _ in everything], [u for _, u in everything])
+    assert {f"{everything[i][0]}#{everything[i][1]}": p for i, p in hits.items()} == expected
+    assert len(window) == len(expected)
