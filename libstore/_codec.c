@@ -860,6 +860,50 @@ static PyObject *decoded_host(const unsigned char *raw, Py_ssize_t len) {
     return out;
 }
 
+/* The MessageRecord of the record at buf[pos:limit] (a new reference), NotImplemented (a new
+ * reference) for anything that is not a valid record (the Python code words the error), NULL
+ * with an exception set. */
+static PyObject *decode_at(const unsigned char *buf, Py_ssize_t len, Py_ssize_t pos, Py_ssize_t limit,
+                           int check_crc) {
+    if (pos < 0 || limit > len) return Py_NewRef(Py_NotImplemented);
+    Checked c;
+    c.props_at = -1;
+    PyObject *checked = check_one(buf, pos, limit, check_crc, -1, 0, 0, 0, &c, 0);
+    if (checked == NULL) return NULL;
+    if (checked != Py_None) { /* refused (a tuple) or FALLBACK: the Python code words it */
+        if (checked != FALLBACK) Py_DECREF(checked);
+        return Py_NewRef(Py_NotImplemented);
+    }
+    Py_DECREF(checked);
+    const Header *h = &c.header;
+    const unsigned char *r = buf + pos;
+    PyObject *v[18] = {NULL};
+    v[15] = c.topic; /* owned */
+    Py_ssize_t end = pos + h->total;
+    if ((v[0] = PyLong_FromLong(h->total)) == NULL || (v[1] = PyLong_FromLong(h->magic)) == NULL
+        || (v[2] = PyLong_FromLong(h->body_crc)) == NULL || (v[3] = PyLong_FromLong(h->queue_id)) == NULL
+        || (v[4] = PyLong_FromLong(h->flag)) == NULL || (v[5] = PyLong_FromLongLong(h->queue_offset)) == NULL
+        || (v[6] = PyLong_FromLongLong(h->phy_offset)) == NULL || (v[7] = PyLong_FromLong(h->sys_flag)) == NULL
+        || (v[8] = PyLong_FromLongLong(h->born_ts)) == NULL
+        || (v[9] = decoded_host(r + h->born_at, h->born_len)) == NULL
+        || (v[10] = PyLong_FromLongLong(h->store_ts)) == NULL
+        || (v[11] = decoded_host(r + h->store_at, h->store_len)) == NULL
+        || (v[12] = PyLong_FromLong(h->reconsume)) == NULL || (v[13] = PyLong_FromLongLong(h->prepared_tx)) == NULL
+        || (v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len)) == NULL
+        || (v[16] = parse_properties(buf + c.props_at, end - c.props_at)) == NULL
+        || (v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset)) == NULL) {
+        for (int i = 0; i < 18; i++) Py_XDECREF(v[i]);
+        return NULL;
+    }
+    PyObject *rec = S.record_type->tp_alloc(S.record_type, 0);
+    for (int i = 0; i < 18; i++) {
+        if (rec != NULL && Py_TYPE(S.record_descr[i])->tp_descr_set(S.record_descr[i], rec, v[i]) < 0)
+            Py_CLEAR(rec);
+        Py_DECREF(v[i]);
+    }
+    return rec;
+}
+
 PyDoc_STRVAR(decode_record_doc,
 "decode_record(buf, pos, limit, check_crc) -> MessageRecord | NotImplemented\n\n"
 "record_codec.decode_record in C for a valid record; NotImplemented for anything else (the\n"
@@ -882,53 +926,45 @@ static PyObject *py_decode_record(PyObject *self, PyObject *const *args, Py_ssiz
     if (check_crc < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = NULL;
-    if (pos < 0 || limit > view.len) {
-        result = Py_NewRef(Py_NotImplemented);
-        goto done;
-    }
-    const unsigned char *buf = (const unsigned char *)view.buf;
-    Checked c;
-    c.props_at = -1;
-    PyObject *checked = check_one(buf, pos, limit, check_crc, -1, 0, 0, 0, &c, 0);
-    if (checked == NULL) goto done;
-    if (checked != Py_None) { /* refused (a tuple) or FALLBACK: the Python code words it */
-        if (checked != FALLBACK) Py_DECREF(checked);
-        result = Py_NewRef(Py_NotImplemented);
-        goto done;
-    }
-    Py_DECREF(checked);
-    const Header *h = &c.header;
-    const unsigned char *r = buf + pos;
-    PyObject *v[18] = {NULL};
-    v[15] = c.topic; /* owned */
-    Py_ssize_t end = pos + h->total;
-    PyObject *rec = NULL;
-    if ((v[0] = PyLong_FromLong(h->total)) == NULL || (v[1] = PyLong_FromLong(h->magic)) == NULL
-        || (v[2] = PyLong_FromLong(h->body_crc)) == NULL || (v[3] = PyLong_FromLong(h->queue_id)) == NULL
-        || (v[4] = PyLong_FromLong(h->flag)) == NULL || (v[5] = PyLong_FromLongLong(h->queue_offset)) == NULL
-        || (v[6] = PyLong_FromLongLong(h->phy_offset)) == NULL || (v[7] = PyLong_FromLong(h->sys_flag)) == NULL
-        || (v[8] = PyLong_FromLongLong(h->born_ts)) == NULL
-        || (v[9] = decoded_host(r + h->born_at, h->born_len)) == NULL
-        || (v[10] = PyLong_FromLongLong(h->store_ts)) == NULL
-        || (v[11] = decoded_host(r + h->store_at, h->store_len)) == NULL
-        || (v[12] = PyLong_FromLong(h->reconsume)) == NULL || (v[13] = PyLong_FromLongLong(h->prepared_tx)) == NULL
-        || (v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len)) == NULL
-        || (v[16] = parse_properties(buf + c.props_at, end - c.props_at)) == NULL
-        || (v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset)) == NULL) {
-        for (int i = 0; i < 18; i++) Py_XDECREF(v[i]);
-        goto done;
-    }
-    rec = S.record_type->tp_alloc(S.record_type, 0);
-    for (int i = 0; i < 18; i++) {
-        if (rec != NULL && Py_TYPE(S.record_descr[i])->tp_descr_set(S.record_descr[i], rec, v[i]) < 0)
-            Py_CLEAR(rec);
-        Py_DECREF(v[i]);
-    }
-    result = rec;
-done:
+    PyObject *result = decode_at((const unsigned char *)view.buf, view.len, pos, limit, check_crc);
     PyBuffer_Release(&view);
     return result;
+}
+
+PyDoc_STRVAR(decode_records_doc,
+"decode_records(raws, check_crc) -> list[MessageRecord] | NotImplemented\n\n"
+"record_codec.decode_records in C: each of the list ``raws`` (bytes, one whole record each)\n"
+"decoded as decode_record decodes it; NotImplemented as soon as one is not a valid record (the\n"
+"Python code then finds it and raises CorruptRecordError with its wording).");
+
+static PyObject *py_decode_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "decode_records(raws: list, check_crc)");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    if (S.record_type == NULL) Py_RETURN_NOTIMPLEMENTED;
+    int check_crc = PyObject_IsTrue(args[1]);
+    if (check_crc < 0) return NULL;
+    PyObject *raws = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *raw = PyList_GET_ITEM(raws, i);
+        if (!PyBytes_Check(raw)) {
+            Py_DECREF(out);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(raw);
+        PyObject *rec = decode_at((const unsigned char *)PyBytes_AS_STRING(raw), len, 0, len, check_crc);
+        if (rec == NULL || rec == Py_NotImplemented) {
+            Py_DECREF(out);
+            return rec;
+        }
+        PyList_SET_ITEM(out, i, rec);
+    }
+    return out;
 }
 
 /* -------------------------------------------------------- queue offsets */
@@ -1567,6 +1603,7 @@ static PyMethodDef methods[] = {
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
     {"adopt_run", (PyCFunction)(void (*)(void))py_adopt_run, METH_FASTCALL, adopt_run_doc},
     {"decode_record", (PyCFunction)(void (*)(void))py_decode_record, METH_FASTCALL, decode_record_doc},
+    {"decode_records", (PyCFunction)(void (*)(void))py_decode_records, METH_FASTCALL, decode_records_doc},
     {"assign_offsets", (PyCFunction)(void (*)(void))py_assign_offsets, METH_FASTCALL, assign_offsets_doc},
     {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL, encode_run_doc},
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,

@@ -29,7 +29,7 @@ from itertools import accumulate, count
 from libstore.consume_queue import BLANK_UNIT_SIZE, UnitColumns
 from libstore.message import MessageRecord
 from libstore.message_filter import ACCEPT_ALL, TagFilter
-from libstore.record_codec import check_record, decode_record
+from libstore.record_codec import check_record, decode_records
 from libstore.results import GetMessageStatus
 
 MAX_FILTER_UNITS = 16_000 // 20  # RocketMQ scans at least 16,000 bytes of ConsumeQueue per pull
@@ -63,7 +63,7 @@ class GetMessageResult:
 
     def decode(self) -> list[MessageRecord]:
         """The records decoded (CRC checked)."""
-        return [decode_record(raw) for raw in self.records]
+        return decode_records(self.records)
 
 
 @dataclass

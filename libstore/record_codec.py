@@ -1165,6 +1165,19 @@ def decode_record(
     )
 
 
+def decode_records(raws: Sequence[bytes], *, check_crc: bool = True) -> list[MessageRecord]:
+    """:func:`decode_record` of each of ``raws`` (one whole record each, as a pull returns
+    them), in one C loop when the extension is built and ``raws`` is a list of bytes.
+
+    Raises CorruptRecordError for the first that is not a valid record (or is a blank).
+    """
+    if _ext is not None and type(raws) is list:
+        records = _ext.decode_records(raws, check_crc)
+        if records is not NotImplemented:
+            return records  # type: ignore[no-any-return]
+    return [decode_record(raw, check_crc=check_crc) for raw in raws]
+
+
 @functools.lru_cache(maxsize=4096)
 def _decoded_host(raw: bytes) -> tuple[str, int]:
     # Hosts repeat from record to record; the ipaddress module is slow to run each time.

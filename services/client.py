@@ -48,9 +48,8 @@ from libstore import (
     ServiceNotAvailableError,
     TopicConfig,
     UniqKeyGenerator,
-    decode_record,
 )
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, decode_records
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import TIMER_DELIVER_MS
 from services._common import convert
@@ -393,7 +392,7 @@ class PullConsumer:
         self._note_skipped(queue_id, reply)
         if reply.records:
             self._consumed[queue_id] = reply.next_offset
-            records = [decode_record(raw) for raw in reply.records]
+            records = decode_records(list(reply.records))
         else:
             records = []
             if reply.next_offset >= 0 and self._consumed.get(queue_id, -1) < reply.next_offset:

@@ -166,6 +166,36 @@ def test_check_record_matches_the_python_reference(msgs, edits, cut):
         _compare_at(buf, 0, min(len(buf), 7))  # too short for a blank
 
 
+def _decoded_all(raws: list[bytes], check_crc: bool, pure: bool) -> object:
+    with _implementation(pure):
+        try:
+            return record_codec.decode_records(raws, check_crc=check_crc)
+        except CorruptRecordError as exc:
+            return ("error", str(exc))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_message, min_size=1, max_size=6), st.lists(_edit, max_size=2), st.integers(0, 5))
+def test_decode_records_matches_the_python_reference(msgs, edits, damaged):
+    """A pull's records decoded in one C loop: the same MessageRecords as decode_record one by
+    one in pure Python, or the same error for the first record that is damaged."""
+    raw = _encoded(msgs)
+    raws, pos = [], 0
+    while pos < len(raw):
+        size = int.from_bytes(raw[pos : pos + 4], "big")
+        raws.append(raw[pos : pos + size])
+        pos += size
+    hurt = bytearray(raws[damaged % len(raws)])
+    for at, value in edits:
+        hurt[at % len(hurt)] = value
+    for batch in (raws, [*raws[:damaged], bytes(hurt), *raws[damaged:]], []):
+        for check_crc in (True, False):
+            got, want = _decoded_all(batch, check_crc, False), _decoded_all(batch, check_crc, True)
+            assert got == want
+            if not isinstance(want, tuple):
+                assert got == [decode_record(r, check_crc=check_crc) for r in batch]
+
+
 def test_check_record_reads_blanks_mmaps_and_odd_positions_like_python(tmp_path):
     import mmap
 
