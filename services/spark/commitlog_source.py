@@ -152,13 +152,21 @@ class CommitLogReader(DataSourceReader):
             return
         name = Path(partition.path).name
         builder = BatchBuilder(with_file=True)
+        good: list[MessageRecord] = []  # records that checked out, added to the builder in runs
         for pos, rec, crc_ok in _records(partition.path, partition.base_offset):
+            if rec is not None and crc_ok:
+                good.append(rec)
+                if len(builder) + len(good) < ROWS_PER_BATCH:
+                    continue
+            builder.extend(good, file=name)
+            good = []
             if rec is None:
                 builder.add_unreadable(partition.base_offset + pos, name)
-            else:
-                builder.add(rec, crc_ok=crc_ok, file=name)
+            elif not crc_ok:
+                builder.add(rec, crc_ok=False, file=name)
             if len(builder) >= ROWS_PER_BATCH:
                 yield builder.take()
+        builder.extend(good, file=name)
         if len(builder):
             yield builder.take()
 

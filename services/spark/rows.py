@@ -9,9 +9,15 @@ Python object per field goes through Spark's converters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from libstore.message import MessageRecord
+
+_TOPIC, _QUEUE_ID, _QUEUE_OFFSET, _PHY_OFFSET, _BODY, _TOTAL_SIZE = map(
+    attrgetter, ("topic", "queue_id", "queue_offset", "phy_offset", "body", "total_size")
+)
 
 MESSAGE_SCHEMA = (
     "topic string, queue_id int, queue_offset long, commitlog_offset long, msg_id string, tags string, "
@@ -59,23 +65,28 @@ class BatchBuilder:
         return len(self._cols["topic"])
 
     def add(self, rec: MessageRecord, *, crc_ok: bool = True, file: str = "") -> None:
+        """One record's row (see :meth:`extend`)."""
+        self.extend((rec,), crc_ok=crc_ok, file=file)
+
+    def extend(self, records: Sequence[MessageRecord], *, crc_ok: bool = True, file: str = "") -> None:
+        """Rows for ``records``, column by column; a ``with_file`` builder also notes each one's
+        size, ``crc_ok`` and ``file``."""
         c = self._cols
-        props = rec.properties
-        c["topic"].append(rec.topic)
-        c["queue_id"].append(rec.queue_id)
-        c["queue_offset"].append(rec.queue_offset)
-        c["commitlog_offset"].append(rec.phy_offset)
-        c["msg_id"].append(rec.uniq_key or rec.msg_id)
-        c["tags"].append(rec.tags)
-        c["keys"].append(rec.keys or [])
-        c["properties"].append(list(props.items()))
-        c["body"].append(rec.body)
-        c["born_timestamp"].append(rec.born_timestamp * 1000)
-        c["store_timestamp"].append(rec.store_timestamp * 1000)
+        c["topic"] += map(_TOPIC, records)
+        c["queue_id"] += map(_QUEUE_ID, records)
+        c["queue_offset"] += map(_QUEUE_OFFSET, records)
+        c["commitlog_offset"] += map(_PHY_OFFSET, records)
+        c["msg_id"] += [rec.uniq_key or rec.msg_id for rec in records]
+        c["tags"] += [rec.tags for rec in records]
+        c["keys"] += [rec.keys for rec in records]
+        c["properties"] += [list(rec.properties.items()) for rec in records]
+        c["body"] += map(_BODY, records)
+        c["born_timestamp"] += [rec.born_timestamp * 1000 for rec in records]
+        c["store_timestamp"] += [rec.store_timestamp * 1000 for rec in records]
         if self.with_file:
-            c["size"].append(rec.total_size)
-            c["crc_ok"].append(crc_ok)
-            c["file"].append(file)
+            c["size"] += map(_TOTAL_SIZE, records)
+            c["crc_ok"] += [crc_ok] * len(records)
+            c["file"] += [file] * len(records)
 
     def add_unreadable(self, phy_offset: int, file: str) -> None:
         """A position whose bytes are not a record (only with ``with_file``): nulls but the

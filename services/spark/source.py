@@ -80,7 +80,7 @@ from pyspark.sql.types import StructType
 
 from libstore import ConfigError
 from libstore.message import MessageConst
-from libstore.record_codec import decode_record
+from libstore.record_codec import decode_records
 from services._common.tls import TlsConfig
 from services.credentials import Credentials
 from services.spark.rows import MESSAGE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
@@ -211,13 +211,12 @@ class _Store:
                     )
                 if nxt < p.end:
                     pending = consumer.prefetch_raw(p.queue_id, nxt, min(pull_batch, p.end - nxt))
-                for raw in raws:
-                    rec = decode_record(raw)
-                    if rec.queue_offset >= p.end:
-                        break
-                    builder.add(rec)
-                    if len(builder) >= ROWS_PER_BATCH:
-                        yield builder.take()
+                records = decode_records(raws)
+                while records and records[-1].queue_offset >= p.end:  # past the planned range
+                    records.pop()
+                builder.extend(records)
+                if len(builder) >= ROWS_PER_BATCH:
+                    yield builder.take()
                 offset = nxt
         if len(builder):
             yield builder.take()
