@@ -45,8 +45,17 @@ async def call(
     call raises the matching StoreError (grpc.RpcError when it has no store meaning)."""
     deadline = time.monotonic() + timeout_s
     try:
+        # The first attempt outside the retry policy: nearly every call succeeds at once, and
+        # setting the policy up costs ~80 us a call. A failure becomes the policy's first attempt.
+        try:
+            return await method(request, timeout=timeout_s)
+        except grpc.RpcError as err:
+            first: grpc.RpcError | None = err
         async for attempt in retrying(idempotent=idempotent, deadline_s=timeout_s):
             with attempt:
+                if first is not None:
+                    failed, first = first, None
+                    raise failed
                 left = max(0.001, deadline - time.monotonic())
                 return await method(request, timeout=left)
     except grpc.RpcError as err:
