@@ -852,11 +852,34 @@ error:
     return NULL;
 }
 
+/* The hosts decoded last: a pull's records nearly all share their born host and store host,
+ * and the (ip, port) tuple of an encoded host never changes, so a byte compare here saves the
+ * bytes object and the call into Python for each. Two slots, replaced in turn; only touched
+ * with the GIL held. */
+#define HOST_SLOTS 2
+static struct {
+    unsigned char raw[20];
+    Py_ssize_t len;
+    PyObject *value;
+} host_cache[HOST_SLOTS];
+static int host_next;
+
 static PyObject *decoded_host(const unsigned char *raw, Py_ssize_t len) {
+    for (int i = 0; i < HOST_SLOTS; i++) {
+        if (host_cache[i].value != NULL && host_cache[i].len == len && memcmp(host_cache[i].raw, raw, (size_t)len) == 0)
+            return Py_NewRef(host_cache[i].value);
+    }
     PyObject *b = PyBytes_FromStringAndSize((const char *)raw, len);
     if (b == NULL) return NULL;
     PyObject *out = PyObject_CallOneArg(S.decode_host, b);
     Py_DECREF(b);
+    if (out != NULL && len <= 20) {
+        int slot = host_next;
+        host_next = (host_next + 1) % HOST_SLOTS;
+        Py_XSETREF(host_cache[slot].value, Py_NewRef(out));
+        memcpy(host_cache[slot].raw, raw, (size_t)len);
+        host_cache[slot].len = len;
+    }
     return out;
 }
 
@@ -1455,6 +1478,7 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
     for (int i = 0; i < 18; i++) Py_XSETREF(S.record_descr[i], descr[i]);
     Py_XSETREF(S.record_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(S.decode_host, Py_NewRef(args[2]));
+    for (int i = 0; i < HOST_SLOTS; i++) Py_CLEAR(host_cache[i].value); /* decoded by the old one */
     Py_RETURN_NONE;
 }
 
