@@ -6,7 +6,8 @@
   the gateway cannot keep up and wrote nothing) is retried after the gateway's hint. Beyond
   its de-duplication window delivery is at-least-once. :meth:`Producer.send_batch_async` keeps
   several batches in flight.
-* :class:`PullConsumer` consumes a topic as a group: one long-polling pull in flight per queue,
+* :class:`PullConsumer` consumes a topic as a group: its queues in two (or more) sets, one
+  long-polling PullMany in flight per set (per queue Pull against a gateway without PullMany),
   records fetched raw and decoded here, each queue in order. :meth:`PullConsumer.commit` records
   the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
   processing); a new consumer of the group resumes from them. A group whose position retention
@@ -299,6 +300,16 @@ class Producer:
         self.close()
 
 
+def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
+    """``queues`` in sets of at most QUEUES_PER_PULL_MANY, at least two sets when there are two
+    queues or more: one set's PullMany is served while this process decodes another's."""
+    size = max(1, min(QUEUES_PER_PULL_MANY, -(-len(queues) // 2)))
+    return [tuple(queues[i : i + size]) for i in range(0, len(queues), size)]
+
+
+QUEUES_PER_PULL_MANY = 8
+
+
 class PullConsumer:
     """Consumes ``topic`` as ``group`` from every read queue (or ``queues``), see module docstring.
 
@@ -338,8 +349,13 @@ class PullConsumer:
         self._next: dict[int, int] = dict.fromkeys(self.queues, -1)  # -1: the group's committed offset
         self._consumed: dict[int, int] = {}  # offsets to commit: after what poll() returned
         self._committed: dict[int, int] = {}
-        self._inflight: dict[int, grpc.Future] = {}
-        self._done: queue.Queue[int] = queue.Queue()  # queue ids whose pull completed
+        # In flight: a PullMany per set of queues (keyed by the set), or a Pull per queue
+        # (keyed by its id) against a gateway that has no PullMany.
+        self._inflight: dict[int | tuple[int, ...], grpc.Future] = {}
+        self._done: queue.Queue[int | tuple[int, ...]] = queue.Queue()  # keys whose call completed
+        self._sets = _queue_sets(self.queues)
+        self._pull_many = True  # until the gateway answers UNIMPLEMENTED (one from before it)
+        self._turn = 0  # rotates each set's order, so no queue always comes last under max_bytes
         # Per queue: messages passed over because retention deleted them before they were
         # consumed (the gateway counts them in each pull's reply).
         self.skipped: dict[int, int] = dict.fromkeys(self.queues, 0)
@@ -357,14 +373,33 @@ class PullConsumer:
         )
         return self._conn.stub.Pull.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
 
+    def _pull_set(self, queues: tuple[int, ...], wait_ms: int) -> grpc.Future:
+        turn = self._turn % len(queues)
+        self._turn += 1
+        request = gateway_pb.PullManyRequest(
+            group=self.group,
+            topic=self.topic,
+            queues=[
+                gateway_pb.QueuePull(queue_id=q, offset=self._next[q], max_count=self.batch_size)
+                for q in queues[turn:] + queues[:turn]
+            ],
+            tag_expression=self.tag_expression,
+            wait_ms=wait_ms,
+        )
+        return self._conn.stub.PullMany.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
+
     def poll(self, timeout_ms: int = 1000) -> list[MessageRecord]:
         """Messages from whichever queues have some (each queue in order), waiting up to
         ``timeout_ms`` when none has. Pulls that are still held stay in flight for the next poll."""
-        for qid in self.queues:
-            if qid not in self._inflight:
-                fut = self._pull(qid, self.hold_ms)
-                self._inflight[qid] = fut
-                fut.add_done_callback(lambda _f, q=qid: self._done.put(q))
+        keys: Sequence[int | tuple[int, ...]] = self._sets if self._pull_many else self.queues
+        for key in keys:
+            if key not in self._inflight:
+                if isinstance(key, tuple):
+                    fut = self._pull_set(key, self.hold_ms)
+                else:
+                    fut = self._pull(key, self.hold_ms)
+                self._inflight[key] = fut
+                fut.add_done_callback(lambda _f, k=key: self._done.put(k))
         out: list[MessageRecord] = []
         try:
             ready = [self._done.get(timeout=timeout_ms / 1000.0)]
@@ -375,19 +410,32 @@ class PullConsumer:
                 ready.append(self._done.get_nowait())
             except queue.Empty:
                 break
-        for qid in ready:
-            fut = self._inflight.pop(qid, None)
+        for key in ready:
+            fut = self._inflight.pop(key, None)
             if fut is not None:
-                out.extend(self._take(qid, fut))
+                out.extend(self._take(key, fut))
         return out
 
-    def _take(self, queue_id: int, fut: grpc.Future) -> list[MessageRecord]:
+    def _take(self, key: int | tuple[int, ...], fut: grpc.Future) -> list[MessageRecord]:
         try:
             reply = fut.result()
         except grpc.RpcError as err:
+            if isinstance(key, tuple) and err.code() is grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+                self._pull_many = False  # a gateway from before PullMany: a Pull per queue from now on
+                return []
             if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
                 return []  # re-pulled on the next poll
             reraise_mapped(err)
+        if not isinstance(key, tuple):
+            return self._apply(key, reply)
+        out: list[MessageRecord] = []
+        for result in reply.results:
+            if result.queue_id in key:
+                out.extend(self._apply(result.queue_id, result))
+        return out
+
+    def _apply(self, queue_id: int, reply: Any) -> list[MessageRecord]:
+        """Take one queue's pull result: move its position, count what retention skipped."""
         self._next[queue_id] = reply.next_offset
         self._note_skipped(queue_id, reply)
         if reply.records:

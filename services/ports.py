@@ -204,6 +204,17 @@ class DispatchPort(Protocol):
         wait_ms: int = 0,
     ) -> Entries: ...
 
+    async def get_entries_many(
+        self,
+        topic: str,
+        queries: Sequence[tuple[int, int, int]],
+        *,
+        max_bytes: int = 0,
+        total_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> list[Entries]: ...
+
     async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]: ...
 
     async def offset_by_time(

@@ -47,15 +47,30 @@ class RemoteDispatch:
         r = await call(
             self.stub.GetEntries, request, idempotent=True, timeout_s=self.timeout_s + wait_ms / 1000.0
         )
-        return Entries(
-            PULL_STATUS_FROM_PB[r.status],
-            r.next_offset,
-            r.min_offset,
-            r.max_offset,
-            list(r.queue_offsets),
-            list(r.phy_offsets),
-            list(r.sizes),
+        return _entries_from_pb(r)
+
+    async def get_entries_many(
+        self,
+        topic: str,
+        queries: Sequence[tuple[int, int, int]],
+        *,
+        max_bytes: int = 0,
+        total_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> list[Entries]:
+        request = dispatch_pb.GetEntriesManyRequest(
+            topic=topic,
+            queues=[dispatch_pb.QueueRange(queue_id=q, offset=o, max_count=n) for q, o, n in queries],
+            max_bytes=max_bytes,
+            total_bytes=total_bytes,
+            tag_codes=list(tag_codes),
+            wait_ms=wait_ms,
         )
+        r = await call(
+            self.stub.GetEntriesMany, request, idempotent=True, timeout_s=self.timeout_s + wait_ms / 1000.0
+        )
+        return [_entries_from_pb(e) for e in r.entries]
 
     async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
         r = await call(
@@ -187,3 +202,15 @@ class RemoteDispatch:
         # Not retried: a claim counts checks, and the next round claims again anyway.
         r = await call(self.stub.ClaimTransactionChecks, request, idempotent=False, timeout_s=self.timeout_s)
         return [TransactionCheck(c.transaction_id, c.record, c.check_times) for c in r.checks]
+
+
+def _entries_from_pb(r: dispatch_pb.GetEntriesResponse) -> Entries:
+    return Entries(
+        PULL_STATUS_FROM_PB[r.status],
+        r.next_offset,
+        r.min_offset,
+        r.max_offset,
+        list(r.queue_offsets),
+        list(r.phy_offsets),
+        list(r.sizes),
+    )

@@ -6,6 +6,7 @@ dispatch reports the queue grew or ``wait_ms`` passes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from libstore import InvalidArgumentError, OffsetOutOfRangeError
@@ -122,6 +123,67 @@ class LocalDispatch:
                     entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
             span.set_attribute("mqstore.units", len(entries.phy_offsets))
             return entries
+
+    async def get_entries_many(
+        self,
+        topic: str,
+        queries: Sequence[tuple[int, int, int]],
+        *,
+        max_bytes: int = 0,
+        total_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> list[Entries]:
+        """:meth:`get_entries` for ``queries`` ((queue id, offset, max count), distinct queue
+        ids) of ``topic``, in their order, until ``total_bytes`` of units are selected (0: no
+        bound; the queue that crosses it is answered whole, later ones are left out: the result
+        is a prefix). With ``wait_ms``, held while no queue has a unit at its offset."""
+        if not topic or not queries:
+            raise InvalidArgumentError("topic and queues must be non-empty")
+        if len({q for q, _, _ in queries}) != len(queries):
+            raise InvalidArgumentError("queue ids must be distinct")
+        for queue_id, offset, max_count in queries:
+            if queue_id < 0 or offset < 0:
+                raise InvalidArgumentError(
+                    f"queue {queue_id}: queue id and offset must be >= 0, got {offset}"
+                )
+            if not 1 <= max_count <= self.max_batch:
+                raise InvalidArgumentError(f"max_count must be within 1..{self.max_batch}, got {max_count}")
+        if max_bytes < 0 or total_bytes < 0 or wait_ms < 0:
+            raise InvalidArgumentError("max_bytes, total_bytes and wait_ms must be >= 0")
+        filt = CodeFilter(tag_codes)
+        limit = max_bytes or self.max_bytes
+
+        def select() -> list[Entries]:
+            out: list[Entries] = []
+            selected = 0
+            for queue_id, offset, max_count in queries:
+                if total_bytes and selected >= total_bytes:
+                    break
+                entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
+                out.append(entries)
+                selected += sum(entries.sizes)
+            return out
+
+        def waiting(answers: list[Entries]) -> bool:  # nothing new at any queue's offset
+            return all(
+                e.status in _WAITING and offset >= e.max_offset
+                for e, (_, offset, _) in zip(answers, queries, strict=False)
+            )
+
+        with self._tracer.start_as_current_span("dispatch.get_entries_many") as span:
+            answers = select()
+            deadline = time.monotonic() + wait_ms / 1000.0
+            while wait_ms > 0 and waiting(answers) and (left := deadline - time.monotonic()) > 0:
+                span.add_event("long polling")
+                held = await self.long_polling.wait_for_topic_async(
+                    topic, int(left * 1000), lambda: not waiting(select())
+                )
+                answers = select()
+                if not held:  # maxHeldPolls reached: answered at once, as a single queue's pull
+                    break
+            span.set_attribute("mqstore.units", sum(len(e.sizes) for e in answers))
+            return answers
 
     async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
         if queue_id < 0:

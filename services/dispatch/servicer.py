@@ -8,6 +8,7 @@ from libstore.consume_queue import BoundaryType
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import CONSUME_FROM_LATEST, SubscriptionGroupConfig
 from services.dispatch.local import LocalDispatch
+from services.ports import Entries
 from services.proto import common_pb, dispatch_grpc, dispatch_pb
 
 SERVICE_NAME = dispatch_pb.DESCRIPTOR.services_by_name["DispatchService"].full_name
@@ -31,15 +32,20 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
             tag_codes=list(request.tag_codes),
             wait_ms=request.wait_ms,
         )
-        return dispatch_pb.GetEntriesResponse(
-            status=PULL_STATUS_TO_PB[e.status],
-            next_offset=e.next_offset,
-            min_offset=e.min_offset,
-            max_offset=e.max_offset,
-            queue_offsets=e.queue_offsets,
-            phy_offsets=e.phy_offsets,
-            sizes=e.sizes,
+        return _entries_to_pb(e)
+
+    async def GetEntriesMany(
+        self, request: dispatch_pb.GetEntriesManyRequest, context: grpc.aio.ServicerContext
+    ) -> dispatch_pb.GetEntriesManyResponse:
+        answers = await self.port.get_entries_many(
+            request.topic,
+            [(q.queue_id, q.offset, q.max_count) for q in request.queues],
+            max_bytes=request.max_bytes,
+            total_bytes=request.total_bytes,
+            tag_codes=list(request.tag_codes),
+            wait_ms=request.wait_ms,
         )
+        return dispatch_pb.GetEntriesManyResponse(entries=[_entries_to_pb(e) for e in answers])
 
     async def GetQueueInfo(
         self, request: dispatch_pb.GetQueueInfoRequest, context: grpc.aio.ServicerContext
@@ -226,3 +232,15 @@ def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.Consumer
 def add_to_server(servicer: DispatchServicer, server: grpc.aio.Server) -> list[str]:
     dispatch_grpc.add_DispatchServiceServicer_to_server(servicer, server)
     return [SERVICE_NAME]
+
+
+def _entries_to_pb(e: Entries) -> dispatch_pb.GetEntriesResponse:
+    return dispatch_pb.GetEntriesResponse(
+        status=PULL_STATUS_TO_PB[e.status],
+        next_offset=e.next_offset,
+        min_offset=e.min_offset,
+        max_offset=e.max_offset,
+        queue_offsets=e.queue_offsets,
+        phy_offsets=e.phy_offsets,
+        sizes=e.sizes,
+    )

@@ -322,6 +322,27 @@ class GroupDispatch:
             )
         )
 
+    async def get_entries_many(
+        self,
+        topic: str,
+        queries: Sequence[tuple[int, int, int]],
+        *,
+        max_bytes: int = 0,
+        total_bytes: int = 0,
+        tag_codes: Sequence[int] = (),
+        wait_ms: int = 0,
+    ) -> list[Entries]:
+        return await self.group.on_reader(
+            lambda m: m.dispatch.get_entries_many(
+                topic,
+                queries,
+                max_bytes=max_bytes,
+                total_bytes=total_bytes,
+                tag_codes=tag_codes,
+                wait_ms=wait_ms,
+            )
+        )
+
     async def queue_info(self, topic: str, queue_id: int = -1) -> list[QueueInfo]:
         return await self.group.on_reader(lambda m: m.dispatch.queue_info(topic, queue_id))
 

@@ -46,7 +46,7 @@ from libstore import (
 )
 from libstore.consume_queue import BoundaryType
 from libstore.errors import AuthenticationError, PermissionDeniedError, TooManyRequestsError
-from libstore.get_message import UnitSelection, fetch_messages
+from libstore.get_message import GetMessageResult, UnitSelection, fetch_messages
 from libstore.message_filter import TagFilter
 from libstore.producer_input import check_producer_properties, check_producer_topic, producer_sys_flag
 from libstore.record_codec import (
@@ -64,7 +64,7 @@ from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import current_account
 from services.gateway.limits import GatewayLimits, HeldPolls
-from services.ports import CommitLogPort, DispatchPort, IndexPort
+from services.ports import CommitLogPort, DispatchPort, Entries, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 SERVICE_NAME = gateway_pb.DESCRIPTOR.services_by_name["Gateway"].full_name
@@ -263,37 +263,80 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                     wait_ms=wait_ms if may_hold else 0,
                 )
             if wait_ms and not may_hold and not entries.phy_offsets:
-                raise TooManyRequestsError(
-                    f"this client already has {self.limits.max_held_polls_per_client} pulls waiting "
-                    f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} "
-                    "(maxHeldPolls); retry after a back-off"
-                )
-            selection = UnitSelection(
-                None if entries.status in _SELECTED else entries.status,
-                entries.next_offset,
-                entries.min_offset,
-                entries.max_offset,
-                entries.queue_offsets,
-                entries.phy_offsets,
-                entries.sizes,
-            )
+                raise self._too_many_held()
+            selection = _selection(entries)
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
-            too_small = result.status is GetMessageStatus.OFFSET_TOO_SMALL
-            reply = gateway_pb.PullResponse(
-                status=PULL_STATUS_TO_PB[result.status],
-                next_offset=result.next_begin_offset,
-                min_offset=result.min_offset,
-                max_offset=result.max_offset,
-                skipped=result.next_begin_offset - offset if too_small else result.removed,
-            )
-            if request.raw:
-                reply.records.extend(result.records)
-                reply.queue_offsets.extend(result.queue_offsets)
-            else:
-                reply.messages.extend(convert.record_to_view(r) for r in result.decode())
+            return _pull_response(result, offset, raw=request.raw)
+
+    async def PullMany(
+        self, request: gateway_pb.PullManyRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb.PullManyResponse:
+        if not request.group:
+            raise InvalidArgumentError("group must be non-empty")
+        queues = request.queues
+        if not 1 <= len(queues) <= MAX_QUEUES_PER_PULL:
+            raise InvalidArgumentError(f"a PullMany names 1..{MAX_QUEUES_PER_PULL} queues, got {len(queues)}")
+        if len({q.queue_id for q in queues}) != len(queues):
+            raise InvalidArgumentError("queue ids must be distinct")
+        for q in queues:
+            if not 1 <= q.max_count <= self.max_pull_batch:
+                raise InvalidArgumentError(
+                    f"queue {q.queue_id}: max_count must be within 1..{self.max_pull_batch}, "
+                    f"got {q.max_count}"
+                )
+            if q.offset < -1:
+                raise InvalidArgumentError(f"queue {q.queue_id}: offset must be >= 0 (or -1), got {q.offset}")
+        if request.wait_ms < 0 or request.max_bytes < 0:
+            raise InvalidArgumentError("wait_ms and max_bytes must be >= 0")
+        topic = request.topic
+        self._allow(SUB, topic, request.group)
+        for q in queues:
+            await self._readable(topic, q.queue_id)
+        with self._tracer.start_as_current_span("gateway.pull_many") as span:
+            queries = [
+                (
+                    q.queue_id,
+                    q.offset if q.offset >= 0 else await self._start_offset(request.group, topic, q.queue_id),
+                    q.max_count,
+                )
+                for q in queues
+            ]
+            filt = TagFilter(request.tag_expression)
+            wait_ms = min(request.wait_ms, self.max_hold_ms)
+            hold = self.held_polls.hold(context.peer()) if wait_ms else contextlib.nullcontext(False)
+            with hold as may_hold:
+                answers = await self.dispatch.get_entries_many(
+                    topic,
+                    queries,
+                    total_bytes=min(request.max_bytes or PULL_MANY_MAX_BYTES, PULL_MANY_MAX_BYTES),
+                    tag_codes=sorted(filt.codes) if filt.codes else (),
+                    wait_ms=wait_ms if may_hold else 0,
+                )
+            if wait_ms and not may_hold and not any(e.phy_offsets for e in answers):
+                raise self._too_many_held()
+            selections = [_selection(e) for e in answers]
+            # One read for every queue's records (a remote commitlog plans it into bounded calls).
+            ranges = [r for sel in selections for r in sel.ranges()]
+            raws = await self.commitlog.read(ranges) if ranges else []
+            reply = gateway_pb.PullManyResponse()
+            start = 0
+            for (queue_id, offset, _), sel in zip(queries, selections, strict=False):
+                end = start + len(sel.sizes)
+                result = fetch_messages(sel, raws[start:end], filt)
+                start = end
+                reply.results.append(_pull_response(result, offset, raw=True, queue_id=queue_id))
+            span.set_attribute("mqstore.messages", sum(len(r.records) for r in reply.results))
             return reply
+
+    def _too_many_held(self) -> TooManyRequestsError:
+        """A pull with a wait that may not be held and has nothing to answer at once."""
+        return TooManyRequestsError(
+            f"this client already has {self.limits.max_held_polls_per_client} pulls waiting "
+            f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} "
+            "(maxHeldPolls); retry after a back-off"
+        )
 
     async def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
         committed = await self.dispatch.query_offset(group, topic, queue_id)
@@ -526,6 +569,45 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
 
 _SELECTED = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE)
+MAX_QUEUES_PER_PULL = 256  # queues one PullMany may name
+PULL_MANY_MAX_BYTES = 4 * 1024 * 1024  # records in one PullMany reply (each queue's own bound: 256 KiB)
+
+
+def _selection(entries: Entries) -> UnitSelection:
+    """The dispatch service's answer as the pull algorithm's step-3 result."""
+    return UnitSelection(
+        None if entries.status in _SELECTED else entries.status,
+        entries.next_offset,
+        entries.min_offset,
+        entries.max_offset,
+        entries.queue_offsets,
+        entries.phy_offsets,
+        entries.sizes,
+    )
+
+
+def _pull_response(
+    result: GetMessageResult, offset: int, *, raw: bool, queue_id: int = 0
+) -> gateway_pb.PullResponse:
+    """A pull's reply: records as stored (``raw``) or decoded views; ``skipped`` counts what
+    retention deleted before it was read (``offset`` was the pull's start)."""
+    too_small = result.status is GetMessageStatus.OFFSET_TOO_SMALL
+    reply = gateway_pb.PullResponse(
+        status=PULL_STATUS_TO_PB[result.status],
+        next_offset=result.next_begin_offset,
+        min_offset=result.min_offset,
+        max_offset=result.max_offset,
+        skipped=result.next_begin_offset - offset if too_small else result.removed,
+        queue_id=queue_id,
+    )
+    if raw:
+        reply.records.extend(result.records)
+        reply.queue_offsets.extend(result.queue_offsets)
+    else:
+        reply.messages.extend(convert.record_to_view(r) for r in result.decode())
+    return reply
+
+
 _HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
 _MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 
