@@ -136,3 +136,20 @@ def physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 8 * 1024**3
+
+
+M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+
+
+def mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt(param, value)`` (M_TRIM_THRESHOLD, M_MMAP_THRESHOLD: bytes); False
+    (quietly) where the C library has none (musl) or refuses the value."""
+    if _libc is None:
+        return False
+    try:
+        fn = _libc.mallopt
+    except AttributeError:  # pragma: no cover - a C library without mallopt
+        return False
+    fn.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(fn(param, value))

@@ -37,6 +37,7 @@ import grpc
 
 from libstore import CommitLog, ConfigError, StoreConfig
 from libstore._os import physical_memory
+from services._common.process_tuning import tune_allocator, tune_young_collections
 from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import configure_tracing
@@ -432,6 +433,7 @@ class Suite:
 
 async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = None) -> None:
     """Start a Suite, run until SIGTERM or SIGINT, then stop it gracefully."""
+    tune_allocator()
     suite = Suite(options)
     await suite.start()
     # What is loaded by now (modules, descriptors, recovered state) lives as long as the
@@ -450,22 +452,6 @@ async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = Non
     finally:
         log.info("mqstore %s stopping", options.role)
         await suite.stop()
-
-
-# Container objects allocated (net of those freed) between two collections of the youngest
-# generation; CPython's default is 700. A produced batch makes a few hundred short-lived objects
-# per call (decoded requests, lists, futures), so at 700 the collector runs every other batch or
-# so, finds them alive and promotes them, and the older generations' collections then walk what
-# is already dead by refcount. Measured on the embedded suite (5 x 120,000 messages, batches of
-# 256): 1,371 young collections and 785 ms of collecting at 700; 108 ms at 10,000.
-YOUNG_GENERATION_THRESHOLD = 10_000
-
-
-def tune_young_collections() -> None:
-    """Set the youngest generation's collection threshold to YOUNG_GENERATION_THRESHOLD,
-    keeping CPython's thresholds for the older two."""
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, older, oldest)
 
 
 def _advertised(address: str) -> str:
