@@ -307,7 +307,7 @@ def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
     return [tuple(queues[i : i + size]) for i in range(0, len(queues), size)]
 
 
-QUEUES_PER_PULL_MANY = 8
+QUEUES_PER_PULL_MANY = 4
 
 
 class PullConsumer:

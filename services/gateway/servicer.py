@@ -268,7 +268,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
-            return _pull_response(result, offset, raw=request.raw)
+            return _pull_response(gateway_pb.PullResponse(), result, offset, raw=request.raw)
 
     async def PullMany(
         self, request: gateway_pb.PullManyRequest, context: grpc.aio.ServicerContext
@@ -326,7 +326,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 end = start + len(sel.sizes)
                 result = fetch_messages(sel, raws[start:end], filt)
                 start = end
-                reply.results.append(_pull_response(result, offset, raw=True, queue_id=queue_id))
+                _pull_response(reply.results.add(), result, offset, raw=True, queue_id=queue_id)
             span.set_attribute("mqstore.messages", sum(len(r.records) for r in reply.results))
             return reply
 
@@ -587,19 +587,19 @@ def _selection(entries: Entries) -> UnitSelection:
 
 
 def _pull_response(
-    result: GetMessageResult, offset: int, *, raw: bool, queue_id: int = 0
+    reply: gateway_pb.PullResponse, result: GetMessageResult, offset: int, *, raw: bool, queue_id: int = 0
 ) -> gateway_pb.PullResponse:
-    """A pull's reply: records as stored (``raw``) or decoded views; ``skipped`` counts what
-    retention deleted before it was read (``offset`` was the pull's start)."""
+    """Fill ``reply`` (a new PullResponse, or one added to a PullManyResponse in place: appending
+    a built message would copy its records) with a pull's result: records as stored (``raw``)
+    or decoded views; ``skipped`` counts what retention deleted before it was read (``offset``
+    was the pull's start)."""
     too_small = result.status is GetMessageStatus.OFFSET_TOO_SMALL
-    reply = gateway_pb.PullResponse(
-        status=PULL_STATUS_TO_PB[result.status],
-        next_offset=result.next_begin_offset,
-        min_offset=result.min_offset,
-        max_offset=result.max_offset,
-        skipped=result.next_begin_offset - offset if too_small else result.removed,
-        queue_id=queue_id,
-    )
+    reply.status = PULL_STATUS_TO_PB[result.status]
+    reply.next_offset = result.next_begin_offset
+    reply.min_offset = result.min_offset
+    reply.max_offset = result.max_offset
+    reply.skipped = result.next_begin_offset - offset if too_small else result.removed
+    reply.queue_id = queue_id
     if raw:
         reply.records.extend(result.records)
         reply.queue_offsets.extend(result.queue_offsets)
