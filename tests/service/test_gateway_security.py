@@ -111,6 +111,12 @@ def test_the_own_api_refuses_unsigned_calls_and_writes_nothing(gateway: str) -> 
                 gateway_pb.PullRequest(group="billing", topic="Orders", queue_id=0, offset=0, max_count=8),
                 timeout=5,
             ),
+            "pull many": lambda: stub.PullMany(
+                gateway_pb.PullManyRequest(
+                    group="billing", topic="Orders", queues=[gateway_pb.QueuePull(queue_id=0, max_count=8)]
+                ),
+                timeout=5,
+            ),
             "disable group": lambda: stub.UpsertSubscriptionGroup(
                 dispatch_pb.SubscriptionGroup(group_name="billing", consume_enable=False), timeout=5
             ),
