@@ -115,7 +115,7 @@ def select_units(
                 return UnitSelection(GetMessageStatus.OFFSET_FOUND_NULL, offset, min_offset, max_offset)
             break
         scanned += n
-        if tag_filter.codes is None and BLANK_UNIT_SIZE not in cols.sizes:
+        if tag_filter.codes is None and BLANK_UNIT_SIZE not in cols.sizes and min(cols.sizes) > 0:
             full, total = _take_all(sel, cols, max_count, total, max_bytes)
         else:
             full, total = _take_matching(sel, cols, max_count, total, max_bytes, tag_filter)
@@ -127,9 +127,10 @@ def select_units(
 def _take_all(
     sel: UnitSelection, cols: UnitColumns, max_count: int, total: int, max_bytes: int
 ) -> tuple[bool, int]:
-    """Every unit of ``cols`` passes (no filter, no blank unit): take the longest prefix that
-    keeps within ``max_count`` and ``max_bytes`` (the first unit of a pull always). Returns
-    (stopped on a unit, bytes selected). The same outcome as :func:`_take_matching`, in C loops."""
+    """Every unit of ``cols`` passes (no filter, no blank unit, every size > 0, so the running
+    byte total only grows and can be bisected): take the longest prefix that keeps within
+    ``max_count`` and ``max_bytes`` (the first unit of a pull always). Returns (stopped on a
+    unit, bytes selected). The same outcome as :func:`_take_matching`, in C loops."""
     sizes = cols.sizes[: max_count - len(sel.sizes)]
     ends = list(accumulate(sizes, initial=total))[1:]  # bytes selected after each unit
     k = bisect_right(ends, max_bytes)
