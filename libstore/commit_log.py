@@ -100,7 +100,7 @@ from libstore.recovery import (
 )
 from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.retention_policy import RetentionPolicy
-from libstore.scheduled_message import hold_if_scheduled
+from libstore.scheduled_message import hold_all_scheduled
 from libstore.segment_summary import UNQUEUED, SegmentSummaries
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
@@ -509,7 +509,7 @@ class CommitLog:
         assert self._topic_config is not None
         now = time.time_ns() // 1_000_000
         if hold_scheduled:  # delay/timer: held in the timer topic
-            messages = [hold_if_scheduled(m, now) for m in messages]
+            messages = hold_all_scheduled(messages, now)
         batch = self._encoder.encode_batch(
             messages,
             now,

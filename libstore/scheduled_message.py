@@ -18,7 +18,8 @@ delay levels in SCHEDULE_TOPIC_XXXX; here every kind is one delivery time in one
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Mapping, Sequence
 
 from libstore.errors import MessageIllegalError
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, ascii_int
@@ -100,6 +101,21 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
     if at is None or at <= now_ms:
         return message
     return park(message, TIMER_TOPIC, {TIMER_DELIVER_MS: str(at)})
+
+
+_PROPERTIES = operator.attrgetter("properties")
+
+
+def hold_all_scheduled(messages: Sequence[Message], now_ms: int) -> list[Message]:
+    """:func:`hold_if_scheduled` of each of ``messages``. A batch in which no message names a
+    scheduling property (nearly every batch) is told apart in C loops (a Python call per
+    message was a quarter of an in-process put of 256) and comes back as the same messages."""
+    try:
+        if all(map(_SCHEDULING_NAMES.isdisjoint, map(_PROPERTIES, messages))):
+            return list(messages)
+    except TypeError:  # a message whose properties are None: the per-message path decides
+        pass
+    return [hold_if_scheduled(m, now_ms) for m in messages]
 
 
 def done_record(unit_offset: int) -> Message:

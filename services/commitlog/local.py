@@ -47,7 +47,7 @@ from libstore.commit_log_cleaner import used_share
 from libstore.log_scanner import scan_buffer
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
-from libstore.scheduled_message import hold_if_scheduled
+from libstore.scheduled_message import hold_all_scheduled
 from services._common.telemetry import meter, tracer
 from services.commitlog.decoded_batches import DecodedBatches
 from services.commitlog.dedup_window import DedupWindow, Placed
@@ -98,7 +98,7 @@ class LocalCommitLog:
             # keys them by the topic written: the copy the timer delivers later under the real
             # topic and the same UNIQ_KEY is not taken for a replay.
             now = time.time_ns() // 1_000_000
-            messages = [hold_if_scheduled(m, now) for m in messages]
+            messages = hold_all_scheduled(messages, now)
             fresh, placed = self._split_replays(messages)
             appended = (
                 self.log.append_messages(

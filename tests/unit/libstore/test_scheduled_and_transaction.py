@@ -20,6 +20,7 @@ from libstore.scheduled_message import (
     MAX_DELAY_MS,
     delivery_time,
     due_copy,
+    hold_all_scheduled,
     hold_if_scheduled,
 )
 from libstore.system_topics import HALF_TOPIC, OP_TOPIC, TIMER_DELIVER_MS, TIMER_OUT_MS, TIMER_TOPIC
@@ -49,6 +50,36 @@ def test_delivery_time_of_each_kind() -> None:
             delivery_time(bad, NOW)
     with pytest.raises(MessageIllegalError):
         delivery_time({TIMER_DELIVER_MS: str(NOW + MAX_DELAY_MS + 1)}, NOW)
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                {"TAGS": "t"},
+                {},
+                {TIMER_DELIVER_MS: str(NOW + 5_000)},
+                {MessageConst.DELAY: "3"},
+                {TIMER_DELIVER_MS: str(NOW - 1)},
+                None,
+            ]
+        ),
+        max_size=8,
+    )
+)
+def test_a_batch_is_held_as_its_messages_are_one_by_one(props: list[dict[str, str] | None]) -> None:
+    messages = []
+    for p in props:
+        m = Message("Orders", b"b", 0, properties=p)
+        if p is None:
+            m.properties = None  # type: ignore[assignment]  # what an odd caller may hand in
+        messages.append(m)
+    held = hold_all_scheduled(messages, NOW)
+    singly = [hold_if_scheduled(m, NOW) for m in messages]
+    assert [(h.topic, h.properties, h.body) for h in held] == [
+        (s.topic, s.properties, s.body) for s in singly
+    ]
+    assert all(h is m for h, m, s in zip(held, messages, singly, strict=True) if s is m)
 
 
 def test_hold_and_due_copy_round_trip(tmp_path: Path) -> None:
