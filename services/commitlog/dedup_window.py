@@ -44,6 +44,9 @@ _SLICE = 8192  # keys serialised per step by write_window
 _TAG = struct.Struct(">H32sqqI")  # id length, log id (padded), generation, log end offset, slots
 MAX_CATCH_UP_BYTES = 256 * 1024 * 1024  # past a saved window, at most this much log is scanned
 SAVE_INTERVAL_S = 10.0  # how often a running master saves its window (services.embedded)
+# put_many writes a batch column by column from this many records on; a smaller one (a message
+# of the message path: 1) is cheaper record by record than building the columns (2.3 us vs 4.7).
+_COLUMN_RUN_MIN = 16
 
 
 def _keys_of(topics: list[str], uniq_keys: list[str | None]) -> list[str | None]:
@@ -138,7 +141,7 @@ class DedupWindow:
             return
         n = len(phy_offsets)
         start = self._head % self.capacity
-        if n and start + n <= self.capacity and all(uniq_keys[:n]):
+        if n >= _COLUMN_RUN_MIN and start + n <= self.capacity and all(uniq_keys[:n]):
             self._put_run(
                 _keys_of(topics[:n], uniq_keys[:n]),
                 phy_offsets,

@@ -201,21 +201,38 @@ def test_a_saved_window_catches_up_from_the_first_record_kept_after_retention(
     assert first_kept.uniq_key == kept[0]
 
 
+_KEYS = list("abcdefghij")
+
+
 @settings(max_examples=200, deadline=None)
 @given(
-    capacity=st.integers(1, 12),
+    capacity=st.integers(1, 70),
     batches=st.lists(
         st.lists(
-            st.tuples(st.sampled_from(["T", "U"]), st.sampled_from(["a", "b", "c", "d", "e", None, ""])),
-            max_size=9,
+            st.tuples(st.sampled_from(["T", "U"]), st.sampled_from([*_KEYS * 6, None, ""])),
+            max_size=40,
         ),
-        max_size=12,
+        max_size=8,
     ),
 )
 def test_batches_keep_what_record_by_record_puts_keep(capacity: int, batches) -> None:
-    """put_many writes a batch whose records all have keys column by column when its slots do
-    not wrap around the ring, else record by record; either way the window holds what a model
-    of the ring holds: a key is there while its newest put is among the last ``capacity``."""
+    """put_many writes a batch of 16 records or more that all have keys column by column when
+    its slots do not wrap around the ring, else record by record; either way the window holds
+    what a model of the ring holds: a key is there while its newest put is among the last
+    ``capacity``."""
+    _holds_what_the_model_holds(capacity, batches)
+
+
+def test_a_column_written_batch_evicts_the_slots_it_takes_over() -> None:
+    # Capacity 32, batches of 16: the third batch is written column by column over the first
+    # one's slots; it repeats keys of the second, which keep their newer slots.
+    first = [("T", k) for k in _KEYS] + [("U", k) for k in _KEYS[:6]]
+    second = [("U", k) for k in _KEYS[6:]] + [("T", k + k) for k in _KEYS] + [("U", "zz"), ("U", "yy")]
+    third = [("U", k + k) for k in _KEYS] + [("U", "zz")] + [("T", k + k) for k in _KEYS[:5]]
+    _holds_what_the_model_holds(32, [first, second, third], extra_keys=[k + k for k in _KEYS] + ["zz", "yy"])
+
+
+def _holds_what_the_model_holds(capacity: int, batches, extra_keys: list[str] | tuple[str, ...] = ()) -> None:
     window = DedupWindow(capacity=capacity, ttl_ms=60_000)
     now = time.time_ns() // 1_000_000
     slots: list[tuple[str, Placed]] = []  # every keyed put so far, oldest first
@@ -230,7 +247,7 @@ def test_batches_keep_what_record_by_record_puts_keep(capacity: int, batches) ->
     kept = slots[-capacity:] if slots else []
     newest = {key: p for key, p in slots}
     expected = {key: p for key, p in newest.items() if (key, p) in kept}
-    everything = [(t, u) for t in ("T", "U") for u in ("a", "b", "c", "d", "e")]
+    everything = [(t, u) for t in ("T", "U") for u in [*_KEYS, *extra_keys]]
     hits = window.get_many([t for t, _ in everything], [u for _, u in everything])
     assert {f"{everything[i][0]}#{everything[i][1]}": p for i, p in hits.items()} == expected
     assert len(window) == len(expected)
