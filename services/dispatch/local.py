@@ -94,6 +94,15 @@ class LocalDispatch:
             sel.sizes,
         )
 
+    def _check_range(self, queue_id: int, offset: int, max_count: int) -> None:
+        """A pull's queue, offset and count, as GetEntries takes them; InvalidArgumentError else."""
+        if queue_id < 0 or offset < 0:
+            raise InvalidArgumentError(
+                f"queue id and offset must be >= 0, got queue {queue_id}, offset {offset}"
+            )
+        if not 1 <= max_count <= self.max_batch:
+            raise InvalidArgumentError(f"max_count must be within 1..{self.max_batch}, got {max_count}")
+
     async def get_entries(
         self,
         topic: str,
@@ -105,19 +114,16 @@ class LocalDispatch:
         tag_codes: Sequence[int] = (),
         wait_ms: int = 0,
     ) -> Entries:
-        if not topic or queue_id < 0:
-            raise InvalidArgumentError("topic must be non-empty and queue_id >= 0")
-        if offset < 0:
-            raise InvalidArgumentError(f"queue offset must be >= 0, got {offset}")
-        if not 1 <= max_count <= self.max_batch:
-            raise InvalidArgumentError(f"max_count must be within 1..{self.max_batch}, got {max_count}")
+        if not topic:
+            raise InvalidArgumentError("topic must be non-empty")
+        self._check_range(queue_id, offset, max_count)
         if max_bytes < 0 or wait_ms < 0:
             raise InvalidArgumentError("max_bytes and wait_ms must be >= 0")
         filt = CodeFilter(tag_codes)
         limit = max_bytes or self.max_bytes
         with self._tracer.start_as_current_span("dispatch.get_entries") as span:
             entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
-            if entries.status in _WAITING and wait_ms > 0 and offset >= entries.max_offset:
+            if wait_ms > 0 and _nothing_new(entries, offset):
                 span.add_event("long polling")
                 if await self.long_polling.wait_for_messages_async(topic, queue_id, offset, wait_ms):
                     entries = self._select(self.queues.find(topic, queue_id), offset, max_count, limit, filt)
@@ -143,12 +149,7 @@ class LocalDispatch:
         if len({q for q, _, _ in queries}) != len(queries):
             raise InvalidArgumentError("queue ids must be distinct")
         for queue_id, offset, max_count in queries:
-            if queue_id < 0 or offset < 0:
-                raise InvalidArgumentError(
-                    f"queue {queue_id}: queue id and offset must be >= 0, got {offset}"
-                )
-            if not 1 <= max_count <= self.max_batch:
-                raise InvalidArgumentError(f"max_count must be within 1..{self.max_batch}, got {max_count}")
+            self._check_range(queue_id, offset, max_count)
         if max_bytes < 0 or total_bytes < 0 or wait_ms < 0:
             raise InvalidArgumentError("max_bytes, total_bytes and wait_ms must be >= 0")
         filt = CodeFilter(tag_codes)
@@ -166,10 +167,7 @@ class LocalDispatch:
             return out
 
         def waiting(answers: list[Entries]) -> bool:  # nothing new at any queue's offset
-            return all(
-                e.status in _WAITING and offset >= e.max_offset
-                for e, (_, offset, _) in zip(answers, queries, strict=False)
-            )
+            return all(_nothing_new(e, offset) for e, (_, offset, _) in zip(answers, queries, strict=False))
 
         with self._tracer.start_as_current_span("dispatch.get_entries_many") as span:
             answers = select()
@@ -279,3 +277,8 @@ class LocalDispatch:
         self, topics: Sequence[str], max_count: int = 64
     ) -> list[TransactionCheck]:
         return await self.transactions.claim_checks(topics, max_count)
+
+
+def _nothing_new(entries: Entries, offset: int) -> bool:
+    """The queue holds no unit at ``offset`` yet: a pull with a wait is held."""
+    return entries.status in _WAITING and offset >= entries.max_offset

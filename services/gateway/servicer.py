@@ -221,14 +221,17 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 m.born_host = peer_host
 
     # -- pull -------------------------------------------------------------------------------------
-    async def _readable(self, topic: str, queue_id: int) -> TopicConfig:
+    async def _readable(self, topic: str, *queue_ids: int) -> TopicConfig:
+        """``topic``'s config, once ``queue_ids`` are among its read queues and it is readable."""
         config = await self.topics.get(topic)
         if config is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        if not 0 <= queue_id < config.read_queue_nums:
-            raise QueueIdOutOfRangeError(
-                f"queue id {queue_id} out of range: topic {topic!r} has {config.read_queue_nums} read queues"
-            )
+        for queue_id in queue_ids:
+            if not 0 <= queue_id < config.read_queue_nums:
+                raise QueueIdOutOfRangeError(
+                    f"queue id {queue_id} out of range: topic {topic!r} has "
+                    f"{config.read_queue_nums} read queues"
+                )
         if not config.readable:
             raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})")
         return config
@@ -238,12 +241,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     ) -> gateway_pb.PullResponse:
         if not request.group:
             raise InvalidArgumentError("group must be non-empty")
-        if not 1 <= request.max_count <= self.max_pull_batch:
-            raise InvalidArgumentError(
-                f"max_count must be within 1..{self.max_pull_batch}, got {request.max_count}"
-            )
-        if request.offset < -1 or request.wait_ms < 0:
-            raise InvalidArgumentError("offset must be >= 0 (or -1: the committed offset) and wait_ms >= 0")
+        self._check_pull(request.queue_id, request.offset, request.max_count)
+        if request.wait_ms < 0:
+            raise InvalidArgumentError("wait_ms must be >= 0")
         self._allow(SUB, request.topic, request.group)
         await self._readable(request.topic, request.queue_id)
         with self._tracer.start_as_current_span("gateway.pull") as span:
@@ -281,19 +281,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if len({q.queue_id for q in queues}) != len(queues):
             raise InvalidArgumentError("queue ids must be distinct")
         for q in queues:
-            if not 1 <= q.max_count <= self.max_pull_batch:
-                raise InvalidArgumentError(
-                    f"queue {q.queue_id}: max_count must be within 1..{self.max_pull_batch}, "
-                    f"got {q.max_count}"
-                )
-            if q.offset < -1:
-                raise InvalidArgumentError(f"queue {q.queue_id}: offset must be >= 0 (or -1), got {q.offset}")
+            self._check_pull(q.queue_id, q.offset, q.max_count)
         if request.wait_ms < 0 or request.max_bytes < 0:
             raise InvalidArgumentError("wait_ms and max_bytes must be >= 0")
         topic = request.topic
         self._allow(SUB, topic, request.group)
-        for q in queues:
-            await self._readable(topic, q.queue_id)
+        await self._readable(topic, *(q.queue_id for q in queues))
         with self._tracer.start_as_current_span("gateway.pull_many") as span:
             queries = [
                 (
@@ -329,6 +322,17 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 _pull_response(reply.results.add(), result, offset, raw=True, queue_id=queue_id)
             span.set_attribute("mqstore.messages", sum(len(r.records) for r in reply.results))
             return reply
+
+    def _check_pull(self, queue_id: int, offset: int, max_count: int) -> None:
+        """One queue's part of a Pull or PullMany; InvalidArgumentError when out of bounds."""
+        if not 1 <= max_count <= self.max_pull_batch:
+            raise InvalidArgumentError(
+                f"queue {queue_id}: max_count must be within 1..{self.max_pull_batch}, got {max_count}"
+            )
+        if offset < -1:
+            raise InvalidArgumentError(
+                f"queue {queue_id}: offset must be >= 0 (or -1: the committed offset), got {offset}"
+            )
 
     def _too_many_held(self) -> TooManyRequestsError:
         """A pull with a wait that may not be held and has nothing to answer at once."""
@@ -570,7 +574,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
 _SELECTED = (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE)
 MAX_QUEUES_PER_PULL = 256  # queues one PullMany may name
-PULL_MANY_MAX_BYTES = 4 * 1024 * 1024  # records in one PullMany reply (each queue's own bound: 256 KiB)
+PULL_MANY_MAX_BYTES = 4 * 1024 * 1024  # no further queue once a PullMany holds this much (each: 256 KiB)
 
 
 def _selection(entries: Entries) -> UnitSelection:
