@@ -156,7 +156,7 @@ async def _run_asyncio(
         while not stop:
             t0 = clock()
             appended = log.append_messages(msgs)
-            future = log.submit_flush_request(appended.next_offset, appended.wait_store)
+            future = log.submit_flush_request(appended.wait_offset) if appended.wait_offset >= 0 else None
             status = await asyncio.wrap_future(future) if future else PutMessageStatus.PUT_OK
             t1 = clock()
             if status is not PutMessageStatus.PUT_OK or appended.results.appended != len(msgs):

@@ -166,16 +166,31 @@ static long java_hash(PyObject *text) {
 }
 
 /* What dispatch reads from the properties: the value ranges of TAGS, KEYS, UNIQ_KEY (the last
- * entry of each name wins, as in record_codec's regex) and whether a scheduling name appears. */
+ * entry of each name wins, as in record_codec's regex) and whether a scheduling name appears;
+ * and for the put, whether the message waits for the store (WAIT, the last entry wins). */
 typedef struct {
     const unsigned char *tags, *keys, *uniq;
     Py_ssize_t tags_len, keys_len, uniq_len;
     int scheduled;
+    int no_wait;
 } Found;
 
 static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
     size_t len = strlen(name);
     return (Py_ssize_t)len == n && memcmp(p, name, len) == 0;
+}
+
+/* Whether the UTF-8 text p[0..n) is "true" in any letter case: how RocketMQ reads a boolean
+ * property (Java's Boolean.parseBoolean; libstore.message.waits_for_store for WAIT). */
+static int is_true_text(const void *p, Py_ssize_t n) {
+    static const char want[4] = {'t', 'r', 'u', 'e'};
+    const unsigned char *c = p;
+    if (n != 4) return 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char lower = (c[i] >= 'A' && c[i] <= 'Z') ? (unsigned char)(c[i] + 32) : c[i];
+        if (lower != (unsigned char)want[i]) return 0;
+    }
+    return 1;
 }
 
 static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
@@ -202,6 +217,8 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
                        || name_is(start, name_len, "TIMER_DELAY_SEC")
                        || name_is(start, name_len, "TIMER_DELAY_MS")) {
                 f->scheduled = 1;
+            } else if (name_is(start, name_len, "WAIT")) {
+                f->no_wait = !is_true_text(value, value_len);
             }
         }
         if (stop == NULL) break;
@@ -399,6 +416,7 @@ typedef struct {
     Py_ssize_t body_at;
     PyObject *topic, *uniq_key; /* borrowed from the request; owned when no request is built */
     int scheduled;
+    int no_wait; /* with a request: the WAIT property says not to wait for the store */
 } Checked;
 
 /* The core of record_codec._check_record over the buffer ``buf`` (``limit`` <= its length).
@@ -473,9 +491,11 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     }
     PyObject *values[F_COUNT] = {NULL};
     values[F_TOPIC] = topic; /* owned by values from here */
+    int no_wait = 0;
     if (decode_props && prop_len) {
         Found f;
         find_properties(r + p, prop_len, &f);
+        no_wait = f.no_wait;
         if (f.tags_len > 0) {
             PyObject *tags = PyUnicode_DecodeUTF8((const char *)f.tags, f.tags_len, "replace");
             if (tags == NULL) goto error;
@@ -528,6 +548,7 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
         out->topic = values[F_TOPIC];
         out->uniq_key = values[F_UNIQ_KEY] ? values[F_UNIQ_KEY] : Py_None;
         out->scheduled = values[F_SCHEDULED] != NULL;
+        out->no_wait = no_wait;
     }
     PyObject *req = build_request(values); /* releases values */
     if (req == NULL) return NULL;
@@ -644,11 +665,13 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     topics = PyObject_GetAttrString(out, "topics");
     uniq_keys = PyObject_GetAttrString(out, "uniq_keys");
     requests = PyObject_GetAttrString(out, "requests");
+    PyObject *no_wait = PyObject_GetAttrString(out, "no_wait");
     int scheduled = 0;
     PyObject *chosen_out = NULL; /* a queue id chosen for the record the run stopped at */
-    if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests) goto done;
+    if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests || !no_wait)
+        goto done;
     if (!PyList_Check(positions) || !PyList_Check(sizes) || !PyList_Check(ts_positions) || !PyList_Check(queue_keys)
-        || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests)) {
+        || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests) || !PyList_Check(no_wait)) {
         PyErr_SetString(PyExc_TypeError, "the batch's lists are not lists");
         goto done;
     }
@@ -767,6 +790,11 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                   && PyList_Append(uniq_keys, uniq) == 0 && PyList_Append(requests, req) == 0)
                      ? 0
                      : -1;
+        if (rc == 0 && c.no_wait) {
+            PyObject *i_obj = PyLong_FromSsize_t(index);
+            rc = (i_obj != NULL && PyList_Append(no_wait, i_obj) == 0) ? 0 : -1;
+            Py_XDECREF(i_obj);
+        }
         if (c.scheduled) scheduled = 1;
         Py_XDECREF(pos_obj);
         Py_XDECREF(size_o);
@@ -793,6 +821,7 @@ done:
     Py_XDECREF(topics);
     Py_XDECREF(uniq_keys);
     Py_XDECREF(requests);
+    Py_XDECREF(no_wait);
     return result;
 }
 
@@ -1099,8 +1128,9 @@ error:
 
 
 /* Serialized properties of one message as properties_to_bytes writes them, into a new bytes
- * object; ``*waits`` becomes 0 when WAIT is "false". Returns NULL with no exception set when
- * the Python code must encode them (and word any refusal), or with one set on a real error. */
+ * object; ``*waits`` becomes 0 when WAIT is there and not "true" in any letter case
+ * (is_true_text). Returns NULL with no exception set when the Python code must encode them
+ * (and word any refusal), or with one set on a real error. */
 static PyObject *encode_properties(PyObject *props, int *waits) {
     PyObject *items = NULL;
     Py_ssize_t n;
@@ -1145,7 +1175,7 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
         if (kl == 0 || memchr(ks, 1, (size_t)kl) || memchr(ks, 2, (size_t)kl) || memchr(vs, 1, (size_t)vl)
             || memchr(vs, 2, (size_t)vl))
             goto slow;
-        if (kl == 4 && memcmp(ks, "WAIT", 4) == 0 && vl == 5 && memcmp(vs, "false", 5) == 0) *waits = 0;
+        if (kl == 4 && memcmp(ks, "WAIT", 4) == 0) *waits = is_true_text(vs, vl);
         Py_ssize_t need = used + kl + vl + 2;
         if (need > 32767) goto slow; /* PropertiesSizeExceededError, worded by the Python code */
         if (need > cap) {
@@ -1206,47 +1236,48 @@ static int attrs_get(PyObject *m, MessageAttrs *a) {
 }
 
 PyDoc_STRVAR(encode_run_doc,
-"encode_run(messages, index, buf, sizes, queue_keys, wide_born, topics, hosts, store_host,\n"
-"           store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok)\n"
-"    -> (index, wait_store, (chosen queue id,) | None, error | None)\n\n"
+"encode_run(messages, index, buf, sizes, queue_keys, wide_born, no_wait, topics, hosts,\n"
+"           store_host, store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok)\n"
+"    -> (index, (chosen queue id,) | None, error | None)\n\n"
 "The common case of RecordEncoder.encode_batch in C, from ``messages[index]`` (a list): each\n"
 "message whose topic is in ``topics`` (dict topic -> (TOPICLEN+TOPIC, magic, queue count)),\n"
 "whose born host is in ``hosts`` (the encoder's cache) and whose fields pass the checks is\n"
-"appended to the bytearray ``buf`` and the lists. Stops at the first message that needs the\n"
-"Python code (to refuse it, or to meet its topic or host) and returns its index, whether any\n"
-"encoded message waits for the store, the queue id already chosen for the message stopped at\n"
-"and the error choosing it raised, for the Python code to raise naming the message.");
+"appended to the bytearray ``buf`` and the lists (``no_wait``: the indexes of messages whose\n"
+"WAIT property says not to wait for the store). Stops at the first message that needs the\n"
+"Python code (to refuse it, or to meet its topic or host) and returns its index, the queue id\n"
+"already chosen for the message stopped at and the error choosing it raised, for the Python\n"
+"code to raise naming the message.");
 
 static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 14) {
-        PyErr_SetString(PyExc_TypeError, "encode_run takes 14 arguments");
+    if (nargs != 15) {
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 15 arguments");
         return NULL;
     }
     PyObject *messages = args[0], *buf = args[2], *sizes = args[3], *queue_keys = args[4];
-    PyObject *wide_born = args[5], *topics = args[6], *hosts = args[7], *choose = args[12];
+    PyObject *wide_born = args[5], *no_wait = args[6], *topics = args[7], *hosts = args[8], *choose = args[13];
     if (!PyList_Check(messages) || !PyByteArray_Check(buf) || !PyList_Check(sizes) || !PyList_Check(queue_keys)
-        || !PyList_Check(wide_born) || !PyDict_Check(topics) || !PyDict_Check(hosts) || !PyBytes_Check(args[8])) {
+        || !PyList_Check(wide_born) || !PyList_Check(no_wait) || !PyDict_Check(topics) || !PyDict_Check(hosts)
+        || !PyBytes_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError, "encode_run: wrong argument types");
         return NULL;
     }
     Py_ssize_t index = PyLong_AsSsize_t(args[1]);
-    long store_v6 = PyErr_Occurred() ? 0 : PyLong_AsLong(args[9]);
-    long long max_body = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[10]);
-    long long now_ms = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[11]);
+    long store_v6 = PyErr_Occurred() ? 0 : PyLong_AsLong(args[10]);
+    long long max_body = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[11]);
+    long long now_ms = PyErr_Occurred() ? 0 : PyLong_AsLongLong(args[12]);
     if (PyErr_Occurred()) return NULL;
-    int unassigned_ok = PyObject_IsTrue(args[13]);
+    int unassigned_ok = PyObject_IsTrue(args[14]);
     if (unassigned_ok < 0) return NULL;
     if (index < 0) {
         PyErr_SetString(PyExc_IndexError, "encode_run: negative index");
         return NULL;
     }
-    const char *store_host = PyBytes_AS_STRING(args[8]);
-    Py_ssize_t store_len = PyBytes_GET_SIZE(args[8]);
+    const char *store_host = PyBytes_AS_STRING(args[9]);
+    Py_ssize_t store_len = PyBytes_GET_SIZE(args[9]);
     if (store_len != 8 && store_len != 20) {
         PyErr_SetString(PyExc_ValueError, "store_host must be 8 or 20 bytes");
         return NULL;
     }
-    int wait_store = 0;
     /* For the message the run stops at: the queue id already chosen for it (handed back so it
      * is not chosen twice) or the error choosing raised (re-raised by the Python code, which
      * names the message). */
@@ -1395,7 +1426,15 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
                 }
                 Py_DECREF(i_obj);
             }
-            if (waits) wait_store = 1;
+            if (!waits) {
+                PyObject *i_obj = PyLong_FromSsize_t(index);
+                if (i_obj == NULL || PyList_Append(no_wait, i_obj) < 0) {
+                    Py_XDECREF(i_obj);
+                    stop = -1;
+                    break;
+                }
+                Py_DECREF(i_obj);
+            }
             stop = 0;
             Py_CLEAR(chosen_obj);
         } while (0);
@@ -1418,8 +1457,7 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_XDECREF(error_obj);
         return NULL;
     }
-    return Py_BuildValue("(nNNN)", index, PyBool_FromLong(wait_store), chosen,
-                         error_obj ? error_obj : Py_NewRef(Py_None));
+    return Py_BuildValue("(nNN)", index, chosen, error_obj ? error_obj : Py_NewRef(Py_None));
 }
 
 /* ------------------------------------------------------------- configure */

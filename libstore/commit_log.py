@@ -11,6 +11,9 @@ message its physical offset and queue offset, stamps the store time and copies c
 records into the current segment, rolling to the next segment with a blank END record when a
 record does not fit. Then the flush policy applies: SYNC_FLUSH waits for the group commit to
 cover the batch (FLUSH_DISK_TIMEOUT after ``syncFlushTimeout``), ASYNC_FLUSH returns at once.
+A message whose WAIT property reads false (libstore.message.waits_for_store) is not waited for:
+the wait reaches the end of the batch's last message that waits, and the others read PUT_OK
+whatever it came to (PutMessageResults.unwaited); a batch of such messages only wakes the flusher.
 
 Errors: bad input raises MessageIllegalError (subclasses) or TopicNotFoundError and writes
 nothing; a shut-down or unwriteable store raises ServiceNotAvailableError, a SLAVE
@@ -119,25 +122,32 @@ from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 _TOTAL_SIZE = struct.Struct(">i")  # TOTALSIZE, the first field of a record (free bytes in a blank)
+_EVERY_ONE_WAITS: frozenset[int] = frozenset()  # PutMessageResults.unwaited of most batches
 
 
 class AppendResult:
     """Outcome of :meth:`CommitLog.append_messages`: per-message results before any flush wait.
 
-    ``next_offset`` is the CommitLog offset just past the last appended record (the group
-    commit target, -1 when nothing was appended); ``wait_store`` is False when every message
-    said WAIT=false.
+    ``next_offset`` is the CommitLog offset just past the last appended record, -1 when nothing
+    was appended. ``wait_offset`` is the group commit (and SYNC_MASTER) target: just past the
+    last appended record whose message waits for the store, -1 when none does (every message
+    said WAIT=false, libstore.message.waits_for_store; those results read PUT_OK whatever the
+    waits come to, see PutMessageResults.unwaited).
     """
 
-    __slots__ = ("results", "wait_store")
+    __slots__ = ("results",)
 
-    def __init__(self, results: PutMessageResults, wait_store: bool) -> None:
+    def __init__(self, results: PutMessageResults) -> None:
         self.results = results
-        self.wait_store = wait_store
 
     @property
     def next_offset(self) -> int:
         return self.results.next_offset
+
+    @property
+    def wait_offset(self) -> int:
+        end = self.results.durable_end()
+        return -1 if end is None else end
 
 
 class CommitLog:
@@ -437,7 +447,7 @@ class CommitLog:
         if appended.next_offset < 0:
             return appended.results
         status = self._wait_flush(appended)
-        replica = self.submit_replica_request(appended.next_offset, appended.wait_store)
+        replica = self.submit_replica_request(appended.wait_offset, appended.wait_offset >= 0)
         if status is PutMessageStatus.PUT_OK and replica is not None:
             try:
                 status = replica.result(self.config.slave_timeout / 1000.0)
@@ -459,7 +469,10 @@ class CommitLog:
     def _wait_flush(self, appended: AppendResult) -> PutMessageStatus:
         if self.config.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
             return PutMessageStatus.PUT_OK
-        future = self.submit_flush_request(appended.next_offset, appended.wait_store)
+        wait_offset = appended.wait_offset
+        future = self.submit_flush_request(
+            wait_offset if wait_offset >= 0 else appended.next_offset, wait_offset >= 0
+        )
         if future is None:
             return PutMessageStatus.PUT_OK
         try:
@@ -505,7 +518,7 @@ class CommitLog:
         """
         self._check_writable()
         if not messages:
-            return AppendResult(PutMessageResults(0), False)
+            return AppendResult(PutMessageResults(0))
         assert self._topic_config is not None
         now = time.time_ns() // 1_000_000
         if hold_scheduled:  # delay/timer: held in the timer topic
@@ -567,7 +580,7 @@ class CommitLog:
         writer that read the log under one master term does not write into the next."""
         self._check_writable()
         if not batch.sizes:
-            return AppendResult(PutMessageResults(0), False)
+            return AppendResult(PutMessageResults(0))
         if self.is_os_page_cache_busy():
             raise OSPageCacheBusyError("the put lock has been held for too long; retry later")
         with self._put_lock:
@@ -588,7 +601,7 @@ class CommitLog:
                 self._last_record_at = results.phy_offsets[-1]
         if results.appended:
             self._after_append(results.next_offset)
-        return AppendResult(results, batch.wait_store)
+        return AppendResult(results)
 
     def _check_writable(self) -> None:
         if not self._running:
@@ -677,6 +690,7 @@ class CommitLog:
             store_timestamp=store_ts,
             store_host=self._store_host,
             failed_status=failed,
+            unwaited=frozenset(batch.no_wait) if batch.no_wait else _EVERY_ONE_WAITS,
         )
 
     def _rollback_queue_offsets(

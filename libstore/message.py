@@ -37,6 +37,14 @@ class MessageConst:
 _DECIMAL = re.compile(r"-?[0-9]{1,19}")
 
 
+def waits_for_store(wait: str | None) -> bool:
+    """Whether a message whose WAIT property is ``wait`` (None: absent) waits for the store:
+    its flush under SYNC_FLUSH, its slaves under SYNC_MASTER. Read as RocketMQ reads it
+    (``Message.isWaitStoreMsgOK``: absent means wait, else Java's ``Boolean.parseBoolean``): only
+    "true" in any letter case waits; "false", "no", "0" and "" do not."""
+    return wait is None or (len(wait) == 4 and wait.lower() == "true")
+
+
 def ascii_int(text: str) -> int:
     """``text`` as a base-10 integer: ASCII digits (at most 19) with an optional leading '-',
     nothing else. Python's int() also takes ' 12', '1_000' and other scripts' digits ('١٢');

@@ -54,7 +54,7 @@ from libstore.errors import (
     PropertiesSizeExceededError,
     QueueIdOutOfRangeError,
 )
-from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
+from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, waits_for_store
 from libstore.message_id import create_message_id, decode_host, encode_host
 from libstore.system_topics import SYSTEM_TOPICS, system_tags_code
 from libstore.tags import tags_code as compute_tags_code
@@ -106,6 +106,7 @@ STORE_TIMESTAMP: Final = struct.Struct(">q")
 _HOST_V6_FLAGS = MessageSysFlag.BORNHOST_V6_FLAG | MessageSysFlag.STOREHOSTADDRESS_V6_FLAG
 _TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 _SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
+_WAIT_ENTRY = MessageConst.WAIT.encode() + b"\x01"  # a WAIT property in serialized properties
 
 
 def _header_struct(born_len: int, store_len: int) -> struct.Struct:
@@ -235,12 +236,14 @@ class EncodedBatch:
     ``buf`` holds the records back to back; record *i* starts at ``positions[i]`` and is
     ``sizes[i]`` bytes (``positions`` has one more entry: the total length). ``queue_keys[i]`` is
     ``(topic, queue_id)`` or None for records that take no queue offset (tx PREPARED/ROLLBACK).
-    ``store_ts_positions[i]`` is where STORETIMESTAMP sits inside record *i*. ``wait_store`` is
-    False only if every message says ``WAIT=false``.
+    ``store_ts_positions[i]`` is where STORETIMESTAMP sits inside record *i*. ``no_wait`` lists,
+    in ascending order, the records whose message does not wait for the store (its WAIT
+    property reads false, libstore.message.waits_for_store).
     """
 
     __slots__ = (
         "buf",
+        "no_wait",
         "positions",
         "queue_keys",
         "requests",
@@ -249,7 +252,6 @@ class EncodedBatch:
         "store_ts_positions",
         "topics",
         "uniq_keys",
-        "wait_store",
     )
 
     def __init__(self) -> None:
@@ -258,7 +260,7 @@ class EncodedBatch:
         self.sizes: list[int] = []
         self.queue_keys: list[tuple[str, int] | None] = []
         self.store_ts_positions: list[int] = []
-        self.wait_store = False
+        self.no_wait: list[int] = []
         # Filled for adopted (client-encoded) records: each record's topic, UNIQ_KEY and the
         # request its validation decoded (dispatch can use it instead of decoding the log again).
         self.topics: list[str] = []
@@ -273,12 +275,20 @@ class EncodedBatch:
     def total_bytes(self) -> int:
         return len(self.buf)
 
+    @property
+    def wait_store(self) -> bool:
+        """Whether any record's message waits for the store (False for an empty batch)."""
+        return len(self.no_wait) < len(self.sizes)
+
     def subset(self, keep: Sequence[int]) -> EncodedBatch:
         """A batch of records ``keep`` (indexes, in order) of this one (copies their bytes)."""
         out = EncodedBatch()
         parts = []
         pos = 0
-        for i in keep:
+        skip = set(self.no_wait)
+        for k, i in enumerate(keep):
+            if i in skip:
+                out.no_wait.append(k)
             start, size = self.positions[i], self.sizes[i]
             parts.append(self.buf[start : start + size])
             out.sizes.append(size)
@@ -291,7 +301,6 @@ class EncodedBatch:
                 out.uniq_keys.append(self.uniq_keys[i])
                 out.requests.append(self.requests[i])
         out.buf = bytearray().join(parts)
-        out.wait_store = self.wait_store
         return out
 
     def patch(self, index: int, queue_offset: int, phy_offset: int, store_timestamp: int) -> None:
@@ -398,7 +407,6 @@ class RecordEncoder:
         # count may change between batches.
         topics: dict[str, tuple[bytes, int, int]] = {}
         wide_born: list[int] = []
-        wait_store = False
         msgs = messages if type(messages) is list else list(messages)
         n = len(msgs)
         index = 0
@@ -409,13 +417,14 @@ class RecordEncoder:
                 if fast:
                     # The C run (libstore._codec) encodes the common messages and stops at the
                     # first one that needs this code: to refuse it, or to meet its topic or host.
-                    index, waits, chosen, error = _ext.encode_run(
+                    index, chosen, error = _ext.encode_run(
                         msgs,
                         index,
                         buf,
                         sizes,
                         queue_keys,
                         wide_born,
+                        out.no_wait,
                         topics,
                         self._hosts,
                         self.store_host,
@@ -425,12 +434,11 @@ class RecordEncoder:
                         choose_queue,
                         unassigned_queue_ok,
                     )
-                    wait_store = wait_store or waits
                     if error is not None:  # choose_queue raised for message ``index``
                         raise error
                     if index >= n:
                         break
-                waits = self._encode_one(
+                self._encode_one(
                     out,
                     msgs[index],
                     index,
@@ -442,7 +450,6 @@ class RecordEncoder:
                     unassigned_queue_ok,
                     chosen,
                 )
-                wait_store = wait_store or waits
                 index += 1
         except MessageIllegalError as exc:
             raise type(exc)(f"message {index}: {exc}") from None
@@ -455,7 +462,6 @@ class RecordEncoder:
         for i in wide_born:
             ts_positions[i] = _STORE_TS_POSITION[20]
         out.store_ts_positions = ts_positions
-        out.wait_store = wait_store
         return out
 
     def _encode_one(
@@ -470,10 +476,10 @@ class RecordEncoder:
         choose_queue: Callable[[str], int] | None,
         unassigned_queue_ok: bool,
         chosen: tuple[int] | None,
-    ) -> bool:
+    ) -> None:
         """Encode message ``index`` onto ``out`` (see :meth:`encode_batch`; ``chosen``: ``(queue
-        id,)`` when already chosen for it), or raise. Returns whether it waits for the store (no
-        ``WAIT=false``)."""
+        id,)`` when already chosen for it), or raise; a message that does not wait for the store
+        (libstore.message.waits_for_store) is listed in ``out.no_wait``."""
         topic = m.topic
         info = topics.get(topic)
         if info is None:
@@ -494,10 +500,10 @@ class RecordEncoder:
         props = m.properties
         if props:
             prop_bytes = properties_to_bytes(props)
-            waits = props.get(MessageConst.WAIT) != "false"
+            if not waits_for_store(props.get(MessageConst.WAIT)):
+                out.no_wait.append(index)
         else:
             prop_bytes = b""
-            waits = True
         born = self._hosts.get(m.born_host)
         if born is None:
             born = self._born_host(m.born_host)
@@ -537,7 +543,6 @@ class RecordEncoder:
         out.queue_keys.append(None if no_queue_offset else (topic, queue_id))
         if born_v6:
             wide_born.append(index)
-        return waits
 
     def adopt_records(
         self,
@@ -639,7 +644,6 @@ class RecordEncoder:
             )
             index += 1
         out.buf = buf
-        out.wait_store = True
         return out
 
     def _adopt_one(
@@ -726,6 +730,12 @@ class RecordEncoder:
         out.requests.append(req)
         if req.scheduled:
             out.scheduled = True
+        if (
+            props_at < pos
+            and _WAIT_ENTRY in buf[props_at:pos]
+            and not waits_for_store(bytes_to_properties(buf[props_at:pos]).get(MessageConst.WAIT))
+        ):
+            out.no_wait.append(index)
         return pos
 
 

@@ -7,6 +7,7 @@ Statuses mirror Apache RocketMQ's ``PutMessageStatus`` and ``AppendMessageStatus
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Sequence
 from typing import overload
 
@@ -114,9 +115,11 @@ class PutMessageResults(Sequence[PutMessageResult]):
     Held as columns (DESIGN: no per-message objects on the hot path): the first ``appended``
     messages were written, at ``phy_offsets[i]`` with ``sizes[i]`` bytes and queue offset
     ``queue_offsets[i]``, all stored at ``store_timestamp`` (ms), with status ``status``
-    (PUT_OK, or the flush/replication outcome that overrides it); the rest carry
-    ``failed_status`` (e.g. CREATE_MAPPED_FILE_FAILED) and offsets -1. Indexing builds a
-    :class:`PutMessageResult`; it compares equal to a list of equal results.
+    (PUT_OK, or the flush/replication outcome that overrides it) unless their index is in
+    ``unwaited`` (messages that said WAIT=false: PUT_OK once appended, whatever the waits of
+    the others came to); the rest carry ``failed_status`` (e.g. CREATE_MAPPED_FILE_FAILED) and
+    offsets -1. Indexing builds a :class:`PutMessageResult`; it compares equal to a list of
+    equal results.
     """
 
     __slots__ = (
@@ -129,6 +132,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         "sizes",
         "status",
         "store_timestamp",
+        "unwaited",
     )
 
     def __init__(
@@ -141,6 +145,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         store_timestamp: int = 0,
         store_host: bytes = b"",
         failed_status: PutMessageStatus = PutMessageStatus.UNKNOWN_ERROR,
+        unwaited: frozenset[int] = frozenset(),
     ) -> None:
         self.phy_offsets = phy_offsets if phy_offsets is not None else []
         self.sizes = sizes if sizes is not None else []
@@ -151,6 +156,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         self.failed_status = failed_status
         self.store_timestamp = store_timestamp
         self._store_host = store_host
+        self.unwaited = unwaited
 
     def __len__(self) -> int:
         return self._count
@@ -171,7 +177,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         if index >= self.appended:
             return PutMessageResult(self.failed_status)
         return PutMessageResult(
-            self.status,
+            self.status if index not in self.unwaited else PutMessageStatus.PUT_OK,
             self.phy_offsets[index],
             self.sizes[index],
             self.queue_offsets[index],
@@ -187,7 +193,9 @@ class PutMessageResults(Sequence[PutMessageResult]):
     @property
     def all_ok(self) -> bool:
         """True when every message was stored and is durable under the configured policy."""
-        return self.appended == self._count and self.status is PutMessageStatus.PUT_OK
+        if self.appended != self._count:
+            return False
+        return self.status is PutMessageStatus.PUT_OK or len(self.unwaited) == self._count
 
     @property
     def next_offset(self) -> int:
@@ -195,6 +203,20 @@ class PutMessageResults(Sequence[PutMessageResult]):
         if not self.appended:
             return -1
         return self.phy_offsets[-1] + self.sizes[self.appended - 1]
+
+    def durable_end(self) -> int | None:
+        """CommitLog offset (bytes) just past the furthest appended record whose message waits
+        for the store (not in ``unwaited``): where a SYNC_FLUSH or SYNC_MASTER wait must reach
+        for every waiting message to hold. None when no appended message waits. Records need
+        not be in offset order (results merged with de-duplicated replays are not)."""
+        n = self.appended
+        if not n:
+            return None
+        phys, sizes, skip = self.phy_offsets, self.sizes, self.unwaited
+        if not skip:
+            return max(map(operator.add, phys, sizes[:n]))
+        ends = [phys[i] + sizes[i] for i in range(n) if i not in skip]
+        return max(ends) if ends else None
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence):

@@ -85,7 +85,10 @@ def _retry_delay_s(err: grpc.RpcError, attempt: int) -> float | None:
 
 @dataclass
 class OutgoingMessage:
-    """A message to send; ``queue_id`` -1 lets the gateway choose."""
+    """A message to send; ``queue_id`` -1 lets the gateway choose. ``wait_store`` False sends
+    it with WAIT=false (RocketMQ's ``setWaitStoreMsgOK(false)``): it is answered once appended,
+    without waiting for the flush (SYNC_FLUSH) or the slaves (SYNC_MASTER); the other messages
+    of its batch still wait."""
 
     topic: str
     body: bytes
@@ -93,6 +96,7 @@ class OutgoingMessage:
     keys: Sequence[str] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     queue_id: int = -1
+    wait_store: bool = True
 
     def to_message(self, uniq_key: str) -> Message:
         """A libstore Message (for client-side record encoding); born host 0.0.0.0:0 means
@@ -108,11 +112,13 @@ class OutgoingMessage:
     def wire_properties(self, uniq_key: str) -> dict[str, str]:
         """The properties the record carries, in the order they are encoded (the order earlier
         clients wrote them in): the user's, ``uniq_key`` as UNIQ_KEY unless the user set one,
-        then TAGS and KEYS (keys joined by one space)."""
-        if not self.properties and self.tags is None and not self.keys:
+        then TAGS and KEYS (keys joined by one space), and WAIT=false without ``wait_store``."""
+        if not self.properties and self.tags is None and not self.keys and self.wait_store:
             return {MessageConst.UNIQ_KEY: uniq_key}  # the common case, without copies
         props = dict(self.properties)
         props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
+        if not self.wait_store:
+            props[MessageConst.WAIT] = "false"
         if self.tags is not None:
             props[MessageConst.TAGS] = self.tags
         if self.keys:
@@ -122,6 +128,8 @@ class OutgoingMessage:
     def to_pb(self, uniq_key: str) -> common_pb.Message:
         props = dict(self.properties)
         props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
+        if not self.wait_store:
+            props[MessageConst.WAIT] = "false"
         return common_pb.Message(
             topic=self.topic,
             queue_id=self.queue_id,
@@ -239,16 +247,20 @@ class Producer:
         queue_id: int = -1,
         delay_level: int = 0,
         deliver_at_ms: int = 0,
+        wait_store: bool = True,
     ) -> PutMessageResults:
         """Send one message. ``delay_level`` 1..18 (RocketMQ's levels, 1 s .. 2 h) or
         ``deliver_at_ms`` (ms since the epoch) holds it until then (libstore.scheduled_message);
-        the result's queue offset is then the timer queue's."""
+        the result's queue offset is then the timer queue's. ``wait_store`` False: answered
+        once appended, without the flush or slave wait (see OutgoingMessage)."""
         props: dict[str, str] = {}
         if delay_level:
             props[MessageConst.DELAY] = str(delay_level)
         if deliver_at_ms:
             props[TIMER_DELIVER_MS] = str(deliver_at_ms)
-        return self.send_batch([OutgoingMessage(topic, body, tags, keys, props, queue_id=queue_id)])
+        return self.send_batch(
+            [OutgoingMessage(topic, body, tags, keys, props, queue_id=queue_id, wait_store=wait_store)]
+        )
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> PutMessageResults:
         """One Produce call (retried as the module docstring says); one result per message."""

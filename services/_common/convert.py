@@ -79,6 +79,7 @@ def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
         store_timestamp=results.store_timestamp,
         store_host=host,
         msg_ids=[create_message_id(host, p) for p in phys] if host else [],
+        unwaited=sorted(results.unwaited),
     )
 
 
@@ -91,6 +92,7 @@ def results_from_pb(pb: common_pb.PutResults) -> PutMessageResults:
         store_timestamp=pb.store_timestamp,
         store_host=pb.store_host,
         failed_status=_PUT_STATUS_FROM_PB.get(pb.failed_status, PutMessageStatus.UNKNOWN_ERROR),
+        unwaited=frozenset(pb.unwaited),
     )
     out.status = _PUT_STATUS_FROM_PB.get(pb.status, PutMessageStatus.UNKNOWN_ERROR)
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import operator
 import shutil
 import threading
 import time
@@ -45,6 +44,7 @@ from libstore import (
 )
 from libstore.commit_log_cleaner import used_share
 from libstore.log_scanner import scan_buffer
+from libstore.message import waits_for_store
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_all_scheduled
@@ -110,10 +110,13 @@ class LocalCommitLog:
             if appended is not None:
                 self._remember(fresh, appended.results)
             results = self._merge(messages, appended.results if appended else None, placed)
-            wait_store = appended.wait_store if appended is not None else True
-            end = _furthest_end(results)
-            if end is not None:
-                results.status = await self._wait_durable(end, wait_store)
+            if placed:  # replays take their WAIT from the message sent again, as a first send would
+                results.unwaited = frozenset(
+                    i
+                    for i, m in enumerate(messages)
+                    if m.properties and not waits_for_store(m.properties.get(MessageConst.WAIT))
+                )
+            await self._wait_durable(results)
             span.set_attribute("mqstore.status", results.status.name)
             return results
 
@@ -158,9 +161,9 @@ class LocalCommitLog:
                     res.store_timestamp,
                 )
             results = self._merge(range(n), appended.results if appended else None, placed)
-            end = _furthest_end(results)
-            if end is not None:
-                results.status = await self._wait_durable(end, True)
+            if batch.no_wait:  # replays included: the batch's indexes are the results'
+                results.unwaited = frozenset(batch.no_wait)
+            await self._wait_durable(results)
             span.set_attribute("mqstore.status", results.status.name)
             return results
 
@@ -263,12 +266,23 @@ class LocalCommitLog:
             failed_status=failed,
         )
 
-    async def _wait_durable(self, next_offset: int, wait_store: bool) -> PutMessageStatus:
-        """Flush (SYNC_FLUSH) and replica (SYNC_MASTER) waits, run together; a non-OK wins."""
+    async def _wait_durable(self, results: PutMessageResults) -> None:
+        """Wait until every appended or replayed message of ``results`` that waits for the store
+        (not in ``unwaited``) holds as the flush and replication policies say, and set
+        ``results.status`` to the outcome; with none waiting, only wake the group commit."""
+        end = results.durable_end()
+        if end is not None:
+            results.status = await self._durable(end)
+        elif results.appended:
+            self.log.submit_flush_request(results.next_offset, wait_store=False)
+
+    async def _durable(self, next_offset: int) -> PutMessageStatus:
+        """Flush (SYNC_FLUSH) and replica (SYNC_MASTER) waits up to ``next_offset``, run
+        together; a non-OK wins."""
         log = self.log
         target = max(next_offset, 0)
-        flush = log.submit_flush_request(target, wait_store)
-        replica = log.submit_replica_request(target, wait_store)
+        flush = log.submit_flush_request(target)
+        replica = log.submit_replica_request(target)
         if flush is None and replica is None:
             return PutMessageStatus.PUT_OK
         if replica is None:
@@ -555,14 +569,6 @@ def _check_divergence(
             log_id,
             current,
         )
-
-
-def _furthest_end(results: PutMessageResults) -> int | None:
-    """CommitLog offset just past the furthest appended or replayed record (a batch is durable
-    once that is: replays may sit before or after the new ones); None when nothing was. Only
-    the first ``appended`` sizes have records: a batch cut short by a full disk has more."""
-    n = results.appended
-    return max(map(operator.add, results.phy_offsets, results.sizes[:n])) if n else None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -186,10 +186,10 @@ def test_produce_past_the_bytes_in_flight_is_pushed_back_writes_nothing_and_is_r
     release, appended = threading.Event(), threading.Event()
     wait_durable = port._wait_durable
 
-    async def gated(next_offset: int, wait_store: bool) -> Any:
+    async def gated(results: Any) -> None:
         appended.set()  # the held batch is in the log: only its durability wait is left
         await asyncio.to_thread(release.wait, 30)
-        return await wait_durable(next_offset, wait_store)
+        await wait_durable(results)
 
     monkeypatch.setattr(port, "_wait_durable", gated)
     topic = _topic("PushedBack")

@@ -38,12 +38,13 @@ MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_MESSAGE_GROUP_BYTES = 64
 
 # What a v2 user property may not be named: the store's own properties (STORE_PROPERTIES) and
-# those this protocol sets from the message's system properties.
+# those this protocol sets from the message's system properties. WAIT is not among them: the
+# v2 protocol has no system property for it, and a user property WAIT is the message's WAIT, as
+# RocketMQ's broker reads it from the properties (RocketMQ's own proxy refuses the name).
 SYSTEM_PROPERTY_NAMES = STORE_PROPERTIES | frozenset(
     {
         MessageConst.KEYS,
         MessageConst.TAGS,
-        MessageConst.WAIT,
         MessageConst.DELAY,
         MessageConst.UNIQ_KEY,
         MessageConst.RECONSUME_TIME,

@@ -103,7 +103,8 @@ _props = st.dictionaries(
             "KEYSX",
         ]
     ),
-    _text.filter(lambda v: "\x01" not in v and "\x02" not in v),
+    _text.filter(lambda v: "\x01" not in v and "\x02" not in v)
+    | st.sampled_from(["true", "TRUE", "tRuE", "false", "", "0", "yes", "truee"]),
     max_size=5,
 )
 _message = st.builds(
@@ -257,7 +258,7 @@ def _adopt(raw: bytes, pure: bool) -> tuple:
         batch.uniq_keys,
         [_slots(r) for r in batch.requests],
         batch.scheduled,
-        batch.wait_store,
+        batch.no_wait,
     )
 
 
@@ -351,7 +352,7 @@ def _encode(msgs: list, pure: bool, unassigned: bool) -> tuple:
         batch.sizes,
         batch.queue_keys,
         batch.store_ts_positions,
-        batch.wait_store,
+        batch.no_wait,
         counters,
     )
 
@@ -360,7 +361,8 @@ def _encode(msgs: list, pure: bool, unassigned: bool) -> tuple:
 _prop_value = st.one_of(
     st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6),
     st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6),
-    st.sampled_from(["false", "true", "a\x01b", "c\x02", "\ud800", "x" * 40_000, 3]),
+    st.sampled_from(["false", "true", "True", "FALSE", "", "1"]),
+    st.sampled_from(["a\x01b", "c\x02", "\ud800", "x" * 40_000, 3]),
 )
 _encode_props = st.one_of(
     st.none(),
@@ -409,7 +411,8 @@ _good_message = st.builds(
     st.integers(-1, 3),
     st.dictionaries(
         st.sampled_from(["WAIT", "TAGS", "KEYS", "UNIQ_KEY"]),
-        st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6) | st.sampled_from(["false", "true"]),
+        st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6)
+        | st.sampled_from(["false", "true", "TRUE", "no", ""]),
         max_size=3,
     ),
     st.booleans(),

@@ -5,6 +5,10 @@ from __future__ import annotations
 import itertools
 import resource
 import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,7 @@ from libstore import (
     StoreLockedError,
     TopicConfig,
     TopicNotFoundError,
+    durability_hooks,
 )
 from libstore.config import BrokerRole
 from libstore.record_codec import BLANK_MAGIC_CODE, check_record, decode_record
@@ -154,6 +159,62 @@ def test_wait_false_does_not_block_on_the_flush(open_log):
     cl = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=1)
     res = cl.put_messages([Message("TopicA", b"x", 0, properties={"WAIT": "false"})])
     assert res[0].ok
+
+
+class _HeldSyncs:
+    """A durability observer that holds every fdatasync of a CommitLog segment until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def syncing(self, path: Path, start: int = 0, end: int = -1) -> object:
+        if path.parent.name == "commitlog":
+            self.release.wait(30)
+        return None
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args: None
+
+
+def test_each_message_of_a_batch_waits_by_its_own_wait_property(open_log, monkeypatch):
+    """SYNC_FLUSH with the disk held: in one batch the messages that say WAIT=false are PUT_OK
+    while those that wait time out, and the group commit is asked for no more than the end
+    of the last message that waits."""
+    cl = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=300)
+    targets: list[int] = []
+    submit = cl.submit_flush_request
+
+    def recorded(next_offset: int, wait_store: bool = True) -> object:
+        if wait_store:
+            targets.append(next_offset)
+        return submit(next_offset, wait_store)
+
+    monkeypatch.setattr(cl, "submit_flush_request", recorded)
+    held = _HeldSyncs()
+    durability_hooks.install(held)  # type: ignore[arg-type]
+    try:
+        no = {"WAIT": "false"}
+        batch = [
+            Message("TopicA", b"a", 0, properties=no),
+            Message("TopicA", b"b", 0),
+            Message("TopicA", b"c", 0, properties=no),
+        ]
+        res = cl.put_messages(batch)
+        assert [r.status for r in res] == [
+            PutMessageStatus.PUT_OK,
+            PutMessageStatus.FLUSH_DISK_TIMEOUT,
+            PutMessageStatus.PUT_OK,
+        ]
+        assert all(r.phy_offset >= 0 for r in res) and not res.all_ok
+        assert targets == [res[1].next_offset] and res[1].next_offset < res[2].next_offset
+        started = time.monotonic()
+        free = cl.put_messages([Message("TopicA", b"d", 0, properties={"WAIT": "FALSE"})] * 2)
+        assert free.all_ok and time.monotonic() - started < 0.3  # nothing waited for the held disk
+        assert targets == [res[1].next_offset]
+    finally:
+        held.release.set()
+        durability_hooks.install(None)
+    assert cl.put_messages(batch).all_ok
 
 
 def test_slave_refuses_puts_and_shutdown_refuses_everything(open_log):

@@ -16,7 +16,7 @@ from libstore.errors import (
     PropertiesSizeExceededError,
     QueueIdOutOfRangeError,
 )
-from libstore.message import Message, MessageSysFlag
+from libstore.message import Message, MessageSysFlag, waits_for_store
 from libstore.message_id import encode_host
 from libstore.record_codec import (
     BLANK_MAGIC_CODE,
@@ -196,12 +196,49 @@ def test_batch_validation_names_the_bad_message_and_encodes_nothing():
         enc.encode_batch([Message("T", b"x", 0, born_host=("not-an-ip", 1))], BORN_TS)
 
 
-def test_zero_born_timestamp_takes_the_encoder_clock_and_wait_flag():
+def test_zero_born_timestamp_takes_the_encoder_clock():
     enc = RecordEncoder(STORE_HOST, 1024)
-    batch = enc.encode_batch([Message("T", b"x", 0, properties={"WAIT": "false"})], 123456)
+    batch = enc.encode_batch([Message("T", b"x", 0)], 123456)
     assert int.from_bytes(batch.buf[40:48], "big") == 123456
-    assert batch.wait_store is False
-    assert enc.encode_batch([Message("T", b"x", 0)], 1).wait_store is True
+
+
+@pytest.mark.parametrize(
+    ("value", "waits"),
+    [
+        (None, True),
+        ("true", True),
+        ("TRUE", True),
+        ("tRue", True),
+        ("false", False),
+        ("FALSE", False),
+        ("no", False),
+        ("0", False),
+        ("", False),
+        (" true", False),
+        ("truE ", False),
+    ],
+)
+def test_wait_property_reads_as_rocketmq_reads_a_boolean(value: str | None, waits: bool):
+    """WAIT is Java's Boolean.parseBoolean: only "true" in any case waits; absent waits too.
+    Both the message form (encode_batch) and client-encoded records (adopt_records) list the
+    records that do not wait, by index, and a batch waits while any of its records does."""
+    props = {} if value is None else {"WAIT": value}
+    msgs = [
+        Message("T", b"a", 0),
+        Message("T", b"b", 0, properties={"TAGS": "t", **props}),
+        Message("T", b"c", 0),
+    ]
+    expected = [] if waits else [1]
+    assert waits_for_store(value) is waits
+    batch = RecordEncoder(STORE_HOST, 1024).encode_batch(msgs, BORN_TS)
+    assert batch.no_wait == expected and batch.wait_store
+    raw = bytes(RecordEncoder(STORE_HOST_PLACEHOLDER, 1024).encode_batch(msgs, BORN_TS).buf)
+    adopted = RecordEncoder(STORE_HOST, 1024).adopt_records(raw, BORN_TS, lambda t: 4)
+    assert adopted.no_wait == expected
+    assert adopted.subset([1, 2]).no_wait == ([] if waits else [0])
+    assert adopted.subset([0, 2]).no_wait == []
+    alone = RecordEncoder(STORE_HOST, 1024).encode_batch(msgs[1:2], BORN_TS)
+    assert alone.wait_store is waits
 
 
 def test_transaction_prepared_and_rollback_take_no_queue_key():
