@@ -231,6 +231,13 @@ def serve(
         str,
         typer.Option(envvar="MQSTORE_HEALTH_LISTEN", help="plaintext port serving only gRPC health (probes)"),
     ] = "",
+    metrics_listen: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_METRICS_LISTEN",
+            help="host:port of a Prometheus scrape endpoint (GET /metrics, plain HTTP); off when empty",
+        ),
+    ] = "",
     master_role: Annotated[
         BrokerRole | None,
         typer.Option(
@@ -280,6 +287,8 @@ def serve(
         raise _fail(f"--ha-peers takes host:port,host:port..., got {bad[0]!r}")
     if health_listen and not _is_host_port(health_listen):
         raise _fail(f"--health-listen takes host:port, got {health_listen!r}")
+    if metrics_listen and not _is_host_port(metrics_listen):
+        raise _fail(f"--metrics-listen takes host:port, got {metrics_listen!r}")
     try:
         tls = TlsConfig.load(
             tls_cert or _TLS_ARGS.get("cert"),
@@ -306,6 +315,7 @@ def serve(
         advertise=advertise,
         tls=tls,
         health_listen=health_listen,
+        metrics_listen=metrics_listen,
         ha_advertise=ha_advertise,
         acl_file=acl_file,
     )

@@ -40,7 +40,7 @@ from libstore._os import physical_memory
 from services._common.process_tuning import tune_allocator, tune_young_collections
 from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
-from services._common.telemetry import configure_tracing
+from services._common.telemetry import MetricsEndpoint, configure_tracing, start_metrics_endpoint
 from services._common.tls import TlsConfig
 from services.commitlog.ha import HAController
 from services.commitlog.ha_server import add_to_server as add_replication
@@ -99,6 +99,7 @@ class ServeOptions:
     acl_file: Path | None = None  # gateway: plain_acl.yml-style accounts for both client protocols
     tls: TlsConfig | None = None  # every port TLS; internal ports (and channels) mutual TLS with a CA
     health_listen: str = ""  # a plaintext health-only port (probes that cannot speak TLS)
+    metrics_listen: str = ""  # a Prometheus scrape endpoint (services._common.telemetry); "" none
 
     @property
     def address(self) -> str:
@@ -147,6 +148,7 @@ class Suite:
         self.admission: ProduceAdmission | None = None
         self._channels: list[grpc.aio.Channel] = []
         self._ready_task: asyncio.Task[None] | None = None
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def address(self) -> str:
@@ -157,6 +159,21 @@ class Suite:
         role = self.options.role
         configure_tracing("mqstore" if role == "embedded" else f"mqstore-{role}")
         self._warn_unauthenticated()
+        if self.options.metrics_listen:
+            try:
+                self.metrics = start_metrics_endpoint(self.options.metrics_listen)
+            except OSError as exc:
+                raise OSError(f"cannot serve metrics on {self.options.metrics_listen}: {exc}") from exc
+            log.info("mqstore %s: Prometheus metrics on http://%s/metrics", role, self.metrics.address)
+        try:
+            await self._start_role(role)
+        except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+                self.metrics = None
+            raise
+
+    async def _start_role(self, role: str) -> None:
         data = Path(self.options.data_dir)
         if role == "embedded":
             self.embedded = await EmbeddedStore.open(
@@ -429,6 +446,9 @@ class Suite:
         for channel in self._channels:
             await channel.close()
         await self._stop_commitlog()
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
+            self.metrics = None
 
 
 async def serve_forever(options: ServeOptions, ready: asyncio.Event | None = None) -> None:

@@ -20,16 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
+from opentelemetry.metrics import Observation
 
 from libstore import ServiceNotAvailableError, StoreConfig, StoreIOError
 from libstore.consume_queue_store import FlushConsumeQueueService
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint
 from libstore.store_directory import StoreDirectory
+from services._common.metrics import observer, register_once
 from services._common.tail_follower import QueueKey, TailFollower
+from services._common.telemetry import meter
 from services.ports import CommitLogPort, DerivedStatus, LogOffsets
 
 log = logging.getLogger(__name__)
@@ -116,6 +121,8 @@ class DerivedStoreApp:
             offsets.max_offset,
         )
         log_id, generation = self._checkpoint_file().load_generation()
+        register_once("mqstore.derived", _register_lag_metrics)
+        _LIVE.add(self)
         self.follower = TailFollower(
             self.name,
             self.commitlog,
@@ -205,6 +212,7 @@ class DerivedStoreApp:
         return await self.follower.wait_for(self.start_offsets.confirm_offset, timeout_s)
 
     async def stop(self) -> None:
+        _LIVE.discard(self)
         if self._cleaner is not None:
             self._cleaner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -218,8 +226,35 @@ class DerivedStoreApp:
             self.directory.mark_clean()
             self.directory.release()
 
+    def lag_observations(self, index: int) -> list[Observation]:
+        """Dispatch lag for the metrics: ``index`` 0 bytes, 1 ms (TailFollower.lag)."""
+        if self.follower is None:
+            return []
+        lag = self.follower.lag(time.time_ns() // 1_000_000)
+        return [Observation(lag[index], {"follower": self.name})]
+
     def derived_status(self, files: int = 0) -> DerivedStatus:
         f = self.follower
         if f is None:
             return DerivedStatus(0, 0, 0, files)
         return DerivedStatus(f.reput_offset, f.confirm_offset, f.records_dispatched, files)
+
+
+# The derived stores of this process, read by the lag gauges when something collects.
+_LIVE: weakref.WeakSet[DerivedStoreApp] = weakref.WeakSet()
+
+
+def _register_lag_metrics() -> None:
+    m = meter("mqstore.derived")
+    m.create_observable_gauge(
+        "mqstore.dispatch.lag_bytes",
+        [observer(_LIVE, lambda app: app.lag_observations(0))],
+        unit="By",
+        description="CommitLog bytes confirmed but not yet applied, per follower (dispatch, index)",
+    )
+    m.create_observable_gauge(
+        "mqstore.dispatch.lag_time",
+        [observer(_LIVE, lambda app: app.lag_observations(1))],
+        unit="ms",
+        description="while behind: time since the last applied record was stored, per follower",
+    )

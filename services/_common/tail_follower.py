@@ -61,6 +61,7 @@ class TailFollower:
         self.position = (reput_offset, log_id, generation)
         self.confirm_offset = reput_offset
         self.records_dispatched = 0
+        self.applied_store_ms = 0  # store timestamp of the last record applied (0: none yet)
         self.on_arrival = on_arrival
         self.on_ahead = on_ahead
         self.max_chunk_bytes = max_chunk_bytes
@@ -175,12 +176,26 @@ class TailFollower:
 
     def _decode_and_apply(self, chunk: TailChunk) -> tuple[int, dict[QueueKey, int]]:
         if chunk.records is not None:  # decoded by the append's validation, in this process
-            return len(chunk.records), apply_chunk(self.dispatchers, chunk.records)
-        records, _, invalid = scan_buffer(chunk.data, chunk.offset)
-        if invalid is not None:
-            raise OffsetOutOfRangeError(f"the tail chunk at {chunk.offset} holds bytes that are not records")
+            records = chunk.records
+        else:
+            records, _, invalid = scan_buffer(chunk.data, chunk.offset)
+            if invalid is not None:
+                raise OffsetOutOfRangeError(
+                    f"the tail chunk at {chunk.offset} holds bytes that are not records"
+                )
         arrived = apply_chunk(self.dispatchers, records) if records else {}
+        if records:
+            self.applied_store_ms = records[-1].store_timestamp
         return len(records), arrived
+
+    def lag(self, now_ms: int) -> tuple[int, int]:
+        """How far behind the log this follower is: bytes between what it applied and what the
+        log last confirmed to it, and ms (0 when caught up; else the time since the last record
+        it applied was stored: an upper bound of the oldest unapplied record's wait)."""
+        behind = max(0, self.confirm_offset - self.reput_offset)
+        if not behind:
+            return 0, 0
+        return behind, max(0, now_ms - self.applied_store_ms) if self.applied_store_ms else 0
 
     async def wait_for(self, offset: int, timeout_s: float) -> bool:
         """Wait until everything before ``offset`` is applied (True) or ``timeout_s`` passes."""

@@ -24,12 +24,9 @@ import functools
 import shutil
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
-
-from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 
 from libstore import (
     CommitLog,
@@ -48,12 +45,14 @@ from libstore.message import waits_for_store
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_all_scheduled
-from services._common.telemetry import meter, tracer
+from services._common.telemetry import tracer
+from services.commitlog import metrics
 from services.commitlog.decoded_batches import DecodedBatches
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+_STATUS_ATTRIBUTES = {status: {"status": status.name} for status in PutMessageStatus}
 DECODED_BATCHES_KEPT = 1024
 # ... and at most this many records among them: each kept request is an object the garbage
 # collector walks on every full collection, so the cache stays small (followers in the same
@@ -78,9 +77,7 @@ class LocalCommitLog:
         # Chunks read back from the log and decoded for a follower: start -> (end, requests).
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
-        self._sync_wait_ms = _sync_wait_histogram()
-        _LIVE.add(self)
-        _register_retention_metrics()
+        self.put_metrics = metrics.track(self)
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
@@ -92,6 +89,8 @@ class LocalCommitLog:
 
     # -- append ---------------------------------------------------------------------------------
     async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+        started = time.perf_counter()
+        topics = [m.topic for m in messages]
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
             # Scheduled messages go to the timer topic here, before the de-duplication window
@@ -118,11 +117,13 @@ class LocalCommitLog:
                 )
             await self._wait_durable(results)
             span.set_attribute("mqstore.status", results.status.name)
-            return results
+        self.put_metrics.record(topics, results, started)
+        return results
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         """Append client-encoded records (see RecordEncoder.adopt_records): validated here, CRC
         included; records whose UNIQ_KEY is in the de-duplication window get their first result."""
+        started = time.perf_counter()
         log = self.log
         cfg = log.config
         if len(raw) > cfg.max_request_bytes:
@@ -165,7 +166,8 @@ class LocalCommitLog:
                 results.unwaited = frozenset(batch.no_wait)
             await self._wait_durable(results)
             span.set_attribute("mqstore.status", results.status.name)
-            return results
+        self.put_metrics.record(batch.topics, results, started)
+        return results
 
     async def _decode_chunk(self, data: bytes, offset: int, next_offset: int) -> list[DispatchRequest] | None:
         """The records of a chunk read from the log, decoded once for every in-process follower
@@ -294,11 +296,15 @@ class LocalCommitLog:
 
     async def _wait_flush(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
         with self._tracer.start_as_current_span("commitlog.flush_wait"):
+            started = time.perf_counter()
             try:
                 async with asyncio.timeout(self.log.config.sync_flush_timeout / 1000.0):
-                    return await asyncio.wrap_future(future)
+                    status = await asyncio.wrap_future(future)
             except TimeoutError:
-                return PutMessageStatus.FLUSH_DISK_TIMEOUT
+                status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+            waited = (time.perf_counter() - started) * 1000.0
+            self.put_metrics.flush_wait.record(waited, _STATUS_ATTRIBUTES[status])
+            return status
 
     async def _wait_replica(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
         with self._tracer.start_as_current_span("commitlog.replica_wait") as span:
@@ -313,7 +319,7 @@ class LocalCommitLog:
             except TimeoutError:
                 status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
             waited = (time.monotonic() - started) * 1000.0
-            self._sync_wait_ms.record(waited, {"status": status.name})
+            self.put_metrics.sync_master_wait.record(waited, _STATUS_ATTRIBUTES[status])
             span.set_attribute("mqstore.status", status.name)
             span.set_attribute("mqstore.replicated_offset", self.log.ha_service.replicated_offset)
             return status
@@ -498,59 +504,6 @@ def _messages_of(batch: EncodedBatch) -> list[Message]:
         decode_record(batch.buf, pos, pos + size, check_crc=False).to_message()
         for pos, size in zip(batch.positions, batch.sizes, strict=False)
     ]
-
-
-# Ports of this process, read by the retention metrics' callbacks (registered once per process).
-_LIVE: weakref.WeakSet[LocalCommitLog] = weakref.WeakSet()
-_retention_metrics_registered = False
-
-
-def _register_retention_metrics() -> None:
-    """Observable instruments over every live port's CommitLog: segments and bytes retention
-    deleted since the start (counters), and whether puts are refused for disk usage (0/1)."""
-    global _retention_metrics_registered
-    if _retention_metrics_registered:
-        return
-    _retention_metrics_registered = True
-    m = meter("mqstore.commitlog")
-
-    def observe(value: Callable[[CommitLog], float]) -> Callable[[CallbackOptions], list[Observation]]:
-        def callback(_options: CallbackOptions) -> list[Observation]:
-            return [
-                Observation(
-                    value(p.log),
-                    {"broker_name": p.log.config.broker_name, "broker_id": p.log.config.broker_id},
-                )
-                for p in list(_LIVE)
-                if p.log.cleaner is not None and p.log.running  # a closed store reports nothing
-            ]
-
-        return callback
-
-    m.create_observable_counter(
-        "mqstore.retention.deleted_segments",
-        [observe(lambda log: log.cleaner.deleted_files if log.cleaner is not None else 0)],
-        description="CommitLog segments retention deleted since the start",
-    )
-    m.create_observable_counter(
-        "mqstore.retention.deleted_bytes",
-        [observe(lambda log: log.cleaner.deleted_bytes if log.cleaner is not None else 0)],
-        unit="By",
-        description="CommitLog bytes retention deleted since the start",
-    )
-    m.create_observable_gauge(
-        "mqstore.retention.disk_full",
-        [observe(lambda log: 1 if log.disk_full else 0)],
-        description="1 while puts are refused because the disk is past diskSpaceWarningLevelRatio",
-    )
-
-
-@functools.cache
-def _sync_wait_histogram() -> Histogram:
-    """One instrument per process (every LocalCommitLog records into it)."""
-    return meter("mqstore.commitlog").create_histogram(
-        "mqstore.ha.sync_master_wait", unit="ms", description="SYNC_MASTER: time a put waited for slaves"
-    )
 
 
 def _check_divergence(

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from opentelemetry.metrics import Observation
 
 from libstore import StoreConfig
 from libstore._os import physical_memory
 from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.consumer_offset_manager import ConsumerOffsetManager, ConsumerOffsetPersistService
+from libstore.consumer_offset_manager import (
+    ConsumerOffsetManager,
+    ConsumerOffsetPersistService,
+    QueueProgress,
+)
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_consume_queues
 from libstore.long_polling import LongPollingService
 from libstore.record_codec import check_record
@@ -19,7 +26,9 @@ from libstore.retention_policy import RetentionPolicy
 from libstore.store_paths import consume_queue_dir, consumer_offset_path, dispatch_checkpoint_path
 from libstore.system_topics import POP_JOURNAL_TOPIC
 from services._common.derived_app import DerivedStoreApp
+from services._common.metrics import observer, register_once
 from services._common.tail_follower import QueueKey
+from services._common.telemetry import meter
 from services.dispatch.local import LocalDispatch
 from services.dispatch.pop import PopService
 from services.dispatch.receipt_signer import ReceiptSigner
@@ -154,6 +163,8 @@ class DispatchApp(DerivedStoreApp):
     # -- life -------------------------------------------------------------------------------------
     async def start(self) -> None:
         await super().start()
+        register_once("mqstore.dispatch.consumers", _register_consumer_metrics)
+        _LIVE.add(self)
         self.pop.start()
         self._offset_persist.start()
         self._background_stop = asyncio.Event()
@@ -163,7 +174,26 @@ class DispatchApp(DerivedStoreApp):
             asyncio.create_task(self.transactions.run_orphan_sweep(self._background_stop)),
         ]
 
+    def consumer_lag(self) -> list[Observation]:
+        """Per consumer group and topic: messages still to consume, summed over the topic's
+        queues (QueueProgress.lag: from the committed offset, or the queue's min, to its max)."""
+        out = []
+        for group, topic in self.offsets.groups():
+            committed = self.offsets.offsets_of(group, topic)
+            lag = sum(
+                QueueProgress(
+                    cq.queue_id,
+                    committed.get(cq.queue_id, -1),
+                    cq.min_offset_in_queue,
+                    cq.max_offset_in_queue,
+                ).lag
+                for cq in self.queues.queues_of(topic)
+            )
+            out.append(Observation(lag, {"group": group, "topic": topic}))
+        return out
+
     async def stop(self) -> None:
+        _LIVE.discard(self)
         self._background_stop.set()
         for task in self._background:
             await task
@@ -172,3 +202,15 @@ class DispatchApp(DerivedStoreApp):
         await self.pop.close()  # while the follower still runs: its snapshot reads the journal back
         await super().stop()
         await asyncio.to_thread(self._offset_persist.shutdown)
+
+
+# The dispatch stores of this process, read by the consumer lag gauge when something collects.
+_LIVE: weakref.WeakSet[DispatchApp] = weakref.WeakSet()
+
+
+def _register_consumer_metrics() -> None:
+    meter("mqstore.dispatch").create_observable_gauge(
+        "mqstore.consumer.lag",
+        [observer(_LIVE, DispatchApp.consumer_lag)],
+        description="messages a consumer group has still to consume in a topic (all its queues)",
+    )

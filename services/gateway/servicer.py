@@ -64,6 +64,7 @@ from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import current_account
 from services.gateway.limits import GatewayLimits, HeldPolls
+from services.gateway.metrics import get_metrics
 from services.ports import CommitLogPort, DispatchPort, Entries, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
@@ -122,6 +123,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self.topics = TopicCache(commitlog)
         self._uniq = UniqKeyGenerator()
         self._tracer = tracer("mqstore.gateway")
+        self._get_metrics = get_metrics()
 
     # -- access control ---------------------------------------------------------------------------
     def _caller(self) -> Account | None:
@@ -264,11 +266,16 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 )
             if wait_ms and not may_hold and not entries.phy_offsets:
                 raise self._too_many_held()
+            answered = time.perf_counter()
             selection = _selection(entries)
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
-            return _pull_response(gateway_pb.PullResponse(), result, offset, raw=request.raw)
+            reply = _pull_response(gateway_pb.PullResponse(), result, offset, raw=request.raw)
+            self._get_metrics.record(
+                request.topic, request.group, len(result.records), result.total_bytes, answered
+            )
+            return reply
 
     async def PullMany(
         self, request: gateway_pb.PullManyRequest, context: grpc.aio.ServicerContext
@@ -309,18 +316,23 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 )
             if wait_ms and not may_hold and not any(e.phy_offsets for e in answers):
                 raise self._too_many_held()
+            answered = time.perf_counter()
             selections = [_selection(e) for e in answers]
             # One read for every queue's records (a remote commitlog plans it into bounded calls).
             ranges = [r for sel in selections for r in sel.ranges()]
             raws = await self.commitlog.read(ranges) if ranges else []
             reply = gateway_pb.PullManyResponse()
             start = 0
+            delivered = delivered_bytes = 0
             for (queue_id, offset, _), sel in zip(queries, selections, strict=False):
                 end = start + len(sel.sizes)
                 result = fetch_messages(sel, raws[start:end], filt)
                 start = end
                 _pull_response(reply.results.add(), result, offset, raw=True, queue_id=queue_id)
-            span.set_attribute("mqstore.messages", sum(len(r.records) for r in reply.results))
+                delivered += len(result.records)
+                delivered_bytes += result.total_bytes
+            span.set_attribute("mqstore.messages", delivered)
+            self._get_metrics.record(topic, request.group, delivered, delivered_bytes, answered)
             return reply
 
     def _check_pull(self, queue_id: int, offset: int, max_count: int) -> None:

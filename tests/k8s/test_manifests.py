@@ -28,6 +28,8 @@ K8S = REPO / "k8s"
 KUBERNETES_VERSION = "1.30"  # pod-index labels (apps.kubernetes.io/pod-index) need 1.28+
 OVERLAYS = {"dev": ["broker-a"], "prod": ["broker-a", "broker-b"]}
 ROLE_PORTS = {"commitlog": 10911, "dispatch": 10921, "index": 10931, "gateway": 8081}
+METRICS_PORT = 9464
+SCRAPERS = "namespaces labelled mqstore.io/metrics-scraper=true"
 
 
 def _renderer() -> list[str]:
@@ -113,7 +115,7 @@ def test_containers_run_what_mqstore_serve_accepts(overlay: Rendered) -> None:
     services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
     pods = {o["metadata"]["name"]: o for o in objs if o["kind"] == "StatefulSet"}
     seen_roles = set()
-    for _, c in _mqstore_containers(objs):
+    for workload, c in _mqstore_containers(objs):
         env = _env(c, objs)
         mq = {k for k in env if k.startswith("MQSTORE_")}
         assert mq <= accepted, f"{c['name']}: mqstore serve does not read {sorted(mq - accepted)}"
@@ -127,6 +129,13 @@ def test_containers_run_what_mqstore_serve_accepts(overlay: Rendered) -> None:
         assert port == ROLE_PORTS[role]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["grpc"] == port
+        # The Prometheus endpoint: the port mqstore serve listens on, named and annotated.
+        metrics_port = int(env["MQSTORE_METRICS_LISTEN"].rpartition(":")[2])
+        assert ports["metrics"] == metrics_port == METRICS_PORT
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == str(metrics_port)
+        assert annotations["prometheus.io/path"] == "/metrics"
         if role == "commitlog":
             assert ports["ha"] == int(env["MQSTORE_HA_LISTEN"].rpartition(":")[2]) == port + 1
             assert env["MQSTORE_BROKER_ID"] == "1"  # pod 1 starts as SLAVE, as --master-role says
@@ -188,6 +197,12 @@ def _sources(policies: dict[str, Any], group: str, policy: str, port: int) -> se
     for rule in policies[f"{group}-{policy}"]["ingress"]:
         if any(p["port"] == port for p in rule["ports"]):
             for peer in rule.get("from", [{"podSelector": {"matchLabels": {}}}]):
+                if "podSelector" not in peer:
+                    assert peer == {
+                        "namespaceSelector": {"matchLabels": {"mqstore.io/metrics-scraper": "true"}}
+                    }
+                    out.add(SCRAPERS)
+                    continue
                 labels = peer["podSelector"]["matchLabels"]
                 if labels:
                     assert labels.get("mqstore.io/broker-group") == group  # never another group's pods
@@ -204,6 +219,8 @@ def test_network_policies_keep_internal_ports_internal(overlay: Rendered) -> Non
         assert _sources(policies, g, "dispatch", 10921) == {"gateway"}
         assert _sources(policies, g, "index", 10931) == {"gateway"}
         assert _sources(policies, g, "gateway", 8081) == {"*"}  # clients from anywhere
+        for role in ROLE_PORTS:  # metrics: only from the namespace Prometheus runs in
+            assert _sources(policies, g, role, METRICS_PORT) == {SCRAPERS}
 
 
 TLS_FILES = {"MQSTORE_TLS_CERT": "tls.crt", "MQSTORE_TLS_KEY": "tls.key", "MQSTORE_TLS_CA": "ca.crt"}

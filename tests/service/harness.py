@@ -234,10 +234,12 @@ class SplitCluster:
         gateway_args: Sequence[str] = (),
         common_args: Sequence[str] = (),
         tls: TlsConfig | None = None,
+        role_args: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.root = root
         self.gateway_args = list(gateway_args)
         self.common_args = list(common_args)  # every role (e.g. --tls-cert ...)
+        self.role_args = {role: list(args) for role, args in (role_args or {}).items()}  # one role's
         self.tls = tls  # what wait_serving's health checks connect with
         self.ports = {role: free_port() for role in ("commitlog", "dispatch", "index", "gateway")}
         self.store = {**SMALL_STORE, **(store or {})}
@@ -270,7 +272,7 @@ class SplitCluster:
         ]
         for key, value in self.store.items():
             args += ["--set", f"{key}={value}"]
-        args += self.common_args
+        args += self.common_args + self.role_args.get(role, [])
         if role == "gateway":
             args += self.gateway_args
         proc = ServeProcess(args, log=self.root / f"{role}.log")

@@ -61,6 +61,7 @@ from services._common.telemetry import tracer
 from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
 from services.gateway.limits import GatewayLimits, HeldPolls
+from services.gateway.metrics import get_metrics
 from services.gateway.rocketmq import convert, namespace
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.error_status import error_status
@@ -205,6 +206,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             max_ms=renew_max_ms,
         )
         self._tracer = tracer("mqstore.gateway")
+        self._get_metrics = get_metrics()
 
     def _check_invisible(self, invisible_ms: int, least_ms: int) -> None:
         """Raise V2Error ILLEGAL_INVISIBLE_TIME outside [``least_ms``, maxInvisibleTimeMills]
@@ -583,12 +585,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                     f"(maxHeldPollsPerClient) or the gateway {self.limits.max_held_polls} (maxHeldPolls); "
                     "retry after a back-off",
                 )
+            answered = time.perf_counter()
             raws = (
                 await self.commitlog.read([(m.phy_offset, m.size) for m in result.messages])
                 if result.messages
                 else []
             )
             out: list[service.ReceiveMessageResponse] = []
+            delivered_bytes = 0
             skipped: list[str] = []
             poisoned: list[str] = []
             for popped, raw in zip(result.messages, raws, strict=True):
@@ -622,11 +626,13 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                         client_id, group, resource.name, popped.receipt_handle, popped.visible_at_ms
                     )
                 out.append(service.ReceiveMessageResponse(message=message))
+                delivered_bytes += len(raw)
             if skipped:
                 await self.dispatch.ack(group, resource.name, skipped)
             for handle in poisoned:  # the dead-letter queue, or quarantine when even that fails
                 await self.dispatch.forward_to_dead_letter(group, resource.name, handle)
             span.set_attribute("mqstore.messages", len(out))
+            self._get_metrics.record(resource.name, group, len(out), delivered_bytes, answered)
         stamp = service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms()))
         if not out:
             return [
