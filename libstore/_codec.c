@@ -31,12 +31,12 @@
 enum {
     F_SUCCESS, F_MSG_SIZE, F_TOPIC, F_QUEUE_ID, F_COMMIT_LOG_OFFSET, F_CONSUME_QUEUE_OFFSET,
     F_SYS_FLAG, F_BORN_TIMESTAMP, F_STORE_TIMESTAMP, F_PREPARED_TX_OFFSET, F_TAGS, F_TAGS_CODE,
-    F_KEYS, F_UNIQ_KEY, F_SCHEDULED, F_COUNT
+    F_KEYS, F_UNIQ_KEY, F_SCHEDULED, F_TRACE_CONTEXT, F_COUNT
 };
 static const char *const FIELD_NAMES[F_COUNT] = {
     "success", "msg_size", "topic", "queue_id", "commit_log_offset", "consume_queue_offset",
     "sys_flag", "born_timestamp", "store_timestamp", "prepared_transaction_offset", "tags",
-    "tags_code", "keys", "uniq_key", "scheduled",
+    "tags_code", "keys", "uniq_key", "scheduled", "trace_context",
 };
 
 typedef struct {
@@ -169,8 +169,8 @@ static long java_hash(PyObject *text) {
  * entry of each name wins, as in record_codec's regex) and whether a scheduling name appears;
  * and for the put, whether the message waits for the store (WAIT, the last entry wins). */
 typedef struct {
-    const unsigned char *tags, *keys, *uniq;
-    Py_ssize_t tags_len, keys_len, uniq_len;
+    const unsigned char *tags, *keys, *uniq, *trace;
+    Py_ssize_t tags_len, keys_len, uniq_len, trace_len;
     int scheduled;
     int no_wait;
 } Found;
@@ -195,7 +195,7 @@ static int is_true_text(const void *p, Py_ssize_t n) {
 
 static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
     memset(f, 0, sizeof(*f));
-    f->tags_len = f->keys_len = f->uniq_len = -1;
+    f->tags_len = f->keys_len = f->uniq_len = f->trace_len = -1;
     Py_ssize_t i = 0;
     while (i <= n) {
         /* one entry: p[i .. e), e at the next \x02 or the end */
@@ -219,6 +219,8 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
                 f->scheduled = 1;
             } else if (name_is(start, name_len, "WAIT")) {
                 f->no_wait = !is_true_text(value, value_len);
+            } else if (name_is(start, name_len, "traceparent")) {
+                f->trace = value; f->trace_len = value_len;
             }
         }
         if (stop == NULL) break;
@@ -335,7 +337,7 @@ static PyObject *build_request(PyObject *values[F_COUNT]) {
             switch (i) {
             case F_TOPIC: v = Py_NewRef(S.empty_str); break;
             case F_COMMIT_LOG_OFFSET: v = PyLong_FromLong(-1); break;
-            case F_TAGS: case F_UNIQ_KEY: v = Py_NewRef(Py_None); break;
+            case F_TAGS: case F_UNIQ_KEY: case F_TRACE_CONTEXT: v = Py_NewRef(Py_None); break;
             case F_KEYS: v = PyList_New(0); break;
             case F_SUCCESS: case F_SCHEDULED: v = Py_NewRef(Py_False); break;
             default: v = PyLong_FromLong(0); break;
@@ -533,6 +535,10 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
             if (values[F_UNIQ_KEY] == NULL) goto error;
         }
         if (f.scheduled) values[F_SCHEDULED] = Py_NewRef(Py_True);
+        if (f.trace_len > 0) {
+            values[F_TRACE_CONTEXT] = PyUnicode_DecodeUTF8((const char *)f.trace, f.trace_len, "replace");
+            if (values[F_TRACE_CONTEXT] == NULL) goto error;
+        }
     }
     values[F_SUCCESS] = Py_NewRef(Py_True);
     if ((values[F_MSG_SIZE] = PyLong_FromLong(total)) == NULL

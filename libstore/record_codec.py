@@ -821,9 +821,10 @@ class DispatchRequest:
     ``success`` False means the bytes at the position are not a valid record; ``msg_size`` is then
     the TOTALSIZE read (or -1). A blank end-of-file record is ``success`` True with ``msg_size`` 0.
     When properties are decoded: ``tags`` is the TAGS property, ``tags_code`` its hash (spec §3),
-    ``keys`` the KEYS property split on spaces, ``uniq_key`` the UNIQ_KEY property, and
-    ``scheduled`` whether a delay or timer property is present (libstore.scheduled_message);
-    otherwise they are None, 0, [], None and False.
+    ``keys`` the KEYS property split on spaces, ``uniq_key`` the UNIQ_KEY property,
+    ``scheduled`` whether a delay or timer property is present (libstore.scheduled_message) and
+    ``trace_context`` the producer's W3C ``traceparent`` property (what dispatch and index spans
+    link to); otherwise they are None, 0, [], None, False and None.
     """
 
     __slots__ = (
@@ -841,6 +842,7 @@ class DispatchRequest:
         "tags",
         "tags_code",
         "topic",
+        "trace_context",
         "uniq_key",
     )
 
@@ -861,6 +863,7 @@ class DispatchRequest:
         keys: list[str] | None = None,
         uniq_key: str | None = None,
         scheduled: bool = False,
+        trace_context: str | None = None,
     ) -> None:
         self.success = success
         self.msg_size = msg_size
@@ -877,6 +880,7 @@ class DispatchRequest:
         self.keys: list[str] = keys if keys is not None else []
         self.uniq_key = uniq_key
         self.scheduled = scheduled
+        self.trace_context = trace_context
 
     @property
     def is_blank(self) -> bool:
@@ -904,7 +908,7 @@ class DispatchRequest:
 # the last one wins).
 _DISPATCH_PROPERTIES = re.compile(
     rb"(?:^|\x02)(TAGS|KEYS|UNIQ_KEY|DELAY|TIMER_DELIVER_MS|TIMER_DELAY_SEC|TIMER_DELAY_MS"
-    rb"|TRAN_HALF_OFFSET|TIMER_UNIT|POP_SEQ)\x01([^\x02]*)"
+    rb"|TRAN_HALF_OFFSET|TIMER_UNIT|POP_SEQ|traceparent)\x01([^\x02]*)"
 )
 # Properties that may schedule a message (libstore.scheduled_message): flagged while validating.
 _SCHEDULING = frozenset({b"DELAY", b"TIMER_DELIVER_MS", b"TIMER_DELAY_SEC", b"TIMER_DELAY_MS"})
@@ -1054,7 +1058,7 @@ def _check_record_py(
         return DispatchRequest(False, total), _NO_FIELDS, -1, -1
     if check_properties and prop_len and not _properties_look_written(bytes(buf[p:end])):
         return DispatchRequest(False, total), _NO_FIELDS, -1, -1
-    tags = uniq_key = None
+    tags = uniq_key = trace_context = None
     code = 0
     keys: list[str] | None = None
     scheduled = False
@@ -1072,6 +1076,9 @@ def _check_record_py(
             raw_uniq = found.get(b"UNIQ_KEY")
             if raw_uniq:
                 uniq_key = raw_uniq.decode("utf-8", "replace")
+            raw_trace = found.get(b"traceparent")
+            if raw_trace:
+                trace_context = raw_trace.decode("utf-8", "replace")
             scheduled = not _SCHEDULING.isdisjoint(found)
     if decode_properties and topic in SYSTEM_TOPICS:  # units carrying a time or an offset
         code = system_tags_code(topic, found if prop_len else _NOTHING, store_ts) or 0
@@ -1091,6 +1098,7 @@ def _check_record_py(
         keys,
         uniq_key,
         scheduled,
+        trace_context,
     )
     return req, fields, body_at, p
 

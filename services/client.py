@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from libstore import (
     Message,
@@ -53,8 +55,9 @@ from libstore import (
 from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, decode_records
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import TIMER_DELIVER_MS
-from services._common import convert
+from services._common import convert, message_trace
 from services._common.errors import retry_pushback_ms, store_error_from_rpc
+from services._common.message_trace import TRACEPARENT
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
 from services._common.tls import TlsConfig
@@ -109,27 +112,38 @@ class OutgoingMessage:
             born_host=("0.0.0.0", 0),
         )
 
-    def wire_properties(self, uniq_key: str) -> dict[str, str]:
+    def wire_properties(self, uniq_key: str, traceparent: str | None = None) -> dict[str, str]:
         """The properties the record carries, in the order they are encoded (the order earlier
         clients wrote them in): the user's, ``uniq_key`` as UNIQ_KEY unless the user set one,
-        then TAGS and KEYS (keys joined by one space), and WAIT=false without ``wait_store``."""
-        if not self.properties and self.tags is None and not self.keys and self.wait_store:
+        then TAGS and KEYS (keys joined by one space), WAIT=false without ``wait_store``, and
+        the send's trace context (``traceparent``, services._common.message_trace) when traced."""
+        if (
+            not self.properties
+            and self.tags is None
+            and not self.keys
+            and self.wait_store
+            and not traceparent
+        ):
             return {MessageConst.UNIQ_KEY: uniq_key}  # the common case, without copies
         props = dict(self.properties)
         props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
         if not self.wait_store:
             props[MessageConst.WAIT] = "false"
+        if traceparent:
+            props[TRACEPARENT] = traceparent
         if self.tags is not None:
             props[MessageConst.TAGS] = self.tags
         if self.keys:
             props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(self.keys)
         return props
 
-    def to_pb(self, uniq_key: str) -> common_pb.Message:
+    def to_pb(self, uniq_key: str, traceparent: str | None = None) -> common_pb.Message:
         props = dict(self.properties)
         props.setdefault(MessageConst.UNIQ_KEY, uniq_key)
         if not self.wait_store:
             props[MessageConst.WAIT] = "false"
+        if traceparent:
+            props[TRACEPARENT] = traceparent
         return common_pb.Message(
             topic=self.topic,
             queue_id=self.queue_id,
@@ -183,11 +197,16 @@ class _Connection:
         self.channel.close()
 
     def call(
-        self, method: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float, retries: int
+        self,
+        method: grpc.UnaryUnaryMultiCallable,
+        request: object,
+        timeout_s: float,
+        retries: int,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> object:
         for attempt in range(retries + 1):
             try:
-                return method(request, timeout=timeout_s)
+                return method(request, timeout=timeout_s, metadata=metadata)
             except grpc.RpcError as err:
                 delay = _retry_delay_s(err, attempt)
                 if delay is None or attempt == retries:
@@ -222,14 +241,18 @@ class Producer:
             STORE_HOST_PLACEHOLDER, max_message_size=64 * 1024 * 1024, max_topic_length=255
         )
 
-    def _request(self, messages: Iterable[OutgoingMessage]) -> gateway_pb.ProduceRequest:
+    def _request(
+        self, messages: Iterable[OutgoingMessage], traceparent: str | None = None
+    ) -> gateway_pb.ProduceRequest:
         if not self.encode_records:
-            return gateway_pb.ProduceRequest(messages=[m.to_pb(self._uniq.next()) for m in messages])
+            return gateway_pb.ProduceRequest(
+                messages=[m.to_pb(self._uniq.next(), traceparent) for m in messages]
+            )
         outgoing = messages if isinstance(messages, list) else list(messages)
         keys = self._uniq.next_many(len(outgoing))
         batch = self._encoder.encode_batch(
             [
-                _WireMessage(m.topic, m.body, m.queue_id, m.wire_properties(k))
+                _WireMessage(m.topic, m.body, m.queue_id, m.wire_properties(k, traceparent))
                 for m, k in zip(outgoing, keys, strict=True)
             ],
             time.time_ns() // 1_000_000,
@@ -263,22 +286,47 @@ class Producer:
         )
 
     def send_batch(self, messages: Sequence[OutgoingMessage]) -> PutMessageResults:
-        """One Produce call (retried as the module docstring says); one result per message."""
-        reply = self._conn.call(
-            self._conn.stub.Produce, self._request(messages), self.timeout_s, self.retries
-        )
-        return convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+        """One Produce call (retried as the module docstring says); one result per message.
+        Traced (an application with an OpenTelemetry SDK): a PRODUCER span ``publish <topic>``
+        whose context each message carries (``traceparent``) and the call's metadata too."""
+        span = _publish_span(messages)
+        if span is None:
+            reply = self._conn.call(
+                self._conn.stub.Produce, self._request(messages), self.timeout_s, self.retries
+            )
+            return convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+        with trace.use_span(span, end_on_exit=True):
+            traceparent = message_trace.current_traceparent()
+            metadata = ((message_trace.TRACEPARENT, traceparent),) if traceparent else None
+            reply = self._conn.call(
+                self._conn.stub.Produce,
+                self._request(messages, traceparent),
+                self.timeout_s,
+                self.retries,
+                metadata,
+            )
+            results = convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+            if len(results) == 1 and results[0].msg_id:
+                span.set_attribute(message_trace.MESSAGE_ID, results[0].msg_id)
+            return results
 
     def send_batch_async(
         self, messages: Sequence[OutgoingMessage]
     ) -> concurrent.futures.Future[PutMessageResults]:
-        """Start a Produce call; the future gives the results (retries included)."""
-        request = self._request(messages)
+        """Start a Produce call; the future gives the results (retries included). Traced as
+        :meth:`send_batch`; the span ends when the call is sent."""
+        span = _publish_span(messages)
+        traceparent = metadata = None
+        if span is not None:
+            with trace.use_span(span, end_on_exit=True):
+                traceparent = message_trace.current_traceparent()
+                metadata = ((message_trace.TRACEPARENT, traceparent),) if traceparent else None
+        request = self._request(messages, traceparent)
         out: concurrent.futures.Future[PutMessageResults] = concurrent.futures.Future()
         attempts = [0]
 
         def start() -> None:
-            call = self._conn.stub.Produce.future(request, timeout=self.timeout_s)
+            call = self._conn.stub.Produce.future(request, timeout=self.timeout_s, metadata=metadata)
             with self._lock:
                 self._calls.add(call)  # a call future collected while in flight cancels its call
             call.add_done_callback(done)
@@ -310,6 +358,55 @@ class Producer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_TRACER = trace.get_tracer("mqstore.client")
+
+
+def _publish_span(messages: Sequence[OutgoingMessage]) -> trace.Span | None:
+    """A recording PRODUCER span for a send of ``messages``, or None when nothing records
+    (no OpenTelemetry SDK in the application, or not sampled): then nothing is added."""
+    if not messages:
+        return None
+    topic = messages[0].topic
+    span = _TRACER.start_span(f"publish {topic}", kind=SpanKind.PRODUCER)
+    if not span.is_recording():
+        span.end()
+        return None
+    span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
+    span.set_attribute(message_trace.DESTINATION, topic)
+    span.set_attribute(message_trace.OPERATION, "publish")
+    if len(messages) > 1:
+        span.set_attribute(message_trace.BATCH_COUNT, len(messages))
+    else:
+        m = messages[0]
+        if m.tags:
+            span.set_attribute(message_trace.TAG, m.tags)
+        if m.keys:
+            span.set_attribute(message_trace.KEYS, list(m.keys))
+    return span
+
+
+def _trace_receive(topic: str, group: str, records: Sequence[MessageRecord], started_ns: int) -> None:
+    """A CONSUMER span ``receive <topic>`` for what one poll returned, from the poll's start,
+    linked to each message's send (its ``traceparent``); nothing when nothing records."""
+    span = _TRACER.start_span(f"receive {topic}", kind=SpanKind.CONSUMER, start_time=started_ns)
+    if span.is_recording():
+        span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
+        span.set_attribute(message_trace.DESTINATION, topic)
+        span.set_attribute(message_trace.OPERATION, "receive")
+        span.set_attribute(message_trace.CONSUMER_GROUP, group)
+        span.set_attribute(message_trace.BATCH_COUNT, len(records))
+        if len(records) == 1:
+            rec = records[0]
+            span.set_attribute(message_trace.MESSAGE_ID, rec.msg_id)
+            span.set_attribute(message_trace.PARTITION, str(rec.queue_id))
+            span.set_attribute(message_trace.QUEUE_OFFSET, rec.queue_offset)
+            if rec.tags:
+                span.set_attribute(message_trace.TAG, rec.tags)
+        for link in message_trace.links_to(message_trace.traceparent_of(r.properties) for r in records):
+            span.add_link(link.context)
+    span.end()
 
 
 def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
@@ -403,6 +500,7 @@ class PullConsumer:
     def poll(self, timeout_ms: int = 1000) -> list[MessageRecord]:
         """Messages from whichever queues have some (each queue in order), waiting up to
         ``timeout_ms`` when none has. Pulls that are still held stay in flight for the next poll."""
+        started_ns = time.time_ns()
         keys: Sequence[int | tuple[int, ...]] = self._sets if self._pull_many else self.queues
         for key in keys:
             if key not in self._inflight:
@@ -426,6 +524,8 @@ class PullConsumer:
             fut = self._inflight.pop(key, None)
             if fut is not None:
                 out.extend(self._take(key, fut))
+        if out:
+            _trace_receive(self.topic, self.group, out, started_ns)
         return out
 
     def _take(self, key: int | tuple[int, ...], fut: grpc.Future) -> list[MessageRecord]:

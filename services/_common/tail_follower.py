@@ -24,6 +24,8 @@ import grpc
 from libstore import LogDivergedError, OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
 from libstore.dispatch import CommitLogDispatcher, apply_chunk
 from libstore.log_scanner import scan_buffer
+from libstore.record_codec import DispatchRequest
+from services._common import message_trace
 from services._common.telemetry import tracer
 from services.ports import CommitLogPort, TailChunk
 
@@ -157,11 +159,15 @@ class TailFollower:
             with self._tracer.start_as_current_span(f"{self.name}.dispatch") as span:
                 small = len(chunk.data) <= INLINE_BYTES and len(chunk.records or ()) <= INLINE_RECORDS
                 if small:  # a few records: cheaper here than a hop to a worker thread and back
-                    count, arrived = self._decode_and_apply(chunk)
+                    records, arrived = self._decode_and_apply(chunk)
                 else:
-                    count, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
-                span.set_attribute("mqstore.records", count)
-                span.set_attribute("mqstore.offset", chunk.offset)
+                    records, arrived = await asyncio.to_thread(self._decode_and_apply, chunk)
+                count = len(records)
+                if span.is_recording():  # links to the sends of the messages applied
+                    span.set_attribute("mqstore.records", count)
+                    span.set_attribute("mqstore.offset", chunk.offset)
+                    for link in message_trace.links_to(r.trace_context for r in records):
+                        span.add_link(link.context)
             self.records_dispatched += count
             if arrived and self.on_arrival is not None:
                 self.on_arrival(arrived)
@@ -174,7 +180,7 @@ class TailFollower:
         if self.reput_offset >= self.confirm_offset:
             self.caught_up.set()
 
-    def _decode_and_apply(self, chunk: TailChunk) -> tuple[int, dict[QueueKey, int]]:
+    def _decode_and_apply(self, chunk: TailChunk) -> tuple[Sequence[DispatchRequest], dict[QueueKey, int]]:
         if chunk.records is not None:  # decoded by the append's validation, in this process
             records = chunk.records
         else:
@@ -186,7 +192,7 @@ class TailFollower:
         arrived = apply_chunk(self.dispatchers, records) if records else {}
         if records:
             self.applied_store_ms = records[-1].store_timestamp
-        return len(records), arrived
+        return records, arrived
 
     def lag(self, now_ms: int) -> tuple[int, int]:
         """How far behind the log this follower is: bytes between what it applied and what the

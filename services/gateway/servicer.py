@@ -32,12 +32,14 @@ import time
 from collections.abc import Sequence
 
 import grpc
+from opentelemetry.trace import Span
 
 from libstore import (
     InvalidArgumentError,
     MessageConst,
     MessageNotFoundError,
     QueueIdOutOfRangeError,
+    StoreError,
     TopicConfig,
     TopicNotFoundError,
     UniqKeyGenerator,
@@ -53,11 +55,12 @@ from libstore.record_codec import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     RECORD_OVERHEAD_V1_IPV4,
+    decode_records,
     record_topics,
 )
 from libstore.results import GetMessageStatus
 from libstore.system_topics import is_system_topic
-from services._common import convert
+from services._common import convert, message_trace
 from services._common.telemetry import tracer
 from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.gateway.acl import PUB, SUB, AccessControl, Account
@@ -173,6 +176,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             self._allow(PUB, topic)
         with self.admission.admit(size), self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.messages", n)
+            if span.is_recording():
+                _trace_publish(span, messages[0].topic if n else "", n)
             self._prepare(messages, context.peer())
             results = await self.commitlog.append(messages)
             span.set_attribute("mqstore.status", results.status.name)
@@ -195,6 +200,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 self._allow(PUB, topic)
         with self._tracer.start_as_current_span("gateway.produce") as span:
             span.set_attribute("mqstore.bytes", len(raw))
+            if span.is_recording():
+                _trace_publish(span, "", 0)
             results = await self.commitlog.append_records(raw, convert.peer_text(peer))
             span.set_attribute("mqstore.messages", len(results))
             span.set_attribute("mqstore.status", results.status.name)
@@ -271,6 +278,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
+            if span.is_recording():
+                _trace_delivery(span, request.topic, request.group, result.records)
             reply = _pull_response(gateway_pb.PullResponse(), result, offset, raw=request.raw)
             self._get_metrics.record(
                 request.topic, request.group, len(result.records), result.total_bytes, answered
@@ -324,6 +333,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             reply = gateway_pb.PullManyResponse()
             start = 0
             delivered = delivered_bytes = 0
+            recording = span.is_recording()
             for (queue_id, offset, _), sel in zip(queries, selections, strict=False):
                 end = start + len(sel.sizes)
                 result = fetch_messages(sel, raws[start:end], filt)
@@ -331,6 +341,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 _pull_response(reply.results.add(), result, offset, raw=True, queue_id=queue_id)
                 delivered += len(result.records)
                 delivered_bytes += result.total_bytes
+                if recording:
+                    _trace_delivery(span, topic, request.group, result.records)
             span.set_attribute("mqstore.messages", delivered)
             self._get_metrics.record(topic, request.group, delivered, delivered_bytes, answered)
             return reply
@@ -631,3 +643,35 @@ _MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 def add_to_server(servicer: GatewayServicer, server: grpc.aio.Server) -> list[str]:
     gateway_grpc.add_GatewayServicer_to_server(servicer, server)
     return [SERVICE_NAME]
+
+
+def _trace_publish(span: Span, topic: str, count: int) -> None:
+    """Messaging attributes of a produce span (the topic when the request names one)."""
+    span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
+    span.set_attribute(message_trace.OPERATION, "publish")
+    if topic:
+        span.set_attribute(message_trace.DESTINATION, topic)
+    if count:
+        span.set_attribute(message_trace.BATCH_COUNT, count)
+
+
+def _trace_delivery(span: Span, topic: str, group: str, raws: Sequence[bytes]) -> None:
+    """Messaging attributes of a pull span, and links to the sends of the records it delivers
+    (their ``traceparent`` properties, services._common.message_trace)."""
+    span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
+    span.set_attribute(message_trace.OPERATION, "receive")
+    span.set_attribute(message_trace.DESTINATION, topic)
+    span.set_attribute(message_trace.CONSUMER_GROUP, group)
+    if not raws:
+        return
+    try:
+        records = decode_records(list(raws), check_crc=False)
+    except StoreError:  # a bad record is the pull's concern, not its trace's
+        return
+    if len(records) == 1:
+        rec = records[0]
+        span.set_attribute(message_trace.MESSAGE_ID, rec.msg_id)
+        span.set_attribute(message_trace.PARTITION, str(rec.queue_id))
+        span.set_attribute(message_trace.QUEUE_OFFSET, rec.queue_offset)
+    for link in message_trace.links_to(message_trace.traceparent_of(r.properties) for r in records):
+        span.add_link(link.context)

@@ -28,6 +28,7 @@ from libstore.scheduled_message import MAX_DELAY_MS
 from libstore.system_topics import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
 from libstore.topic_config import TopicMessageType
 from services._common.convert import host_text
+from services._common.message_trace import TRACEPARENT
 from services.gateway.rocketmq.pb import Code, definition
 
 SHARDING_KEY = "__SHARDINGKEY"
@@ -55,6 +56,7 @@ SYSTEM_PROPERTY_NAMES = STORE_PROPERTIES | frozenset(
         "CONSUME_START_TIME",
         "TRACE_ON",
         "TRACE_CONTEXT",
+        TRACEPARENT,  # the system property trace_context (services._common.message_trace)
         # Scheduling goes through delivery_timestamp on this protocol: a user property may not
         # delay a message of a NORMAL topic behind the topic type's back.
         TIMER_DELAY_SEC,
@@ -190,6 +192,9 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
     if keys:
         props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(keys)
     props[MessageConst.UNIQ_KEY] = sp.message_id
+    if sp.HasField("trace_context") and sp.trace_context:  # the client's send: W3C traceparent text
+        _check_text("trace context", sp.trace_context, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+        props[TRACEPARENT] = sp.trace_context
     mtype = sp.message_type or definition.NORMAL
     group = ""
     if sp.HasField("message_group"):
@@ -286,6 +291,8 @@ def consumer_message(
         sp.tag = rec.tags
     if SHARDING_KEY in props:
         sp.message_group = props[SHARDING_KEY]
+    if TRACEPARENT in props:
+        sp.trace_context = props[TRACEPARENT]
     deliver_at = _delivery_ms(props.get(TIMER_DELIVER_MS))
     if deliver_at is not None:
         sp.delivery_timestamp.CopyFrom(timestamp_ms(deliver_at))

@@ -57,6 +57,7 @@ from libstore.system_topics import HALF_TOPIC
 from libstore.topic_config import TopicConfig
 from libstore.transaction_message import TransactionId, half_message
 from services._common import convert as common_convert
+from services._common import message_trace
 from services._common.telemetry import tracer
 from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
@@ -593,6 +594,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             )
             out: list[service.ReceiveMessageResponse] = []
             delivered_bytes = 0
+            sends: list[str | None] = []  # the delivered messages' trace contexts
             skipped: list[str] = []
             poisoned: list[str] = []
             for popped, raw in zip(result.messages, raws, strict=True):
@@ -627,11 +629,19 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                     )
                 out.append(service.ReceiveMessageResponse(message=message))
                 delivered_bytes += len(raw)
+                sends.append(message_trace.traceparent_of(rec.properties))
             if skipped:
                 await self.dispatch.ack(group, resource.name, skipped)
             for handle in poisoned:  # the dead-letter queue, or quarantine when even that fails
                 await self.dispatch.forward_to_dead_letter(group, resource.name, handle)
             span.set_attribute("mqstore.messages", len(out))
+            if span.is_recording():
+                span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
+                span.set_attribute(message_trace.OPERATION, "receive")
+                span.set_attribute(message_trace.DESTINATION, resource.name)
+                span.set_attribute(message_trace.CONSUMER_GROUP, group)
+                for link in message_trace.links_to(sends):
+                    span.add_link(link.context)
             self._get_metrics.record(resource.name, group, len(out), delivered_bytes, answered)
         stamp = service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms()))
         if not out:

@@ -99,6 +99,7 @@ _props = st.dictionaries(
             "x",
             "TAG",
             "WAIT",
+            "traceparent",
             MessageConst.REAL_TOPIC,
             "KEYSX",
         ]
