@@ -31,8 +31,8 @@ ENV PATH=/opt/mqstore/bin:$PATH \
 USER 10001:10001
 WORKDIR /data
 VOLUME ["/data"]
-# commitlog 10911 (+ HA 10912), dispatch 10921, index 10931, gateway 8081
-EXPOSE 8081 10911 10912 10921 10931
+# commitlog 10911 (+ HA 10912), dispatch 10921, index 10931, gateway 8081; metrics 9464 (every role)
+EXPOSE 8081 10911 10912 10921 10931 9464
 # No CMD: flags would override the MQSTORE_* variables the Kubernetes manifests configure with.
 # Alone: docker run -p 8081:8081 mqstore:dev --listen 0.0.0.0:8081   (the embedded suite)
 ENTRYPOINT ["mqstore", "serve"]

@@ -304,7 +304,7 @@ def test_dockerfile_builds_a_non_root_image_running_mqstore_serve() -> None:
     assert "services._protogen" in text  # generated protos built into the image
     exposed = re.search(r"^EXPOSE (.+)$", text, re.M)
     assert exposed is not None
-    assert {str(p) for p in ROLE_PORTS.values()} <= set(exposed.group(1).split())
+    assert {str(p) for p in [*ROLE_PORTS.values(), METRICS_PORT]} <= set(exposed.group(1).split())
 
 
 def test_prod_gateways_require_signed_calls_from_their_groups_acl_secret(overlay: Rendered) -> None:
