@@ -217,7 +217,7 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
                        || name_is(start, name_len, "TIMER_DELAY_SEC")
                        || name_is(start, name_len, "TIMER_DELAY_MS")) {
                 f->scheduled = 1;
-            } else if (name_is(start, name_len, "WAIT")) {
+            } else if (name_is(start, name_len, "WAIT") && value_len > 0) { /* an empty one is dropped */
                 f->no_wait = !is_true_text(value, value_len);
             } else if (name_is(start, name_len, "traceparent")) {
                 f->trace = value; f->trace_len = value_len;
@@ -1134,7 +1134,7 @@ error:
 
 
 /* Serialized properties of one message as properties_to_bytes writes them, into a new bytes
- * object; ``*waits`` becomes 0 when WAIT is there and not "true" in any letter case
+ * object; ``*waits`` becomes 0 when WAIT is there, not empty and not "true" in any letter case
  * (is_true_text). Returns NULL with no exception set when the Python code must encode them
  * (and word any refusal), or with one set on a real error. */
 static PyObject *encode_properties(PyObject *props, int *waits) {
@@ -1181,7 +1181,7 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
         if (kl == 0 || memchr(ks, 1, (size_t)kl) || memchr(ks, 2, (size_t)kl) || memchr(vs, 1, (size_t)vl)
             || memchr(vs, 2, (size_t)vl))
             goto slow;
-        if (kl == 4 && memcmp(ks, "WAIT", 4) == 0) *waits = is_true_text(vs, vl);
+        if (kl == 4 && memcmp(ks, "WAIT", 4) == 0) *waits = vl == 0 || is_true_text(vs, vl);
         Py_ssize_t need = used + kl + vl + 2;
         if (need > 32767) goto slow; /* PropertiesSizeExceededError, worded by the Python code */
         if (need > cap) {

@@ -109,7 +109,11 @@ class ConsumeQueueStore:
         if queue_id >= 0:
             cq = self._queues.get((topic, queue_id))
             return [cq] if cq is not None else []
-        return sorted((cq for (t, _), cq in self._queues.items() if t == topic), key=lambda cq: cq.queue_id)
+        # list(): one step under the GIL, so a metrics scrape on another thread may call this
+        # while the dispatch thread adds a queue.
+        return sorted(
+            (cq for (t, _), cq in list(self._queues.items()) if t == topic), key=lambda cq: cq.queue_id
+        )
 
     def topics(self) -> dict[str, list[int]]:
         """Queue ids of every topic that has a ConsumeQueue."""

@@ -39,10 +39,12 @@ _DECIMAL = re.compile(r"-?[0-9]{1,19}")
 
 def waits_for_store(wait: str | None) -> bool:
     """Whether a message whose WAIT property is ``wait`` (None: absent) waits for the store:
-    its flush under SYNC_FLUSH, its slaves under SYNC_MASTER. Read as RocketMQ reads it
+    its flush under SYNC_FLUSH, its slaves under SYNC_MASTER. Read as RocketMQ's broker reads it
     (``Message.isWaitStoreMsgOK``: absent means wait, else Java's ``Boolean.parseBoolean``): only
-    "true" in any letter case waits; "false", "no", "0" and "" do not."""
-    return wait is None or (len(wait) == 4 and wait.lower() == "true")
+    "true" in any letter case waits; "false", "no" and "0" do not. An empty value waits: the
+    broker parses properties from the record, which drops empty values (as
+    ``bytes_to_properties`` does), so it reads as absent."""
+    return not wait or (len(wait) == 4 and wait.lower() == "true")
 
 
 def ascii_int(text: str) -> int:

@@ -192,7 +192,8 @@ class PutMessageResults(Sequence[PutMessageResult]):
 
     @property
     def all_ok(self) -> bool:
-        """True when every message was stored and is durable under the configured policy."""
+        """True when every message was stored and answered PUT_OK: durable under the configured
+        policy, or (those in ``unwaited``) not waited for."""
         if self.appended != self._count:
             return False
         return self.status is PutMessageStatus.PUT_OK or len(self.unwaited) == self._count

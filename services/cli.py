@@ -389,7 +389,10 @@ def produce(
             if results.appended:
                 first_id = first_id or results[0].msg_id
                 last_id = results[results.appended - 1].msg_id
-            failed += len(results) - (results.appended if results.status.name == "PUT_OK" else 0)
+            ok = results.appended
+            if results.status.name != "PUT_OK":  # only the messages that did not wait (WAIT=false)
+                ok = sum(1 for i in results.unwaited if i < results.appended)
+            failed += len(results) - ok
             bar.advance(task, len(results))
 
         chunk: list[OutgoingMessage] = []

@@ -314,11 +314,11 @@ class Producer:
         self, messages: Sequence[OutgoingMessage]
     ) -> concurrent.futures.Future[PutMessageResults]:
         """Start a Produce call; the future gives the results (retries included). Traced as
-        :meth:`send_batch`; the span ends when the call is sent."""
+        :meth:`send_batch`; the span ends when the future is resolved."""
         span = _publish_span(messages)
         traceparent = metadata = None
         if span is not None:
-            with trace.use_span(span, end_on_exit=True):
+            with trace.use_span(span, end_on_exit=False):
                 traceparent = message_trace.current_traceparent()
                 metadata = ((message_trace.TRACEPARENT, traceparent),) if traceparent else None
         request = self._request(messages, traceparent)
@@ -347,6 +347,8 @@ class Producer:
                 return
             out.set_result(convert.results_from_pb(reply.results))
 
+        if span is not None:
+            out.add_done_callback(lambda fut: _end_publish(span, fut))
         start()
         return out
 
@@ -387,6 +389,19 @@ def _publish_span(messages: Sequence[OutgoingMessage]) -> trace.Span | None:
     return span
 
 
+def _end_publish(span: trace.Span, fut: concurrent.futures.Future[PutMessageResults]) -> None:
+    """End an asynchronous send's span with its outcome."""
+    exc = fut.exception()
+    if exc is not None:
+        span.record_exception(exc)
+        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
+    else:
+        results = fut.result()
+        if len(results) == 1 and results[0].msg_id:
+            span.set_attribute(message_trace.MESSAGE_ID, results[0].msg_id)
+    span.end()
+
+
 def _trace_receive(topic: str, group: str, records: Sequence[MessageRecord], started_ns: int) -> None:
     """A CONSUMER span ``receive <topic>`` for what one poll returned, from the poll's start,
     linked to each message's send (its ``traceparent``); nothing when nothing records."""
@@ -404,6 +419,8 @@ def _trace_receive(topic: str, group: str, records: Sequence[MessageRecord], sta
             span.set_attribute(message_trace.QUEUE_OFFSET, rec.queue_offset)
             if rec.tags:
                 span.set_attribute(message_trace.TAG, rec.tags)
+            if rec.keys:
+                span.set_attribute(message_trace.KEYS, rec.keys)
         for link in message_trace.links_to(message_trace.traceparent_of(r.properties) for r in records):
             span.add_link(link.context)
     span.end()

@@ -103,22 +103,24 @@ class _ScrapedReader(PrometheusMetricReader):
     for both: each reader a MeterProvider has costs every measurement ~2.5 us more."""
 
     last: MetricsData | None = None
-    _for_snapshot = False
+    # Set while this thread collects for :meth:`snapshot` (a scrape on another thread still
+    # hands its data on: collect() calls back on the thread that called it).
+    _snapshotting = threading.local()
 
     def snapshot(self) -> MetricsData | None:
         """Collect now, for the caller only (a scrape would otherwise see this data twice)."""
-        self._for_snapshot = True
+        self._snapshotting.on = True
         try:
             self.collect()
         finally:
-            self._for_snapshot = False
+            self._snapshotting.on = False
         return self.last
 
     def _receive_metrics(
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> None:
         self.last = metrics_data
-        if not self._for_snapshot:
+        if not getattr(self._snapshotting, "on", False):
             super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
 
 

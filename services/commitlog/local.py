@@ -115,9 +115,11 @@ class LocalCommitLog:
                     for i, m in enumerate(messages)
                     if m.properties and not waits_for_store(m.properties.get(MessageConst.WAIT))
                 )
-            await self._wait_durable(results)
+            try:
+                await self._wait_durable(results)
+            finally:  # appended: counted even when the caller gives up waiting
+                self.put_metrics.record(topics, results, started)
             span.set_attribute("mqstore.status", results.status.name)
-        self.put_metrics.record(topics, results, started)
         return results
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
@@ -164,9 +166,11 @@ class LocalCommitLog:
             results = self._merge(range(n), appended.results if appended else None, placed)
             if batch.no_wait:  # replays included: the batch's indexes are the results'
                 results.unwaited = frozenset(batch.no_wait)
-            await self._wait_durable(results)
+            try:
+                await self._wait_durable(results)
+            finally:
+                self.put_metrics.record(batch.topics, results, started)
             span.set_attribute("mqstore.status", results.status.name)
-        self.put_metrics.record(batch.topics, results, started)
         return results
 
     async def _decode_chunk(self, data: bytes, offset: int, next_offset: int) -> list[DispatchRequest] | None:

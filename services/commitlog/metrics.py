@@ -96,7 +96,11 @@ def _per_log(value: Callable[[CommitLog], float]) -> Callable[[LocalCommitLog], 
 
 
 def _puts(counts: Callable[[PutMetrics], KeyedCounts]) -> Callable[[LocalCommitLog], list[Observation]]:
-    return lambda port: counts(port.put_metrics).observations(_member(port.log))
+    def observe(port: LocalCommitLog) -> list[Observation]:
+        log = port.log
+        return counts(port.put_metrics).observations(_member(log)) if log.running else []
+
+    return observe
 
 
 def _role(port: LocalCommitLog) -> list[Observation]:

@@ -333,7 +333,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             reply = gateway_pb.PullManyResponse()
             start = 0
             delivered = delivered_bytes = 0
-            recording = span.is_recording()
+            delivered_raws: list[bytes] | None = [] if span.is_recording() else None
             for (queue_id, offset, _), sel in zip(queries, selections, strict=False):
                 end = start + len(sel.sizes)
                 result = fetch_messages(sel, raws[start:end], filt)
@@ -341,9 +341,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 _pull_response(reply.results.add(), result, offset, raw=True, queue_id=queue_id)
                 delivered += len(result.records)
                 delivered_bytes += result.total_bytes
-                if recording:
-                    _trace_delivery(span, topic, request.group, result.records)
+                if delivered_raws is not None:
+                    delivered_raws += result.records
             span.set_attribute("mqstore.messages", delivered)
+            if delivered_raws is not None:  # one set of links for the whole call
+                _trace_delivery(span, topic, request.group, delivered_raws)
             self._get_metrics.record(topic, request.group, delivered, delivered_bytes, answered)
             return reply
 
@@ -657,7 +659,8 @@ def _trace_publish(span: Span, topic: str, count: int) -> None:
 
 def _trace_delivery(span: Span, topic: str, group: str, raws: Sequence[bytes]) -> None:
     """Messaging attributes of a pull span, and links to the sends of the records it delivers
-    (their ``traceparent`` properties, services._common.message_trace)."""
+    (their ``traceparent`` properties, services._common.message_trace; the records are decoded
+    again for that, on sampled calls only)."""
     span.set_attribute(message_trace.SYSTEM, message_trace.SYSTEM_NAME)
     span.set_attribute(message_trace.OPERATION, "receive")
     span.set_attribute(message_trace.DESTINATION, topic)

@@ -37,11 +37,14 @@ MAX_BODY_SIZE = 4 * 1024 * 1024
 MAX_USER_PROPERTIES = 128
 MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_MESSAGE_GROUP_BYTES = 64
+MAX_TRACE_CONTEXT = 512  # a W3C traceparent is 55 characters
 
 # What a v2 user property may not be named: the store's own properties (STORE_PROPERTIES) and
 # those this protocol sets from the message's system properties. WAIT is not among them: the
 # v2 protocol has no system property for it, and a user property WAIT is the message's WAIT, as
-# RocketMQ's broker reads it from the properties (RocketMQ's own proxy refuses the name).
+# RocketMQ's broker reads it from the properties (RocketMQ's own proxy refuses the name). Nor is
+# traceparent: a user property of that name is the message's trace context unless the
+# trace_context system property gives one (services._common.message_trace).
 SYSTEM_PROPERTY_NAMES = STORE_PROPERTIES | frozenset(
     {
         MessageConst.KEYS,
@@ -56,13 +59,17 @@ SYSTEM_PROPERTY_NAMES = STORE_PROPERTIES | frozenset(
         "CONSUME_START_TIME",
         "TRACE_ON",
         "TRACE_CONTEXT",
-        TRACEPARENT,  # the system property trace_context (services._common.message_trace)
         # Scheduling goes through delivery_timestamp on this protocol: a user property may not
         # delay a message of a NORMAL topic behind the topic type's back.
         TIMER_DELAY_SEC,
         TIMER_DELAY_MS,
     }
 )
+
+# Stored properties a v2 consumer does not get among its user properties: the system ones, and
+# WAIT and traceparent (the latter comes back as the trace_context system property), as
+# RocketMQ's proxy leaves its own names out.
+HIDDEN_ON_DELIVERY = SYSTEM_PROPERTY_NAMES | {MessageConst.WAIT, TRACEPARENT}
 
 ACCEPT_TYPES = {
     TopicMessageType.NORMAL: [definition.NORMAL],
@@ -192,9 +199,11 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
     if keys:
         props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(keys)
     props[MessageConst.UNIQ_KEY] = sp.message_id
-    if sp.HasField("trace_context") and sp.trace_context:  # the client's send: W3C traceparent text
-        _check_text("trace context", sp.trace_context, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
-        props[TRACEPARENT] = sp.trace_context
+    # The client's send (W3C traceparent text), kept only when it could be one: a tracing
+    # field never fails a send.
+    trace_context = sp.trace_context if sp.HasField("trace_context") else ""
+    if trace_context and trace_context.isprintable() and len(trace_context) <= MAX_TRACE_CONTEXT:
+        props[TRACEPARENT] = trace_context
     mtype = sp.message_type or definition.NORMAL
     group = ""
     if sp.HasField("message_group"):
@@ -303,7 +312,7 @@ def consumer_message(
                 message_id=props.get(MessageConst.DLQ_ORIGIN_MESSAGE_ID, ""),
             )
         )
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTY_NAMES}
+    user = {k: v for k, v in props.items() if k not in HIDDEN_ON_DELIVERY}
     return definition.Message(
         topic=definition.Resource(resource_namespace=namespace, name=rec.topic),
         user_properties=user,

@@ -213,7 +213,7 @@ def test_zero_born_timestamp_takes_the_encoder_clock():
         ("FALSE", False),
         ("no", False),
         ("0", False),
-        ("", False),
+        ("", True),  # an empty property is dropped when the record is parsed: absent
         (" true", False),
         ("truE ", False),
     ],

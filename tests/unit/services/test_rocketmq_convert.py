@@ -1,0 +1,50 @@
+"""RocketMQ 5 (apache.rocketmq.v2) messages to and from the store: the properties the protocol
+keeps to itself (WAIT, the trace context) and what a send may carry in them."""
+
+from __future__ import annotations
+
+from libstore.message_id import encode_host
+from libstore.record_codec import RecordEncoder, decode_record
+from services.gateway.rocketmq import convert
+from services.gateway.rocketmq.pb import definition
+
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _v2(user: dict[str, str], trace_context: str | None = None) -> definition.Message:
+    sp = definition.SystemProperties(message_id="01ABC", message_type=definition.NORMAL)
+    if trace_context is not None:
+        sp.trace_context = trace_context
+    return definition.Message(
+        topic=definition.Resource(name="T"), user_properties=user, system_properties=sp, body=b"x"
+    )
+
+
+def _delivered(user: dict[str, str], trace_context: str | None = None) -> definition.Message:
+    """Stored as a send stores it, read back as a consumer gets it."""
+    msg, _, _ = convert.store_message(_v2(user, trace_context), peer_ip="127.0.0.1", now_ms=1)
+    msg.queue_id = 0
+    raw = RecordEncoder(encode_host("127.0.0.1", 10911), 1024).encode_batch([msg], 1).buf
+    rec = decode_record(bytes(raw))
+    return convert.consumer_message(rec, namespace="", receipt_handle="h", attempt=1, invisible_ms=1000)
+
+
+def test_wait_is_the_messages_wait_and_stays_out_of_what_consumers_see() -> None:
+    msg, _, _ = convert.store_message(_v2({"WAIT": "false", "k": "v"}), peer_ip="127.0.0.1", now_ms=1)
+    assert msg.properties["WAIT"] == "false"
+    assert dict(_delivered({"WAIT": "false", "k": "v"}).user_properties) == {"k": "v"}
+
+
+def test_trace_context_travels_as_traceparent_both_ways() -> None:
+    msg, _, _ = convert.store_message(_v2({}, TRACE), peer_ip="127.0.0.1", now_ms=1)
+    assert msg.properties["traceparent"] == TRACE
+    out = _delivered({}, TRACE)
+    assert out.system_properties.trace_context == TRACE and "traceparent" not in out.user_properties
+    # A user property of that name is the message's trace context when the field is not set.
+    assert _delivered({"traceparent": TRACE}).system_properties.trace_context == TRACE
+
+
+def test_a_trace_context_that_cannot_be_one_is_dropped_not_refused() -> None:
+    for bad in ("00-\x01bad", "x" * 600):
+        msg, _, _ = convert.store_message(_v2({}, bad), peer_ip="127.0.0.1", now_ms=1)
+        assert "traceparent" not in msg.properties
