@@ -68,7 +68,7 @@ def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
     """Column results on the wire, with the appended messages' offset message ids."""
     host = results.store_host
     phys = results.phy_offsets
-    return common_pb.PutResults(
+    out = common_pb.PutResults(
         count=len(results),
         appended=results.appended,
         status=_PUT_STATUS_TO_PB[results.status],
@@ -79,8 +79,10 @@ def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
         store_timestamp=results.store_timestamp,
         store_host=host,
         msg_ids=[create_message_id(host, p) for p in phys] if host else [],
-        unwaited=sorted(results.unwaited),
     )
+    if results.unwaited:  # messages that said WAIT=false (most batches have none)
+        out.unwaited.extend(sorted(results.unwaited))
+    return out
 
 
 def results_from_pb(pb: common_pb.PutResults) -> PutMessageResults:

@@ -274,29 +274,30 @@ class LocalCommitLog:
 
     async def _wait_durable(self, results: PutMessageResults) -> None:
         """Wait until every appended or replayed message of ``results`` that waits for the store
-        (not in ``unwaited``) holds as the flush and replication policies say, and set
-        ``results.status`` to the outcome; with none waiting, only wake the group commit."""
+        (not in ``unwaited``) holds as the flush (SYNC_FLUSH) and replication (SYNC_MASTER)
+        policies say, both waits run together, and set ``results.status`` to the outcome (a
+        non-OK wins); with none waiting, only wake the group commit. One coroutine: under
+        ASYNC_FLUSH on an ASYNC_MASTER it returns without awaiting anything."""
         end = results.durable_end()
-        if end is not None:
-            results.status = await self._durable(end)
-        elif results.appended:
-            self.log.submit_flush_request(results.next_offset, wait_store=False)
-
-    async def _durable(self, next_offset: int) -> PutMessageStatus:
-        """Flush (SYNC_FLUSH) and replica (SYNC_MASTER) waits up to ``next_offset``, run
-        together; a non-OK wins."""
         log = self.log
-        target = max(next_offset, 0)
+        if end is None:
+            if results.appended:
+                log.submit_flush_request(results.next_offset, wait_store=False)
+            return
+        target = max(end, 0)
         flush = log.submit_flush_request(target)
         replica = log.submit_replica_request(target)
         if flush is None and replica is None:
-            return PutMessageStatus.PUT_OK
+            return
         if replica is None:
-            return await self._wait_flush(flush)  # type: ignore[arg-type]
-        if flush is None:
-            return await self._wait_replica(replica)
-        statuses = await asyncio.gather(self._wait_flush(flush), self._wait_replica(replica))
-        return next((s for s in statuses if s is not PutMessageStatus.PUT_OK), PutMessageStatus.PUT_OK)
+            results.status = await self._wait_flush(flush)  # type: ignore[arg-type]
+        elif flush is None:
+            results.status = await self._wait_replica(replica)
+        else:
+            statuses = await asyncio.gather(self._wait_flush(flush), self._wait_replica(replica))
+            results.status = next(
+                (s for s in statuses if s is not PutMessageStatus.PUT_OK), PutMessageStatus.PUT_OK
+            )
 
     async def _wait_flush(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
         with self._tracer.start_as_current_span("commitlog.flush_wait"):
@@ -307,7 +308,7 @@ class LocalCommitLog:
             except TimeoutError:
                 status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             waited = (time.perf_counter() - started) * 1000.0
-            self.put_metrics.flush_wait.record(waited, _STATUS_ATTRIBUTES[status])
+            self.put_metrics.flush_wait.record(waited, (status.name,))
             return status
 
     async def _wait_replica(self, future: Future[PutMessageStatus]) -> PutMessageStatus:

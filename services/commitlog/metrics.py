@@ -2,9 +2,10 @@
 
 Puts, per topic: ``mqstore.put.messages`` and ``mqstore.put.bytes`` (appended, replays of the
 de-duplication window included), ``mqstore.put.failures`` (messages answered anything but PUT_OK,
-by status), ``mqstore.put.latency`` (ms, from the call's start to its answer: the flush and
-slave waits included). Waits: ``mqstore.flush.wait`` (SYNC_FLUSH group commit, by status) and
-``mqstore.ha.sync_master_wait`` (SYNC_MASTER, by status). The store, per broker group member:
+by status), ``mqstore_put_latency_milliseconds`` (from the call's start to its answer: the flush
+and slave waits included). Waits: ``mqstore_flush_wait_milliseconds`` (SYNC_FLUSH group commit,
+by status) and ``mqstore.ha.sync_master_wait`` (SYNC_MASTER, by status). The latency histograms
+named in Prometheus form are scrape-only (services._common.metrics). The store, per broker group member:
 its offsets (``mqstore.commitlog.{min,max,confirm,flushed}_offset``, bytes), the bytes it holds
 (``mqstore.commitlog.size``), the share of its disk in use (``mqstore.disk.used_ratio``), whether
 it takes puts (``mqstore.commitlog.writeable``: running, master, no I/O error, disk not full)
@@ -24,7 +25,7 @@ from opentelemetry.metrics import Observation
 
 from libstore import CommitLog, PutMessageResults, PutMessageStatus
 from libstore.commit_log_cleaner import used_share
-from services._common.metrics import KeyedCounts, latency_histogram, observer, register_once, topic_attributes
+from services._common.metrics import KeyedCounts, latency_histogram, observer, register_once, wait_histogram
 from services._common.telemetry import meter
 
 if TYPE_CHECKING:
@@ -45,12 +46,12 @@ class PutMetrics:
         self.bytes = KeyedCounts("topic")
         self.failures = KeyedCounts("topic", "status")
         self._latency = latency_histogram(
-            METER, "mqstore.put.latency", "time a put call took, waits included"
+            "mqstore_put_latency_milliseconds", "time a put call took, waits included", "topic"
         )
         self.flush_wait = latency_histogram(
-            METER, "mqstore.flush.wait", "SYNC_FLUSH: time a put waited for the disk"
+            "mqstore_flush_wait_milliseconds", "SYNC_FLUSH: time a put waited for the disk", "status"
         )
-        self.sync_master_wait = latency_histogram(
+        self.sync_master_wait = wait_histogram(
             METER, "mqstore.ha.sync_master_wait", "SYNC_MASTER: time a put waited for slaves"
         )
 
@@ -68,13 +69,13 @@ class PutMetrics:
             if appended:
                 self.messages.add((first,), appended)
                 self.bytes.add((first,), sum(sizes[:appended]) if appended > 1 else sizes[0])
-            self._latency.record(elapsed_ms, topic_attributes(first))
+            self._latency.record(elapsed_ms, (first,))
         else:
             for i in range(appended):
                 self.messages.add((topics[i],), 1)
                 self.bytes.add((topics[i],), sizes[i])
             for topic in set(topics):
-                self._latency.record(elapsed_ms, topic_attributes(topic))
+                self._latency.record(elapsed_ms, (topic,))
         if appended < n or (results.status is not _OK and len(results.unwaited) < n):
             for i, result in enumerate(results):
                 if result.status is not _OK:

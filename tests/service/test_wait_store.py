@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import prometheus_client
 import pytest
 
 from libstore import PutMessageStatus, durability_hooks
@@ -87,6 +88,14 @@ def test_official_client_sets_wait_as_a_user_property(sync_master: str, tmp_path
     assert not waits["ids"] and len(waits["errors"]) == 1  # no slave holds it: refused, not silently PUT_OK
 
 
+def _flush_waits(status: str) -> float:
+    """Observations of the SYNC_FLUSH wait histogram with ``status`` in this process so far."""
+    count = prometheus_client.REGISTRY.get_sample_value(
+        "mqstore_flush_wait_milliseconds_count", {"status": status}
+    )
+    return count or 0.0
+
+
 class _HeldSyncs:
     """A durability observer holding every fdatasync of a CommitLog segment until released."""
 
@@ -113,11 +122,13 @@ def test_sync_flush_answers_each_message_by_its_own_wait(
     with Admin(suite.address) as admin:
         admin.create_topic(topic, 2)
     held = _HeldSyncs()
+    timeouts_before = _flush_waits("FLUSH_DISK_TIMEOUT")
     durability_hooks.install(held)  # type: ignore[arg-type]
     try:
         with Producer(suite.address, encode_records=encode_records, retries=0) as producer:
             res = producer.send_batch(_mixed(topic))
             assert [r.status for r in res] == [OK, PutMessageStatus.FLUSH_DISK_TIMEOUT, OK]
+            assert _flush_waits("FLUSH_DISK_TIMEOUT") == timeouts_before + 1  # the flush wait histogram
             started = time.monotonic()
             free = producer.send_batch([OutgoingMessage(topic, b"free", wait_store=False)] * 3)
             assert free.all_ok and time.monotonic() - started < 0.4  # answered with the disk held
