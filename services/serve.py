@@ -37,6 +37,7 @@ import grpc
 
 from libstore import CommitLog, ConfigError, StoreConfig
 from libstore._os import physical_memory
+from services._common.errors import MethodWrapper
 from services._common.process_tuning import tune_allocator, tune_young_collections
 from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
@@ -53,7 +54,7 @@ from services.dispatch.servicer import add_to_server as add_dispatch
 from services.embedded import CommitLogNode, EmbeddedStore
 from services.gateway.acl import AccessControl
 from services.gateway.admission import ProduceAdmission
-from services.gateway.caller import OwnApiAuthInterceptor
+from services.gateway.caller import OwnApiAuth
 from services.gateway.limits import GatewayLimits
 from services.gateway.rocketmq.messaging import MessagingServicer
 from services.gateway.rocketmq.messaging import add_to_server as add_messaging
@@ -257,7 +258,7 @@ class Suite:
             self.options.address,
             lambda s: add_gateway(gateway, s) + add_messaging(messaging, s),
             internal=False,
-            interceptors=[OwnApiAuthInterceptor(acl)] if acl is not None else (),
+            wrappers=[OwnApiAuth(acl)] if acl is not None else (),
             # Clients' requests: refused by gRPC past maxRequestBytes (plus framing) before they
             # are read in whole; the gateway's own checks then name the bound.
             max_receive_bytes=min(MAX_MESSAGE_BYTES, cfg.max_request_bytes + REQUEST_FRAMING_BYTES),
@@ -357,7 +358,7 @@ class Suite:
         *,
         internal: bool = True,
         health: bool = True,
-        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        wrappers: Sequence[MethodWrapper] = (),
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
     ) -> GrpcServer:
         """A server on ``address`` with this process's TLS settings: an internal port (commitlog,
@@ -372,7 +373,7 @@ class Suite:
             require_client_auth=verify,
             clients=not internal,
             health_address=self.options.health_listen if health else "",
-            interceptors=interceptors,
+            wrappers=wrappers,
             max_receive_bytes=max_receive_bytes,
         )
 

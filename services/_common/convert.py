@@ -1,7 +1,7 @@
 """Protobuf ⇄ libstore conversions for mqstore.v1 (messages, put results, topics, views).
 
-Bad input raises libstore errors (InvalidArgumentError, MessageIllegalError), which the server
-interceptor turns into INVALID_ARGUMENT: a malformed field never reaches the log.
+Bad input raises libstore errors (InvalidArgumentError, MessageIllegalError), which the server's
+error mapping turns into INVALID_ARGUMENT: a malformed field never reaches the log.
 """
 
 from __future__ import annotations

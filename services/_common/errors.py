@@ -1,9 +1,10 @@
 """StoreError ⇄ gRPC status, mapped once per direction (DESIGN "Error model").
 
-Server side, :class:`StoreErrorInterceptor` turns a StoreError escaping a servicer into a
-``google.rpc.Status`` with the matching code and an ``ErrorInfo`` whose ``reason`` is the
-error's RocketMQ-style name (``MESSAGE_ILLEGAL``, ``TOPIC_NOT_EXIST``...); any other exception
-becomes INTERNAL with the trace id, and is logged. Servicers therefore hold no try/except.
+Server side, :func:`map_errors` (wrapped around every method once, when a server registers it)
+turns a StoreError escaping a servicer into a ``google.rpc.Status`` with the matching code and
+an ``ErrorInfo`` whose ``reason`` is the error's RocketMQ-style name (``MESSAGE_ILLEGAL``,
+``TOPIC_NOT_EXIST``...); any other exception becomes INTERNAL with the trace id, and is logged.
+Servicers therefore hold no try/except.
 
 Client side, :func:`store_error_from_rpc` maps a failed call back to the same StoreError class
 (by reason, else by code), so callers of a remote port see what callers of a local one see.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -137,64 +138,62 @@ async def _abort_for(context: grpc.aio.ServicerContext, exc: Exception, method: 
     await context.abort_with_status(_internal_status(exc))
 
 
-class StoreErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps exceptions escaping unary and streaming handlers (streams are async generators, as
-    the OpenTelemetry interceptor requires) to statuses (module doc)."""
+MethodWrapper = Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler]
+"""Wraps one method's handler (given its full name, ``/package.Service/Method``) once, when the
+server registers it (services._common.server): what a server interceptor would do for every
+call, without grpc.aio running an interceptor chain per call."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
 
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                try:
-                    return await inner(request, context)
-                except (grpc.aio.AbortError, grpc.aio.UsageError):
-                    raise
-                except Exception as exc:
-                    await _abort_for(context, exc, method)
+def map_errors(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """``handler`` with the exceptions escaping it mapped to statuses (module doc): a StoreError
+    to its code and ErrorInfo, anything else to INTERNAL (logged); aborts the servicer chose
+    itself pass unchanged. Unary-unary, unary-stream and stream-stream handlers (streams are
+    async generators) are wrapped; any other kind is returned as it is. A MethodWrapper."""
+    if handler.unary_unary is not None:
+        inner = handler.unary_unary
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await inner(request, context)
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                raise
+            except Exception as exc:
+                await _abort_for(context, exc, method)
 
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                try:
-                    async for item in inner_stream(request, context):
-                        yield item
-                except (grpc.aio.AbortError, grpc.aio.UsageError):
-                    raise
-                except Exception as exc:
-                    await _abort_for(context, exc, method)
+        return grpc.unary_unary_rpc_method_handler(
+            unary, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        inner_stream = handler.unary_stream
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
-        if handler.stream_stream is not None:
-            inner_bidi = handler.stream_stream
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for item in inner_stream(request, context):
+                    yield item
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                raise
+            except Exception as exc:
+                await _abort_for(context, exc, method)
 
-            async def bidi(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                try:
-                    async for item in inner_bidi(request_iterator, context):
-                        yield item
-                except (grpc.aio.AbortError, grpc.aio.UsageError):
-                    raise
-                except Exception as exc:
-                    await _abort_for(context, exc, method)
+        return grpc.unary_stream_rpc_method_handler(
+            stream, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_stream is not None:
+        inner_bidi = handler.stream_stream
 
-            return grpc.stream_stream_rpc_method_handler(
-                bidi, handler.request_deserializer, handler.response_serializer
-            )
-        return handler
+        async def bidi(request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            try:
+                async for item in inner_bidi(request_iterator, context):
+                    yield item
+            except (grpc.aio.AbortError, grpc.aio.UsageError):
+                raise
+            except Exception as exc:
+                await _abort_for(context, exc, method)
+
+        return grpc.stream_stream_rpc_method_handler(
+            bidi, handler.request_deserializer, handler.response_serializer
+        )
+    return handler
 
 
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:

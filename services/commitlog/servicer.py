@@ -1,5 +1,5 @@
 """CommitLogServicer: mqstore.v1.CommitLogService over a LocalCommitLog (a thin translation:
-parse, call the port, build the reply; errors are mapped by the server interceptor)."""
+parse, call the port, build the reply; errors are mapped by the server's error mapping)."""
 
 from __future__ import annotations
 

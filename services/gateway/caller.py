@@ -1,9 +1,9 @@
-"""Who is calling mqstore's own API: a server interceptor that authenticates every
-``mqstore.v1.Gateway`` call before its servicer runs, and the account it found.
+"""Who is calling mqstore's own API: a wrapper around every ``mqstore.v1.Gateway`` method that
+authenticates each call before its servicer runs, and the account it found.
 
 The own API's signature covers a SHA-256 of the request bytes as received
-(services.gateway.signature), so the interceptor wraps the method's request deserializer to
-hash the bytes on their way in; the servicer then asks :func:`current_account` and checks the
+(services.gateway.signature), so the wrapper wraps the method's request deserializer to hash
+the bytes on their way in; the servicer then asks :func:`current_account` and checks the
 permission its request needs (services.gateway.acl). An unsigned call over mutual TLS (the
 gateway run with ``--tls-client-ca``) authenticates by its verified certificate instead, when
 the certificate's common name is mapped to an account (``certificateCommonName``). A call that
@@ -13,7 +13,6 @@ written for it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -31,43 +30,37 @@ def current_account() -> Account | None:
     return _CALLER.get()
 
 
-class OwnApiAuthInterceptor(grpc.aio.ServerInterceptor):
+class OwnApiAuth:
     """Authenticates the unary methods whose full name starts with ``prefix`` against ``acl``;
-    other services on the same server (RocketMQ 5's, health, reflection) pass untouched.
-    Raises (to the error interceptor) libstore's AuthenticationError."""
+    other services on the same server (RocketMQ 5's, health, reflection) pass untouched. A
+    MethodWrapper (services._common.errors): applied to each method once, at registration.
+    What it raises (libstore's AuthenticationError) is mapped by the error mapping around it."""
 
     def __init__(self, acl: AccessControl, prefix: str = "/mqstore.v1.Gateway/") -> None:
         self.acl = acl
         self.prefix = prefix
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(self.prefix):
+    def __call__(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if not method.startswith(self.prefix):
             return handler
         if handler.unary_unary is None:  # every own-API method is unary; refuse anything else
             return grpc.unary_unary_rpc_method_handler(_unsupported)
-        metadata = metadata_dict(handler_call_details.invocation_metadata)
         deserialize = handler.request_deserializer
-        seen: list[str] = []
 
-        def hashing(raw: bytes) -> Any:
-            seen.append(request_digest(raw))
-            return deserialize(raw) if deserialize is not None else raw
+        def hashing(raw: bytes) -> tuple[Any, str]:  # the request and the digest it is signed by
+            return (deserialize(raw) if deserialize is not None else raw), request_digest(raw)
 
         inner = handler.unary_unary
         acl = self.acl
 
-        async def authenticated(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def authenticated(received: tuple[Any, str], context: grpc.aio.ServicerContext) -> Any:
+            request, digest = received
+            metadata = metadata_dict(context.invocation_metadata())
             account = None
             if "authorization" not in metadata:
                 account = acl.account_of_certificate(_certificate_cn(context))
             if account is None:
-                account = authenticate_own(acl, metadata, method, seen[0] if seen else request_digest(b""))
+                account = authenticate_own(acl, metadata, method, digest)
             token = _CALLER.set(account)
             try:
                 return await inner(request, context)

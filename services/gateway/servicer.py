@@ -10,13 +10,13 @@
 * Admin: topics, consumer progress, store stats, route.
 
 Access control (``acl`` given): every call was authenticated by
-services.gateway.caller.OwnApiAuthInterceptor; each method then requires what it touches
+services.gateway.caller.OwnApiAuth; each method then requires what it touches
 (services.gateway.acl): PUB on every topic it produces to, SUB on the topic and the group it
 consumes as or reads progress of, an admin account for CreateTopic, UpsertSubscriptionGroup and
 GetStoreStats; ListTopics lists what the account may use. Whatever the ACL, producers never
 write system topics, the store's own properties or its SYSFLAG bits (libstore.producer_input).
 
-Bad input raises libstore errors, mapped to gRPC codes by the server interceptor. Bounds
+Bad input raises libstore errors, mapped to gRPC codes by the server's error mapping. Bounds
 (services.gateway.limits): messages and bytes per produce, long polls held per client and in
 total (RESOURCE_EXHAUSTED past them when nothing is there to answer with), one record per by-id
 query. A produce the gateway cannot keep up with is refused before anything is written
@@ -131,7 +131,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     # -- access control ---------------------------------------------------------------------------
     def _caller(self) -> Account | None:
         """The authenticated account (None with the ACL off). Raises AuthenticationError when
-        the ACL is on and the call was not authenticated (the interceptor is missing)."""
+        the ACL is on and the call was not authenticated (the OwnApiAuth wrapper is missing)."""
         if self.acl is None:
             return None
         account = current_account()

@@ -1,10 +1,8 @@
 """Tracing costs next to nothing without an exporter (services._common.telemetry): our tracers
-and the per-RPC interceptor open no span, other spans are dropped at their start; once an
-exporter is attached, the standard OTEL_TRACES_SAMPLER decides."""
+open no span, servers start without the per-RPC span interceptor, other spans are dropped at
+their start; once an exporter is attached, the standard OTEL_TRACES_SAMPLER decides."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 from opentelemetry import trace
@@ -13,7 +11,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN
 
-from services._common.telemetry import ExportAwareSampler, GatedTracer, WhileExportingInterceptor
+from services._common.telemetry import (
+    ExportAwareSampler,
+    GatedTracer,
+    configure_tracing,
+    server_interceptors,
+)
 
 
 def _provider() -> tuple[TracerProvider, ExportAwareSampler, InMemorySpanExporter]:
@@ -59,22 +62,13 @@ def test_our_tracers_open_no_span_until_an_exporter_is_attached() -> None:
     assert [s.name for s in exporter.get_finished_spans()] == ["kept"]
 
 
-def test_the_rpc_span_interceptor_steps_aside_without_an_exporter() -> None:
-    _, sampler, _ = _provider()
-    seen: list[str] = []
-
-    class Inner:
-        async def intercept_service(self, continuation, details):
-            seen.append("inner")
-            return await continuation(details)
-
-    async def continuation(details):
-        seen.append("handler")
-        return "handler"
-
-    gate = WhileExportingInterceptor(Inner(), sampler)  # type: ignore[arg-type]
-    assert asyncio.run(gate.intercept_service(continuation, None)) == "handler"  # type: ignore[arg-type]
-    assert seen == ["handler"]
-    sampler.exporting = True
-    assert asyncio.run(gate.intercept_service(continuation, None)) == "handler"  # type: ignore[arg-type]
-    assert seen == ["handler", "inner", "handler"]
+def test_servers_get_the_rpc_span_interceptor_only_while_spans_are_exported() -> None:
+    sampler = configure_tracing().sampler
+    before = sampler.exporting  # type: ignore[attr-defined]
+    try:
+        sampler.exporting = False  # type: ignore[attr-defined]
+        assert server_interceptors() == []
+        sampler.exporting = True  # type: ignore[attr-defined]
+        assert server_interceptors()
+    finally:
+        sampler.exporting = before  # type: ignore[attr-defined]
