@@ -30,6 +30,7 @@ from services._common.telemetry import add_span_exporter
 from services.client import Admin, Producer
 from services.proto import gateway_grpc, gateway_pb
 from services.serve import ServeOptions
+from tests.rocketmq.harness import run_driver
 from tests.service.harness import REPO, SMALL_STORE, InProcessSuites, free_port
 
 
@@ -318,3 +319,36 @@ def test_a_message_is_one_picture_from_send_to_another_process_receive(
     attrs = {a.key: a.value for a in receive.attributes}
     assert attrs["messaging.message.id"].string_value == sent[0].msg_id
     assert attrs["messaging.consumer.group.name"].string_value == group
+
+
+def test_an_official_client_receive_links_to_the_send(
+    exporter: InMemorySpanExporter, split_in_process: str, tmp_path: Path
+):
+    """RocketMQ 5's ReceiveMessage: the gateway's receive span links to the send of the message it
+    delivers (the traceparent travels as the message's trace_context to the official client)."""
+    gateway = split_in_process
+    topic, group = "FollowedV2", "v2-followers"
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 1)
+    with Producer(gateway) as producer:
+        assert producer.send(topic, b"trace me too", queue_id=0).all_ok
+    (publish,) = [s for s in exporter.get_finished_spans() if s.name == f"publish {topic}"]
+    send = (publish.context.trace_id, publish.context.span_id)
+    got = run_driver(
+        "receive_many",
+        {"endpoint": gateway, "topic": topic, "group": group, "count": 1, "idle_s": 1},
+        tmp_path / "home",
+    )
+    assert got["acked"] == 1, got
+
+    def linked_receives(spans: Any) -> list[Any]:
+        return [
+            s
+            for s in spans
+            if s.name == "gateway.v2.receive"
+            and any((ln.context.trace_id, ln.context.span_id) == send for ln in s.links)
+        ]
+
+    (receive,) = _wait_for(exporter, linked_receives)
+    assert receive.attributes["messaging.consumer.group.name"] == group
+    assert receive.attributes["messaging.destination.name"] == topic
