@@ -316,6 +316,33 @@ class StoreConfig:
         "copies a SYNC_MASTER put needs, counting the master (RocketMQ 5); at least one slave is "
         "always required under SYNC_MASTER (RocketMQ 4.9)",
     )
+    ha_max_time_slave_not_catchup: int = _f(
+        15_000,
+        "haMaxTimeSlaveNotCatchup",
+        "ms",
+        "with an election (--election etcd): a slave that has not caught up with the master for this "
+        "long leaves the SyncStateSet (RocketMQ 5 controller mode); one that disconnects leaves at once",
+    )
+    enable_elect_unclean_master: bool = _f(
+        False,
+        "enableElectUncleanMaster",
+        doc="with an election: when no member of the SyncStateSet is alive, elect the furthest live "
+        "member anyway (acknowledged messages it lacks are lost; RocketMQ 5's controller key, Kafka's "
+        "unclean.leader.election.enable)",
+    )
+    election_lease_ttl_millis: int = _f(
+        3000,
+        "electionLeaseTtlMillis",
+        "ms",
+        "mqstore: with an election, the etcd session lease of each member (whole seconds, at least "
+        "2 s); a master that cannot renew it stops acknowledging before it runs out",
+    )
+    election_check_interval_millis: int = _f(
+        200,
+        "electionCheckIntervalMillis",
+        "ms",
+        "mqstore: with an election, how often a member reads the group's state in etcd",
+    )
     slave_read_enable: bool = _f(
         False,
         "slaveReadEnable",
@@ -424,6 +451,8 @@ class StoreConfig:
             "ha_max_gap_not_in_sync",
             "slave_timeout",
             "in_sync_replicas",
+            "ha_max_time_slave_not_catchup",
+            "election_check_interval_millis",
             "file_reserved_time",
             "clean_resource_interval",
             "delete_file_batch_max",
@@ -483,6 +512,11 @@ class StoreConfig:
             raise ConfigError("max_held_polls_per_client exceeds max_held_polls")
         if self.default_topic_queue_nums > self.max_queue_nums_per_topic:
             raise ConfigError("default_topic_queue_nums exceeds max_queue_nums_per_topic")
+        if self.election_lease_ttl_millis < 2000:
+            raise ConfigError(
+                "election_lease_ttl_millis must be at least 2000 (etcd grants whole seconds, and a "
+                f"master must renew well before its lease runs out), got {self.election_lease_ttl_millis!r}"
+            )
         if self.transient_store_pool_enable and self.broker_role is BrokerRole.SLAVE:
             raise ConfigError("transient_store_pool_enable is not allowed on a SLAVE (RocketMQ rule)")
         _parse_host(self.store_host)

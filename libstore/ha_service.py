@@ -10,9 +10,13 @@ the SYNC_MASTER question "may this put be acknowledged?" (RocketMQ's GroupTransf
   offset at or past the put's end (the caller waits ``slaveTimeout`` ms, then
   FLUSH_SLAVE_TIMEOUT). ``inSyncReplicas`` counts the master (RocketMQ 5's meaning); SYNC_MASTER
   always requires at least one slave.
+* with a SyncStateSet (:meth:`set_sync_state_set`, an elected master: services.commitlog.election)
+  a put instead waits for every slave of the set (RocketMQ 5's ``allAckInSyncStateSet``), and
+  fails at once with SLAVE_NOT_AVAILABLE while the set holds fewer slaves than required: whoever
+  the set names holds every acknowledged message, which is what makes its members electable.
 * :attr:`replicated_offset` — monotonic: the highest offset that the required number of slaves
-  hold. Under SYNC_MASTER the CommitLog's confirm offset never passes it, so consumers never see
-  bytes that losing the master could erase.
+  hold (with a SyncStateSet: every slave of the set). Under SYNC_MASTER the CommitLog's confirm
+  offset never passes it, so consumers never see bytes that losing the master could erase.
 * :meth:`lag` per slave: bytes behind, and ms since the master wrote the first byte the slave
   lacks.
 
@@ -99,6 +103,8 @@ class HAService:
         self._waiters: list[tuple[int, int, Future[PutMessageStatus]]] = []
         self._seq = itertools.count()
         self._replicated = 0
+        # Broker ids of the slaves every put waits for (None: any ``required_slaves`` of them).
+        self._sync_state_set: frozenset[int] | None = None
         # (end offset, monotonic time) of recent appends, for the lag in ms.
         self._appends: collections.deque[tuple[int, float]] = collections.deque(maxlen=_APPEND_SAMPLES)
 
@@ -138,35 +144,74 @@ class HAService:
     def report(self, conn: HAConnection, ack_offset: int) -> None:
         """The slave behind ``conn`` holds the log up to ``ack_offset`` (bytes; counted no
         further than ``conn.sent_offset``)."""
-        moved_to = -1
-        done: list[Future[PutMessageStatus]] = []
         ack_offset = min(ack_offset, conn.sent_offset)
         with self._lock:
             conn.last_report = time.monotonic()
             if ack_offset <= conn.ack_offset or conn.closed:
                 return
             conn.ack_offset = ack_offset
-            reached = self._kth_ack_locked()
-            if reached > self._replicated:
-                self._replicated = reached
-                moved_to = reached
-                waiters = self._waiters
-                while waiters and waiters[0][0] <= reached:
-                    done.append(heapq.heappop(waiters)[2])
-                floor = min((c.ack_offset for c in self._connections), default=reached)
+            moved_to, done = self._advance_locked()
+            if moved_to >= 0:
+                floor = min((c.ack_offset for c in self._connections), default=moved_to)
                 appends = self._appends
                 while appends and appends[0][0] <= floor:
                     appends.popleft()
+        self._release(moved_to, done)
+
+    def _advance_locked(self) -> tuple[int, list[Future[PutMessageStatus]]]:
+        """Move :attr:`replicated_offset` to what the acks now reach (never back); returns the
+        new offset (-1: unchanged) and the waiters it covers (lock held)."""
+        reached = self._reached_locked()
+        if reached <= self._replicated:
+            return -1, []
+        self._replicated = reached
+        done = []
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= reached:
+            done.append(heapq.heappop(waiters)[2])
+        return reached, done
+
+    def _release(self, moved_to: int, done: list[Future[PutMessageStatus]]) -> None:
+        """Outside the lock: resolve ``done`` PUT_OK and report ``moved_to`` (when >= 0)."""
         for fut in done:
             if not fut.done():
                 fut.set_result(PutMessageStatus.PUT_OK)
         if moved_to >= 0 and self._on_replicated is not None:
             self._on_replicated(moved_to)
 
-    def _kth_ack_locked(self) -> int:
-        acks = sorted((c.ack_offset for c in self._connections), reverse=True)
-        k = self.required_slaves
-        return acks[k - 1] if len(acks) >= k else -1
+    def _reached_locked(self) -> int:
+        """The offset the acks reach: the ``required_slaves``-th highest ack, or with a
+        SyncStateSet the lowest ack among its slaves (-1 while one of them has not reported,
+        or while it holds fewer slaves than required)."""
+        members = self._sync_state_set
+        if members is None:
+            acks = sorted((c.ack_offset for c in self._connections), reverse=True)
+            k = self.required_slaves
+            return acks[k - 1] if len(acks) >= k else -1
+        if len(members) < self.required_slaves:
+            return -1
+        best: dict[int, int] = {}
+        for c in self._connections:
+            if c.broker_id in members:
+                best[c.broker_id] = max(best.get(c.broker_id, -1), c.ack_offset)
+        return min((best.get(b, -1) for b in members), default=-1)
+
+    # -- SyncStateSet -----------------------------------------------------------------------------
+    @property
+    def sync_state_set(self) -> frozenset[int] | None:
+        """Broker ids of the slaves a SYNC_MASTER put waits for (None: no set, any
+        ``required_slaves`` acks do)."""
+        return self._sync_state_set
+
+    def set_sync_state_set(self, broker_ids: frozenset[int] | None) -> None:
+        """Wait for every slave in ``broker_ids`` from now on (None: back to any
+        ``required_slaves``). Whoever publishes the set must add a slave here before publishing
+        it and remove it here only after (services.commitlog.election): the published set then
+        never names a slave that missed an acknowledged put."""
+        with self._lock:
+            self._sync_state_set = None if broker_ids is None else frozenset(broker_ids)
+            moved_to, done = self._advance_locked()
+        self._release(moved_to, done)
 
     @property
     def replicated_offset(self) -> int:
@@ -180,7 +225,11 @@ class HAService:
 
     # -- SYNC_MASTER ------------------------------------------------------------------------------
     def in_sync_count(self, master_max: int | None = None) -> int:
-        """Slaves that reported and are behind by less than ``max_gap`` bytes."""
+        """Slaves that reported and are behind by less than ``max_gap`` bytes (with a
+        SyncStateSet: the slaves it names, each of which every put waits for)."""
+        members = self._sync_state_set
+        if members is not None:
+            return len(members)
         top = self._max_offset() if master_max is None else master_max
         with self._lock:
             return sum(

@@ -230,6 +230,36 @@ def test_in_sync_replicas_counts_the_master():
     assert fut.result(0) is PutMessageStatus.PUT_OK and ha.replicated_offset == 900
 
 
+def test_a_sync_state_set_makes_every_put_wait_for_each_of_its_slaves():
+    """With a SyncStateSet (an elected master) a put waits for every slave the set names, not
+    any ``required_slaves`` of them; a set with too few slaves refuses at once; dropping a slave
+    from the set releases what the others hold; None goes back to counting acks."""
+    moved: list[int] = []
+    ha = HAService(lambda: 1_000, on_replicated=moved.append)
+    a, b = ha.register("a", 1, start_offset=1_000), ha.register("b", 2, start_offset=1_000)
+    ha.set_sync_state_set(frozenset())
+    assert ha.submit_replica_request(100).result(0) is PutMessageStatus.SLAVE_NOT_AVAILABLE  # no slave in it
+    ha.set_sync_state_set(frozenset({1, 2}))
+    assert ha.in_sync_count() == 2
+    put = ha.submit_replica_request(500)
+    ha.report(a, 600)
+    assert not put.done() and ha.replicated_offset == 0  # b has not reported: nothing is replicated
+    ha.report(b, 400)
+    assert not put.done() and ha.replicated_offset == 400
+    ha.report(b, 500)
+    assert put.result(0) is PutMessageStatus.PUT_OK and ha.replicated_offset == 500
+    later = ha.submit_replica_request(600)
+    ha.set_sync_state_set(frozenset({1}))  # b left the set: a alone holds 600
+    assert later.result(0) is PutMessageStatus.PUT_OK and ha.replicated_offset == 600
+    ha.set_sync_state_set(frozenset({1, 2}))
+    assert ha.replicated_offset == 600  # never moves back
+    last = ha.submit_replica_request(700)
+    ha.report(a, 800)
+    assert not last.done()  # b, back in the set, is behind
+    ha.set_sync_state_set(None)  # any one slave (required_slaves 1) again
+    assert last.result(0) is PutMessageStatus.PUT_OK and moved == [400, 500, 600, 800]
+
+
 def test_lag_ms_counts_from_the_first_missing_append():
     top = [0]
     ha = HAService(lambda: top[0])
