@@ -6,7 +6,9 @@ STAMP  := $(VENV)/.installed
 PROTOS := $(shell find protos -name '*.proto')
 PB     := services/pb/manifest.json
 
-.PHONY: install run test lint bench bench-deps soak clean
+.PHONY: install run test test-deps lint bench bench-deps soak clean
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(STAMP) $(PB)
 
@@ -28,8 +30,15 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: lint test-deps
 	$(BIN)/python -m pytest -q
+
+# The election tests (tests/service/test_election.py) start their own etcd members from Debian's
+# etcd-server package on 127.0.0.1 (as root, else through sudo); a system etcd it may start is
+# not used.
+test-deps:
+	@command -v etcd >/dev/null 2>&1 || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server; }
 
 bench: install
 	$(BIN)/python -m bench --write-readme
@@ -37,7 +46,6 @@ bench: install
 # The peers of `python -m bench --suite peers`: Debian's redis-server, nats-server and
 # rabbitmq-server (as root, else through sudo) and their Python clients (the bench extra). The
 # suite starts its own instances on free 127.0.0.1 ports; any system service Debian starts is not used.
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 bench-deps: install
 	$(SUDO) apt-get update -q
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server nats-server rabbitmq-server

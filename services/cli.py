@@ -246,6 +246,28 @@ def serve(
             "(--broker-role wins; a role saved by a switch wins over both)",
         ),
     ] = None,
+    election: Annotated[
+        str,
+        typer.Option(
+            envvar="MQSTORE_ELECTION",
+            help="commitlog: 'etcd' elects the broker group's master through etcd (automatic failover; "
+            "the elected role is --master-role, default ASYNC_MASTER)",
+        ),
+    ] = "",
+    etcd: Annotated[
+        str, typer.Option(envvar="MQSTORE_ETCD", help="with --election etcd: host:port[,host:port...]")
+    ] = "",
+    etcd_prefix: Annotated[
+        str, typer.Option(envvar="MQSTORE_ETCD_PREFIX", help="with --election etcd: key prefix")
+    ] = "/mqstore",
+    unclean_election: Annotated[
+        bool,
+        typer.Option(
+            envvar="MQSTORE_UNCLEAN_ELECTION",
+            help="with --election etcd: when no in-sync member is alive, elect the furthest live one "
+            "anyway, losing what it lacks (enableElectUncleanMaster)",
+        ),
+    ] = False,
     acl_file: Annotated[
         Path | None,
         typer.Option(
@@ -269,6 +291,15 @@ def serve(
         store["flushDiskType"] = flush_disk_type.value
     if master_role is BrokerRole.SLAVE:
         raise _fail("--master-role takes ASYNC_MASTER or SYNC_MASTER")
+    if election and election != "etcd":
+        raise _fail(f"--election takes etcd, got {election!r}")
+    if election and role != "commitlog":
+        raise _fail("--election is for the commitlog role (each member of a broker group)")
+    if election and not etcd:
+        raise _fail("--election etcd needs --etcd host:port[,host:port...]")
+    if unclean_election:
+        store["enableElectUncleanMaster"] = "true"
+    elected_role = master_role or (broker_role if broker_role is not BrokerRole.SLAVE else None)
     broker_role = initial_broker_role(broker_role, master_role, broker_id)
     for key, value in (
         ("brokerRole", broker_role.value if broker_role else None),
@@ -318,6 +349,10 @@ def serve(
         metrics_listen=metrics_listen,
         ha_advertise=ha_advertise,
         acl_file=acl_file,
+        election=election,
+        etcd=etcd,
+        etcd_prefix=etcd_prefix,
+        master_role=elected_role,
     )
     if role != "commitlog" and not listen and role in ("embedded", "gateway"):
         err_console.print(f"mqstore {role}: gateway on {options.address}, data in {data.resolve()}")

@@ -33,7 +33,7 @@ from services.commitlog.dedup_window import (
     window_path,
     write_window,
 )
-from services.commitlog.ha import HAController
+from services.commitlog.ha import ElectionSettings, HAController
 from services.commitlog.local import LocalCommitLog
 from services.dispatch.app import DispatchApp
 from services.index.app import IndexApp
@@ -89,11 +89,14 @@ class CommitLogNode:
         commitlog_address: str = "",
         peers: Sequence[str] = (),
         tls: TlsConfig | None = None,
+        election: ElectionSettings | None = None,
     ) -> CommitLogNode:
         """Open the CommitLog rooted at ``config.store_path_root_dir`` (load → recover → start),
-        restore the de-duplication window and settle the role. Raises what CommitLog.open raises
-        (StoreLockedError, StoreIOError, ConfigError); on failure nothing is left open and the
-        abort marker stays (the next open still recovers abnormally)."""
+        restore the de-duplication window and settle the role (with ``election``: join the
+        group's election in etcd, services.commitlog.election). Raises what CommitLog.open raises
+        (StoreLockedError, StoreIOError, ConfigError; EtcdUnavailableError when etcd cannot be
+        reached); on failure nothing is left open and the abort marker stays (the next open still
+        recovers abnormally)."""
         commit_log = await asyncio.to_thread(CommitLog.open, config)
         ha: HAController | None = None
         try:
@@ -102,7 +105,12 @@ class CommitLogNode:
             log.info("commitlog: %d recent unique keys %s for retry de-duplication", loaded, how)
             port = LocalCommitLog(commit_log, dedup)
             ha = HAController(
-                port, ha_address=ha_address, commitlog_address=commitlog_address, peers=peers, tls=tls
+                port,
+                ha_address=ha_address,
+                commitlog_address=commitlog_address,
+                peers=peers,
+                tls=tls,
+                election=election,
             )
             await ha.start()  # settles the role (and the epoch) before any slave connects
         except BaseException:

@@ -35,7 +35,7 @@ from typing import Any
 
 import grpc
 
-from libstore import CommitLog, ConfigError, StoreConfig
+from libstore import BrokerRole, CommitLog, ConfigError, StoreConfig
 from libstore._os import physical_memory
 from services._common.errors import MethodWrapper
 from services._common.process_tuning import tune_allocator, tune_young_collections
@@ -43,7 +43,8 @@ from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
 from services._common.telemetry import MetricsEndpoint, configure_tracing, start_metrics_endpoint
 from services._common.tls import TlsConfig
-from services.commitlog.ha import HAController
+from services.commitlog.etcd import parse_endpoints
+from services.commitlog.ha import ElectionSettings, HAController
 from services.commitlog.ha_server import add_to_server as add_replication
 from services.commitlog.local import LocalCommitLog
 from services.commitlog.servicer import CommitLogServicer
@@ -101,6 +102,11 @@ class ServeOptions:
     tls: TlsConfig | None = None  # every port TLS; internal ports (and channels) mutual TLS with a CA
     health_listen: str = ""  # a plaintext health-only port (probes that cannot speak TLS)
     metrics_listen: str = ""  # a Prometheus scrape endpoint (services._common.telemetry); "" none
+    # commitlog role: "etcd" elects the group's master through etcd (services.commitlog.election)
+    election: str = ""
+    etcd: str = ""  # host:port[,host:port...]
+    etcd_prefix: str = "/mqstore"
+    master_role: BrokerRole | None = None  # the role an elected member takes (default ASYNC_MASTER)
 
     @property
     def address(self) -> str:
@@ -150,6 +156,7 @@ class Suite:
         self._channels: list[grpc.aio.Channel] = []
         self._ready_task: asyncio.Task[None] | None = None
         self.metrics: MetricsEndpoint | None = None
+        self._has_master = True  # with an election: whether the group has a master (health)
 
     @property
     def address(self) -> str:
@@ -192,7 +199,7 @@ class Suite:
             assert self.ha is not None
             servicer = CommitLogServicer(port, self.ha)
             self.server = await self._listen(self.options.address, lambda s: add_commitlog(servicer, s))
-            await self.server.set_serving(True)
+            await self.server.set_serving(self._has_master)
         elif role in ("dispatch", "index"):
             remote = self._remote_commitlog()
             await self._start_derived(data, remote)
@@ -322,9 +329,37 @@ class Suite:
             "tls": options.tls,
         }
 
+    def _election(self) -> ElectionSettings | None:
+        """The commitlog role's election settings (None without ``--election``). Raises
+        ConfigError for an election elsewhere, an unknown kind or bad endpoints."""
+        options = self.options
+        if not options.election:
+            return None
+        if options.election != "etcd":
+            raise ConfigError(f"--election takes etcd, got {options.election!r}")
+        if options.role != "commitlog":
+            raise ConfigError("--election is for the commitlog role (each member of a broker group)")
+        if options.tls is not None:
+            raise ConfigError("--election etcd talks to etcd in plaintext: not with --tls-* (yet)")
+        return ElectionSettings(
+            tuple(parse_endpoints(options.etcd)),
+            master_role=options.master_role or BrokerRole.ASYNC_MASTER,
+            prefix=options.etcd_prefix,
+            unclean=False,  # enableElectUncleanMaster (the store key) decides
+            on_serving=self._group_serving,
+        )
+
+    def _group_serving(self, serving: bool) -> None:
+        """The election says whether the group has a master: the service's health follows."""
+        self._has_master = serving
+        if self.server is not None:
+            asyncio.get_running_loop().create_task(self.server.set_serving(serving))
+
     async def _start_commitlog(self, root: Path) -> LocalCommitLog:
         """The commitlog role: a CommitLogNode (services.embedded) and its HA server."""
-        node = await CommitLogNode.open(store_config(self.options, root), **self._ha_args())
+        node = await CommitLogNode.open(
+            store_config(self.options, root), **self._ha_args(), election=self._election()
+        )
         return await self._adopt_commitlog(node)
 
     async def _adopt_commitlog(self, node: CommitLogNode) -> LocalCommitLog:

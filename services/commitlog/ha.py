@@ -42,16 +42,19 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from libstore import BrokerRole, ConfigError, InvalidArgumentError, RoleSwitchError, StoreError
-from libstore.ha_state import next_epoch
+from libstore.ha_state import EpochEntry, next_epoch
 from services._common.remote import open_channel
 from services._common.telemetry import meter
 from services._common.tls import TlsConfig
 from services.commitlog.client import RemoteCommitLog
+from services.commitlog.election import DEFAULT_PREFIX, ElectionAgent
+from services.commitlog.etcd import EtcdCluster
 from services.commitlog.ha_client import ReplicationClient
 from services.commitlog.ha_server import ReplicationServicer
 from services.commitlog.local import LocalCommitLog
@@ -124,6 +127,19 @@ def _register_metrics() -> None:
 PEER_TIMEOUT_S = 2.0
 
 
+@dataclass(frozen=True)
+class ElectionSettings:
+    """``--election etcd``: the etcd ``endpoints`` (host, port), the role an elected member
+    takes, the key prefix, whether an unclean election is allowed, and a callback told
+    whether the group has a master (the service's health)."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    master_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    prefix: str = DEFAULT_PREFIX
+    unclean: bool = False
+    on_serving: Callable[[bool], None] | None = None
+
+
 class HAController:
     """Role management for the commitlog service over ``port`` (see module docstring).
 
@@ -141,6 +157,7 @@ class HAController:
         commitlog_address: str,
         peers: Sequence[str] = (),
         tls: TlsConfig | None = None,
+        election: ElectionSettings | None = None,
     ) -> None:
         self.port = port
         self.log = port.log
@@ -154,6 +171,18 @@ class HAController:
         self._switch = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.election: ElectionAgent | None = None
+        if election is not None:
+            self.election = ElectionAgent(
+                self,
+                EtcdCluster(election.endpoints),
+                master_role=election.master_role,
+                prefix=election.prefix,
+                unclean=election.unclean or self.config.enable_elect_unclean_master,
+                on_serving=election.on_serving,
+            )
+            # Puts are taken and acknowledged only while this store holds the leadership lease.
+            port.fence = self.election.may_acknowledge
         _register_metrics()
         _LIVE.add(self)
 
@@ -162,7 +191,13 @@ class HAController:
         """Settle the role (see module docstring) and start replication or serving slaves.
         Raises ConfigError when a SLAVE has no master to follow."""
         assert self.log.ha_state is not None
-        if self.log.broker_role is BrokerRole.SLAVE:
+        if self.election is not None:
+            # The election decides: until etcd names a master, this store takes no puts.
+            if self.log.broker_role is not BrokerRole.SLAVE:
+                await asyncio.to_thread(self.log.set_broker_role, BrokerRole.SLAVE)
+                self.log.ha_state.save_role(BrokerRole.SLAVE)
+            await self.election.start()
+        elif self.log.broker_role is BrokerRole.SLAVE:
             master = (
                 self.log.ha_state.master_address
                 or self.config.ha_master_address
@@ -194,6 +229,8 @@ class HAController:
 
     async def stop(self) -> None:
         _LIVE.discard(self)
+        if self.election is not None:
+            await self.election.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -260,7 +297,10 @@ class HAController:
         return best
 
     async def _discover_master(self) -> str:
-        """The HA endpoint of the peer that is the master of the newest epoch, or ""."""
+        """The HA endpoint of the peer that is the master of the newest epoch (with an
+        election: the one etcd names), or ""."""
+        if self.election is not None:
+            return self.election.leader_ha_address()
         masters = [
             st
             for st in await self._peer_states()
@@ -276,7 +316,7 @@ class HAController:
             commitlog_address=self.commitlog_address,
             on_cut=self.port.forget_recent,
             min_epoch=min_epoch,
-            discover=self._discover_master if self.peers else None,
+            discover=self._discover_master if self.peers or self.election is not None else None,
             tls=self.tls,
         )
         self.client.start()
@@ -304,6 +344,8 @@ class HAController:
             raise InvalidArgumentError("promote to ASYNC_MASTER or SYNC_MASTER, not SLAVE")
         ha_state = self.log.ha_state
         assert ha_state is not None
+        if self.election is not None:
+            return await self._promote_elected(force)
         async with self._switch:
             if self.log.broker_role is not BrokerRole.SLAVE:
                 if role is not None and role is not self.log.broker_role:
@@ -351,18 +393,77 @@ class HAController:
             # Forced while another master answers: it steps down first, so the two never take
             # writes at once; one that answers but does not step down stops the switch.
             await self._fence(live_masters, epoch)
-            await self._stop_client()
-            self.port.forget_recent()
-            if self.port.dedup is not None:
-                await asyncio.to_thread(self.port.dedup.prefill, self.log)
-            entry = await asyncio.to_thread(self.log.start_master_term, role, epoch)
-            ha_state.save_role(role)
+            entry = await self._begin_term(role, epoch)
             log.warning(
                 "promoted to %s, epoch %d, at CommitLog offset %d",
                 role.value,
                 entry.epoch,
                 entry.start_offset,
             )
+        return self.state()
+
+    async def _begin_term(self, role: BrokerRole, epoch: int) -> EpochEntry:
+        """Stop following, refill the de-duplication window from the log and begin master term
+        ``epoch`` in ``role`` at the log's end (persisted before any put); saves the role."""
+        assert self.log.ha_state is not None
+        await self._stop_client()
+        self.port.forget_recent()
+        if self.port.dedup is not None:
+            await asyncio.to_thread(self.port.dedup.prefill, self.log)
+        entry = await asyncio.to_thread(self.log.start_master_term, role, epoch)
+        self.log.ha_state.save_role(role)
+        return entry
+
+    # -- the election's side (services.commitlog.election) --------------------------------------------
+    async def take_master_term(self, role: BrokerRole, epoch: int, *, sync_state: frozenset[int]) -> None:
+        """Elected: become the master of ``epoch`` in ``role``, every SYNC_MASTER put waiting for
+        the slaves of ``sync_state`` (at first none: they join as they catch up)."""
+        async with self._switch:
+            self.log.ha_service.set_sync_state_set(sync_state)
+            entry = await self._begin_term(role, epoch)
+            log.warning(
+                "elected %s, epoch %d, at CommitLog offset %d", role.value, entry.epoch, entry.start_offset
+            )
+
+    async def follow(self, master_address: str, epoch: int) -> None:
+        """Follow the elected master's HA endpoint ``master_address`` (of ``epoch``), unless
+        already following it."""
+        client = self.client
+        if (
+            self.log.broker_role is BrokerRole.SLAVE
+            and client is not None
+            and client.master_address == master_address
+        ):
+            return
+        await self.demote(master_address, epoch)
+
+    async def step_down(self) -> None:
+        """Stop being the master now (the lease ran out, or etcd names another): refuse puts,
+        fail pending SYNC_MASTER waits, end the slaves' streams; follow nobody until told."""
+        async with self._switch:
+            if self.log.broker_role is BrokerRole.SLAVE:
+                return
+            assert self.log.ha_state is not None
+            await asyncio.to_thread(self.log.set_broker_role, BrokerRole.SLAVE)
+            self.log.ha_service.set_sync_state_set(None)
+            self.replication.end_streams()
+            self.log.ha_state.save_role(BrokerRole.SLAVE)
+            self.port.forget_recent()
+            log.warning("stepped down: this store no longer takes puts")
+
+    async def _promote_elected(self, force: bool) -> commitlog_pb.HAState:
+        """A manual promotion under an election: ask the election, then wait (one lease TTL and
+        a few checks) until it made this store the master. Raises RoleSwitchError."""
+        election = self.election
+        assert election is not None
+        if election.may_acknowledge():
+            return self.state()
+        await election.promote(force=force)
+        deadline = asyncio.get_running_loop().time() + election.ttl_s + 10 * election.interval_s
+        while not election.may_acknowledge():
+            if asyncio.get_running_loop().time() > deadline:
+                raise RoleSwitchError("the election did not make this store the master; see its log")
+            await asyncio.sleep(election.interval_s / 2)
         return self.state()
 
     async def _fence(self, masters: list[commitlog_pb.HAState], epoch: int) -> None:
@@ -387,6 +488,12 @@ class HAController:
             raise InvalidArgumentError("demote needs the new master's HA endpoint as host:port")
         if master_address == self.ha_address:
             raise InvalidArgumentError("a store cannot follow itself")
+        if self.election is not None and self.election.leading is not None:
+            # An operator's demotion of an elected master: it resigns, and the election (which
+            # this store sits out for one lease TTL) picks the next master; this store then
+            # follows whoever that is, whatever ``master_address`` said.
+            await self.election.resign()
+            return self.state()
         async with self._switch:
             if self.log.broker_role is BrokerRole.SLAVE:
                 if self.client is None or self.client.master_address != master_address:

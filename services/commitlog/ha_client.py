@@ -81,6 +81,10 @@ class ReplicationClient:
         self.master_epoch = 0
         self.master_role = ""
         self.master_max_offset = 0
+        # The master's epoch when this slave last held everything the master had written (its
+        # log end at or past the master's, as a frame reported it); 0 until then. A store
+        # that restarted starts at 0 again: whatever it held before may be lost.
+        self.caught_up_epoch = 0
         self.last_frame = 0.0
         self.sessions = 0
         self._task: asyncio.Task[None] | None = None
@@ -253,6 +257,8 @@ class ReplicationClient:
         self.master_role = welcome.broker_role
         self.master_max_offset = welcome.master_max_offset
         self.connected = self._welcomed = True
+        if log_.max_offset >= welcome.master_max_offset:
+            self.caught_up_epoch = welcome.epoch
         log.info(
             "replicating from %s (epoch %d, %s) at offset %d; the master is at %d",
             self.master_address,
@@ -281,6 +287,8 @@ class ReplicationClient:
                     if self._pending:
                         self._pending = log_.ha_state.extend_to(self._pending, end)
                     await self._ack(call)
+                if log_.max_offset >= data.master_max_offset:
+                    self.caught_up_epoch = self.master_epoch
                 log_.set_master_confirm(data.master_confirm_offset)
             elif kind == "topics":
                 log_.topic_config.replace_all(

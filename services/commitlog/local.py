@@ -34,6 +34,7 @@ from libstore import (
     LogDivergedError,
     Message,
     MessageConst,
+    NotMasterError,
     OffsetOutOfRangeError,
     PutMessageResults,
     PutMessageStatus,
@@ -78,6 +79,9 @@ class LocalCommitLog:
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
         self.put_metrics = metrics.track(self)
+        # With an election (services.commitlog.election): True while this store may take and
+        # acknowledge puts (it leads its group and its lease surely holds). None: always.
+        self.fence: Callable[[], bool] | None = None
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
@@ -88,8 +92,22 @@ class LocalCommitLog:
             self.dedup.clear()
 
     # -- append ---------------------------------------------------------------------------------
+    def _check_fence(self) -> None:
+        """Refuse a put while the fence is down (NotMasterError: the client looks for the master)."""
+        if self.fence is not None and not self.fence():
+            raise NotMasterError("this store does not hold its group's leadership lease; find the master")
+
+    def _fence_results(self, results: PutMessageResults) -> None:
+        """After the waits: a store whose fence went down meanwhile (its lease ran out, it was
+        paused past it) acknowledges nothing, WAIT=false messages included: another member may
+        be the master by now, without them."""
+        if self.fence is not None and results.appended and not self.fence():
+            results.unwaited = frozenset()
+            results.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
+
     async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
         started = time.perf_counter()
+        self._check_fence()
         topics = [m.topic for m in messages]
         with self._tracer.start_as_current_span("commitlog.append") as span:
             span.set_attribute("mqstore.messages", len(messages))
@@ -117,6 +135,7 @@ class LocalCommitLog:
                 )
             try:
                 await self._wait_durable(results)
+                self._fence_results(results)
             finally:  # appended: counted even when the caller gives up waiting
                 self.put_metrics.record(topics, results, started)
             span.set_attribute("mqstore.status", results.status.name)
@@ -126,6 +145,7 @@ class LocalCommitLog:
         """Append client-encoded records (see RecordEncoder.adopt_records): validated here, CRC
         included; records whose UNIQ_KEY is in the de-duplication window get their first result."""
         started = time.perf_counter()
+        self._check_fence()
         log = self.log
         cfg = log.config
         if len(raw) > cfg.max_request_bytes:
@@ -168,6 +188,7 @@ class LocalCommitLog:
                 results.unwaited = frozenset(batch.no_wait)
             try:
                 await self._wait_durable(results)
+                self._fence_results(results)
             finally:
                 self.put_metrics.record(batch.topics, results, started)
             span.set_attribute("mqstore.status", results.status.name)

@@ -290,8 +290,11 @@ def assert_same_bytes(first: Path, second: Path, end: int) -> int:
     return compared
 
 
-def queue_offsets_in_log(segments: Path, end: int) -> dict[tuple[str, int], list[int]]:
-    """Per (topic, queue id), the queue offsets of the records in ``[0, end)``, in log order."""
+def queue_offsets_in_log(
+    segments: Path, end: int, segment: int = SEGMENT
+) -> dict[tuple[str, int], list[int]]:
+    """Per (topic, queue id), the queue offsets of the records in ``[0, end)``, in log order
+    (``segment``: the CommitLog's segment size)."""
     out: dict[tuple[str, int], list[int]] = {}
     start = 0
     while start < end:
@@ -301,5 +304,5 @@ def queue_offsets_in_log(segments: Path, end: int) -> dict[tuple[str, int], list
         for r in records:
             if r.msg_size:
                 out.setdefault((r.topic, r.queue_id), []).append(r.consume_queue_offset)
-        start += SEGMENT
+        start += segment
     return out

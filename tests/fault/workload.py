@@ -36,6 +36,7 @@ class Producers:
         self.topic = topic
         self.batch = batch
         self.acked: dict[str, Acked] = {}
+        self.acked_at: list[float] = []  # monotonic time of each batch answered PUT_OK
         self.statuses: dict[str, int] = {}
         self.errors = 0
         self._lock = threading.Lock()
@@ -74,6 +75,7 @@ class Producers:
                     name = results.status.name
                     self.statuses[name] = self.statuses.get(name, 0) + 1
                     if results.status is PutMessageStatus.PUT_OK:
+                        self.acked_at.append(time.monotonic())
                         for k, phy, size, qoff in zip(
                             keys, results.phy_offsets, results.sizes, results.queue_offsets, strict=False
                         ):
@@ -102,6 +104,18 @@ class Producers:
     def snapshot(self) -> dict[str, Acked]:
         with self._lock:
             return dict(self.acked)
+
+    def first_ack_after(self, moment: float, timeout_s: float = 60.0) -> float:
+        """Seconds from ``moment`` (monotonic) to the first batch acknowledged after it, waiting
+        up to ``timeout_s``. Raises AssertionError when none comes."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                later = [t for t in self.acked_at[-1000:] if t > moment]
+            if later:
+                return min(later) - moment
+            time.sleep(0.05)
+        raise AssertionError(f"no batch acknowledged within {timeout_s} s; statuses {self.statuses}")
 
 
 class _Group:

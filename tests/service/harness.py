@@ -344,11 +344,15 @@ class BrokerGroupCluster:
         master_role: str = "SYNC_MASTER",
         flush: str = "ASYNC_FLUSH",
         store: Mapping[str, Any] | None = None,
+        etcd: str = "",
     ) -> None:
         self.root = root
         self.names = names
         self.master_role = master_role
         self.flush = flush
+        # With etcd endpoints the members elect their master (--election etcd): none is
+        # configured as master or slave, each would become ``master_role`` when elected.
+        self.etcd = etcd
         # autoCreateTopicEnable: off by default for split roles; these tests produce to topics
         # they do not create.
         self.store = {
@@ -393,8 +397,6 @@ class BrokerGroupCluster:
             self.address(name),
             "--ha-listen",
             self.address(name, "ha"),
-            "--broker-role",
-            role,
             "--broker-id",
             str(index),
             "--ha-peers",
@@ -403,8 +405,12 @@ class BrokerGroupCluster:
             "--set",
             f"storeHost={self.address(name)}",  # message ids tell which member stored a message
         ]
-        if role == "SLAVE":
-            args += ["--ha-master", self.address(master, "ha")]
+        if self.etcd:
+            args += ["--election", "etcd", "--etcd", self.etcd, "--master-role", self.master_role]
+        else:
+            args += ["--broker-role", role]
+            if role == "SLAVE":
+                args += ["--ha-master", self.address(master, "ha")]
         self.root.mkdir(parents=True, exist_ok=True)
         proc = ServeProcess(args, log=self.root / f"{name}-commitlog.log")
         self.procs[f"{name}-commitlog"] = proc
@@ -475,6 +481,22 @@ class BrokerGroupCluster:
 
     def commitlog_files(self, name: str) -> Path:
         return self.root / name / "commitlog" / "commitlog"
+
+    def master(self, among: Sequence[str] | None = None, timeout_s: float = 30.0) -> str:
+        """The member that is the master now (by its HA state), waiting for one."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name in among or self.names:
+                if f"{name}-commitlog" not in self.procs:
+                    continue
+                try:
+                    with CommitLogAdmin(self.address(name)) as admin:
+                        if admin.state().broker_role != "SLAVE":
+                            return name
+                except Exception:  # down or starting
+                    continue
+            time.sleep(0.1)
+        raise AssertionError(f"no master among {among or self.names} within {timeout_s} s")
 
 
 class CommitLogAdmin:
