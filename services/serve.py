@@ -339,8 +339,6 @@ class Suite:
             raise ConfigError(f"--election takes etcd, got {options.election!r}")
         if options.role != "commitlog":
             raise ConfigError("--election is for the commitlog role (each member of a broker group)")
-        if options.tls is not None:
-            raise ConfigError("--election etcd talks to etcd in plaintext: not with --tls-* (yet)")
         return ElectionSettings(
             tuple(parse_endpoints(options.etcd)),
             master_role=options.master_role or BrokerRole.ASYNC_MASTER,

@@ -59,7 +59,7 @@ from libstore.config import MAX_BROKER_ID
 from libstore.ha_state import next_epoch
 from services._common.telemetry import meter
 from services.commitlog import etcd
-from services.commitlog.etcd import EtcdCluster, EtcdUnavailableError
+from services.commitlog.etcd import EtcdCluster, EtcdLeaseNotFoundError, EtcdUnavailableError
 
 if TYPE_CHECKING:
     from services.commitlog.ha import HAController
@@ -276,6 +276,7 @@ class ElectionAgent:
         self._serving: bool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
+        self._session_lock = asyncio.Lock()
         _register_metrics()
         _LIVE.add(self)
 
@@ -306,11 +307,13 @@ class ElectionAgent:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        # Acknowledge nothing from here on, then let the others elect at once (the lease's keys
+        # go with it) instead of after the TTL.
+        self.leading = None
+        self._valid_until = 0.0
         if self.lease:
             with contextlib.suppress(EtcdUnavailableError):
                 await self.cluster.revoke(self.lease)
-        self.leading = None
-        self._valid_until = 0.0
         await self.cluster.close()
 
     async def _new_session(self) -> None:
@@ -338,22 +341,41 @@ class ElectionAgent:
         leadership); one that cannot be renewed in time ends leadership at its deadline."""
         while True:
             sent = time.monotonic()
+            renewed = False
             try:
-                ttl = await self.cluster.keep_alive(self.lease)
-            except EtcdUnavailableError as exc:
-                log.warning("election: cannot renew the lease (%s)", exc)
-                ttl = -1
-            if ttl > 0:
-                self._valid_until = sent + ttl * (1 - LEASE_MARGIN)
-            elif ttl == 0:
-                log.warning("election: the session lease expired in etcd; starting a new session")
-                self._valid_until = 0.0
-                await self._lost_leadership("its lease expired")
+                renewed = await self._renew(sent)
+            except Exception:  # the renewals must outlive any one failure
+                log.exception("election: renewing the lease failed")
+            # A renewal that failed is tried again soon: the lease is running out meanwhile.
+            pause = self.ttl_s / 3.0 if renewed else self.interval_s
+            await asyncio.sleep(max(pause - (time.monotonic() - sent), 0.05))
+
+    async def _renew(self, sent: float) -> bool:
+        """One renewal; True when the lease was renewed."""
+        try:
+            ttl = await self.cluster.keep_alive(self.lease)
+        except EtcdUnavailableError as exc:
+            log.warning("election: cannot renew the lease (%s)", exc)
+            ttl = -1
+        if ttl > 0:
+            self._valid_until = sent + ttl * (1 - LEASE_MARGIN)
+        elif ttl == 0:
+            log.warning("election: the session lease expired in etcd; starting a new session")
+            await self._restart_session()
+        if self.leading is not None and not self.holds_lease():
+            await self._lost_leadership("its lease could not be renewed in time")
+        return ttl > 0
+
+    async def _restart_session(self) -> None:
+        """The lease is gone in etcd: end any leadership, then open a new session (once, even
+        when both loops find out together)."""
+        self._valid_until = 0.0
+        await self._lost_leadership("its lease expired")
+        expired = self.lease
+        async with self._session_lock:
+            if self.lease == expired:
                 with contextlib.suppress(EtcdUnavailableError):
                     await self._new_session()
-            if self.leading is not None and not self.holds_lease():
-                await self._lost_leadership("its lease could not be renewed in time")
-            await asyncio.sleep(max(self.ttl_s / 3.0 - (time.monotonic() - sent), 0.05))
 
     async def _lost_leadership(self, why: str) -> None:
         if self.leading is None:
@@ -368,12 +390,17 @@ class ElectionAgent:
         while True:
             try:
                 await self._tick()
+            except EtcdLeaseNotFoundError:
+                log.warning("election: the session lease is gone in etcd; starting a new session")
+                await self._restart_session()
             except EtcdUnavailableError as exc:
                 log.warning("election: etcd unreachable (%s)", exc)
                 if self.leading is not None and not self.holds_lease():
                     await self._lost_leadership("etcd is unreachable and the lease ran out")
             except StoreError as exc:
                 log.warning("election: %s", exc)
+            except Exception:  # the loop must outlive any one bad check
+                log.exception("election: the check failed")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):

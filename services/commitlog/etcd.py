@@ -16,6 +16,7 @@ keep-alive, revoke).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
+import grpc
 from aetcd import transactions as tx
-from aetcd.utils import prefix_range_end
 
 from libstore import ConfigError, ServiceNotAvailableError
 
@@ -47,9 +48,14 @@ Put, Delete, Get = tx.Put, tx.Delete, tx.Get
 
 
 class EtcdUnavailableError(ServiceNotAvailableError):
-    """No etcd endpoint answered within the deadline (all down, or no quorum)."""
+    """No etcd endpoint answered within the deadline (all down, or no quorum), or one refused
+    the request for a reason of its own (:attr:`code`)."""
 
     reason = "ETCD_UNAVAILABLE"
+
+
+class EtcdLeaseNotFoundError(EtcdUnavailableError):
+    """The lease a request named has expired (or was revoked): start a new session."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class EtcdCluster:
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
         self._clients: list[aetcd.Client | None] = [None] * len(self.endpoints)
+        self._retired: set[asyncio.Task[None]] = set()
         self._current = 0
 
     def _client(self, i: int) -> aetcd.Client:
@@ -112,26 +119,55 @@ class EtcdCluster:
                 result = await asyncio.wait_for(call(client), self.timeout_s * 2)
             except _UNREACHABLE as exc:
                 last = exc
-                await self._drop(i)
+                self._drop(i)
                 continue
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # our caller is being cancelled
+                last = exc  # the client's channel was closed under this call: try another
+                self._drop(i)
+                continue
+            except grpc.aio.AioRpcError as exc:  # a code aetcd does not map: etcd refused it
+                if exc.code() is grpc.StatusCode.NOT_FOUND and "lease not found" in (exc.details() or ""):
+                    raise EtcdLeaseNotFoundError(f"etcd {what}: the lease has expired") from None
+                raise EtcdUnavailableError(f"etcd {what}: {exc.code().name} {exc.details()}") from None
+            except aetcd.exceptions.ClientError as exc:
+                raise EtcdUnavailableError(f"etcd {what}: {exc!r}") from None
             if i != self._current:
                 log.info("etcd: now using %s:%d", *self.endpoints[i])
                 self._current = i
             return result
         raise EtcdUnavailableError(f"etcd {what}: no endpoint answered ({last!r})")
 
-    async def _drop(self, i: int) -> None:
-        """Forget endpoint ``i``'s client (its channel may be stuck on a dead member)."""
+    def _drop(self, i: int) -> None:
+        """Forget endpoint ``i``'s client (its channel may be stuck on a dead member); it is
+        closed once the calls still using it have run into their deadlines (closing it now
+        would cancel them)."""
         client, self._clients[i] = self._clients[i], None
         if client is not None:
-            try:
-                await asyncio.wait_for(client.close(), self.timeout_s)
-            except Exception:  # a client that cannot even close is dropped all the same
-                log.debug("etcd: closing the client of %s:%d failed", *self.endpoints[i], exc_info=True)
+            self._retired.add(asyncio.get_running_loop().create_task(self._close_later(client, i)))
+
+    async def _close_later(self, client: aetcd.Client, i: int) -> None:
+        try:
+            await asyncio.sleep(self.timeout_s * 3)
+            await asyncio.wait_for(client.close(), self.timeout_s)
+        except Exception:  # a client that cannot even close is dropped all the same
+            log.debug("etcd: closing the client of %s:%d failed", *self.endpoints[i], exc_info=True)
+        finally:
+            current = asyncio.current_task()
+            if current is not None:
+                self._retired.discard(current)
 
     async def close(self) -> None:
-        for i in range(len(self._clients)):
-            await self._drop(i)
+        """Close every client (calls in flight on them are cancelled)."""
+        for task in list(self._retired):
+            task.cancel()
+        for i, client in enumerate(self._clients):
+            self._clients[i] = None
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.close(), self.timeout_s)
 
     # -- keys ---------------------------------------------------------------------------------------
     async def read_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:
@@ -176,8 +212,3 @@ class EtcdCluster:
             await self._call("lease revoke", lambda c: c.revoke_lease(lease_id))
         except aetcd.exceptions.ClientError as exc:  # already expired
             log.debug("etcd: revoking lease %x: %s", lease_id, exc)
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The end of the key range that holds every key starting with ``prefix``."""
-    return prefix_range_end(prefix)

@@ -21,6 +21,7 @@ from typing import Any
 from libstore import decode_record
 from libstore.log_scanner import scan_buffer
 from services.client import Admin
+from tests.etcd_cluster import EtcdServers
 from tests.fault.powerloss import SLOW_SYNC_FILE, PowerLossReport, lose_power
 from tests.fault.proxy import FaultProxy
 from tests.service.harness import SMALL_STORE, CommitLogAdmin, ServeProcess, free_port, shared_receipt_key
@@ -55,15 +56,18 @@ class Member:
 
 
 class FaultCluster:
-    """See module docstring. ``a`` starts as the SYNC_MASTER, ``b`` as its SLAVE; SYNC_FLUSH."""
+    """See module docstring. ``a`` starts as the SYNC_MASTER, ``b`` as its SLAVE; SYNC_FLUSH.
+    With ``election`` the members elect their master through an etcd of their own
+    (tests/etcd_cluster.py) instead: SYNC_MASTER whoever wins."""
 
-    def __init__(self, root: Path, store: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, root: Path, store: Mapping[str, Any] | None = None, *, election: bool = False) -> None:
         self.root = root
         self.store = {**STORE, "popReceiptKeyFile": str(shared_receipt_key(root)), **(store or {})}
         self.members = {name: Member(root, name, i) for i, name in enumerate(("a", "b"))}
         self.gateway_port = free_port()
         self.procs: dict[str, ServeProcess] = {}
         self.stopped: set[str] = set()
+        self.etcd = EtcdServers(root / "etcd", 1) if election else None
 
     @property
     def gateway(self) -> str:
@@ -104,8 +108,6 @@ class FaultCluster:
                 m.address("ha"),
                 "--ha-advertise",
                 m.address("ha_proxy"),
-                "--broker-role",
-                "SYNC_MASTER" if name == "a" else "SLAVE",
                 "--broker-id",
                 str(m.index),
                 "--ha-peers",
@@ -114,8 +116,12 @@ class FaultCluster:
                 "--set",
                 f"storeHost={m.address()}",
             ]
-            if name != "a":
-                args += ["--ha-master", peer.address("ha_proxy")]
+            if self.etcd is not None:
+                args += ["--election", "etcd", "--etcd", self.etcd.endpoints, "--master-role", "SYNC_MASTER"]
+            else:
+                args += ["--broker-role", "SYNC_MASTER" if name == "a" else "SLAVE"]
+                if name != "a":
+                    args += ["--ha-master", peer.address("ha_proxy")]
         else:
             args = [
                 "--role",
@@ -138,6 +144,8 @@ class FaultCluster:
         self._launch("gateway", None, [*args, *self._store_args()])
 
     def start_all(self) -> None:
+        if self.etcd is not None:
+            self.etcd.start()
         for name in self.members:
             for svc in SERVICES:
                 self.start(name, svc)
@@ -210,6 +218,8 @@ class FaultCluster:
                 proc.kill()
         for m in self.members.values():
             m.proxy.close()
+        if self.etcd is not None:
+            self.etcd.stop()
 
     # -- roles --------------------------------------------------------------------------------------
     def state(self, name: str) -> Any | None:

@@ -17,6 +17,11 @@ promises unless the slave itself lost power since it last caught up (its acknowl
 covered its page cache, as RocketMQ's does): then the master is restarted instead, as an
 operator would.
 
+Half the runs (by seed) elect the master through etcd instead (services.commitlog.election):
+nobody promotes; a lost master must be replaced by the slave on its own, except when the slave
+lost power since it last caught up, when the slave must *not* be elected; a master paused past
+its lease is replaced meanwhile; and etcd itself is killed or frozen for a while.
+
 At the end every consumer group must have seen every acknowledged message, the pop group must
 never have been given a message again after the store confirmed its ack, and each queue's
 offsets in the master's log must be 0, 1, 2, ... in log order.
@@ -46,15 +51,22 @@ from tests.service.harness import CommitLogAdmin
 
 TOPIC = "Chaos"
 FAULTS = {"kill": 3, "pause": 2, "replication": 2, "power": 2, "failover": 2}
+ELECTION_FAULTS = {"etcd": 1}
+ELECTION_WAIT_S = 6.0  # a lease (3 s) and then some: what an election would have taken
 
 
 class FaultLoop:
-    """One run: the cluster, the load, the random source and what happened (for the report)."""
+    """One run: the cluster, the load, the random source and what happened (for the report).
+    Half the seeds run the group with an election through etcd (failovers happen by
+    themselves, and etcd is one more thing to kill), the other half with manual promotions;
+    ``MQSTORE_FAULT_ELECTION=1`` or ``0`` chooses."""
 
     def __init__(self, root: Path, seed: int) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
-        self.cluster = FaultCluster(root)
+        forced = os.environ.get("MQSTORE_FAULT_ELECTION")
+        self.election = forced == "1" if forced in ("0", "1") else self.rng.random() < 0.5
+        self.cluster = FaultCluster(root, election=self.election)
         self.history: list[str] = []
         self.lost_power_since_sync: set[str] = set()
 
@@ -63,9 +75,29 @@ class FaultLoop:
 
     # -- faults ---------------------------------------------------------------------------------------
     def inject(self) -> None:
-        kinds, weights = zip(*FAULTS.items(), strict=True)
+        faults = {**FAULTS, **(ELECTION_FAULTS if self.election else {})}
+        kinds, weights = zip(*faults.items(), strict=True)
         kind = self.rng.choices(kinds, weights)[0]
         getattr(self, f"_{kind}")()
+
+    def _etcd(self) -> None:
+        """etcd goes away for a while (killed, or frozen), then comes back: the master keeps its
+        lease through a short outage, and steps down (the group waits) through a long one."""
+        etcd = self.cluster.etcd
+        assert etcd is not None
+        (name,) = etcd.names
+        hold = self.rng.uniform(0.5, 5.0)
+        if self.rng.random() < 0.5:
+            self.note(f"etcd killed for {hold:.1f} s")
+            etcd.kill(name)
+            time.sleep(hold)
+            etcd.start_member(name)
+        else:
+            self.note(f"etcd frozen (SIGSTOP) for {hold:.1f} s")
+            etcd.pause(name)
+            time.sleep(hold)
+            etcd.resume(name)
+        etcd.wait_healthy()
 
     def _any_process(self) -> str:
         return self.rng.choice(sorted(self.cluster.procs))
@@ -124,6 +156,9 @@ class FaultLoop:
     def _failover(self) -> None:
         master = self.cluster.master()
         slave = self.cluster.other(master)
+        if self.election:
+            self._elected_failover(master, slave)
+            return
         powered_off = self.rng.random() < 0.5
         if powered_off:
             slow = self._slow_disk(master)
@@ -142,6 +177,38 @@ class FaultLoop:
             admin.wait_for(lambda s: not s.master_connected, timeout_s=30, what=f"{slave} to lose its master")
             state = admin.promote()
         self.note(f"failover: {master} lost ({how}), {slave} promoted (epoch {state.epoch})")
+        self._start_member(master)
+
+    def _elected_failover(self, master: str, slave: str) -> None:
+        """The master member is killed or powered off; nobody promotes anyone. The slave must
+        be elected, unless it lost power since it last caught up (it may lack acknowledged
+        messages): then the group must wait for the old master, which is started again."""
+        powered_off = self.rng.random() < 0.5
+        if powered_off:
+            slow = self._slow_disk(master)
+            report = self.cluster.power_loss(master, self.rng)
+            self.lost_power_since_sync.add(master)
+            how = f"{slow}power loss ({report.sectors_old} sectors rewound)"
+        else:
+            for svc in SERVICES:
+                self.cluster.kill(f"{master}-{svc}")
+            how = "SIGKILL"
+        lost_at = time.monotonic()
+        if slave in self.lost_power_since_sync:
+            time.sleep(ELECTION_WAIT_S)
+            state = self.cluster.state(slave)
+            assert state is not None and state.broker_role == "SLAVE", f"{slave} was elected: {state}"
+            self.note(f"{master} lost ({how}); {slave} lost power since it last caught up: not elected")
+            self._start_member(master)
+            return
+        while self.cluster.master(timeout_s=30) != slave:
+            assert time.monotonic() - lost_at < 30, f"{slave} was not elected"
+            time.sleep(0.1)
+        state = self.cluster.state(slave)
+        self.note(
+            f"failover: {master} lost ({how}), {slave} elected after {time.monotonic() - lost_at:.1f} s "
+            f"(epoch {state.epoch if state else '?'})"
+        )
         self._start_member(master)
 
     def _start_member(self, name: str) -> None:
@@ -177,13 +244,14 @@ def test_fault_loop(tmp_path: Path) -> None:
     seed = _seed()
     loop = FaultLoop(tmp_path, seed)
     cluster = loop.cluster
-    print(f"\nfault loop: seed {seed} ({rounds} rounds); replay with MQSTORE_FAULT_SEED={seed}")
+    mode = "election through etcd" if loop.election else "manual promotions"
+    print(f"\nfault loop: seed {seed} ({rounds} rounds, {mode}); replay with MQSTORE_FAULT_SEED={seed}")
     producers: Producers | None = None
     groups: list[PullGroup | PopGroup] = []
     started = time.monotonic()
     try:
         cluster.start_all()
-        with CommitLogAdmin(cluster.members["a"].address()) as a:
+        with CommitLogAdmin(cluster.members[cluster.master()].address()) as a:
             a.wait_for(lambda s: len(s.slaves) == 1 and s.slaves[0].in_sync, what="the slave in sync")
         with Admin(cluster.gateway) as admin:
             admin.create_topic(TOPIC, 4)

@@ -346,3 +346,44 @@ def test_prod_dispatch_pods_share_their_groups_receipt_key(overlay: Rendered) ->
         volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
         assert mount.get("readOnly") is True
         assert volumes[mount["name"]]["secret"]["secretName"] == f"{env['BROKER_GROUP']}-receipt-key"
+
+
+def test_commitlog_members_elect_their_master_through_the_namespaces_etcd(overlay: Rendered) -> None:
+    """Every commitlog runs the election against the three etcd members of its namespace (their
+    stable names, through the headless Service), and only the commitlog pods reach etcd."""
+    name, objs = overlay
+    (etcd,) = [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "etcd"]
+    assert etcd["spec"]["replicas"] == 3 and etcd["spec"]["serviceName"] == "etcd-hl"
+    (container,) = etcd["spec"]["template"]["spec"]["containers"]
+    etcd_env = {e["name"]: e.get("value", "") for e in container["env"]}
+    members = [f"etcd-{i}" for i in range(3)]
+    assert etcd_env["ETCD_INITIAL_CLUSTER"] == ",".join(
+        f"{m}=http://{m}.etcd-hl.$(POD_NAMESPACE).svc:2380" for m in members
+    )
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    assert {p["port"] for p in services["etcd-hl"]["spec"]["ports"]} == {2379, 2380}
+    assert any(
+        o["kind"] == "PodDisruptionBudget"
+        and o["metadata"]["name"] == "etcd"
+        and o["spec"]["maxUnavailable"] == 1
+        for o in objs
+    )
+    electing = 0
+    for workload, c in _mqstore_containers(objs):
+        env = _env(c, objs)
+        if env["MQSTORE_ROLE"] != "commitlog":
+            assert "MQSTORE_ELECTION" not in env, f"{workload['metadata']['name']}: only commitlogs elect"
+            continue
+        electing += 1
+        assert env["MQSTORE_ELECTION"] == "etcd"
+        assert env["MQSTORE_ETCD"].split(",") == [f"{m}.etcd-hl:2379" for m in members]
+        assert env["MQSTORE_MASTER_ROLE"] in ("ASYNC_MASTER", "SYNC_MASTER")
+    assert electing == len(OVERLAYS[name])
+    (policy,) = [o["spec"] for o in objs if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "etcd"]
+    by_port = {
+        rule["ports"][0]["port"]: [
+            src["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for src in rule["from"]
+        ]
+        for rule in policy["ingress"]
+    }
+    assert by_port == {2379: ["commitlog"], 2380: ["etcd"]}
