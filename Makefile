@@ -48,7 +48,7 @@ bench: install
 # suite starts its own instances on free 127.0.0.1 ports; any system service Debian starts is not used.
 bench-deps: install
 	$(SUDO) apt-get update -q
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server nats-server rabbitmq-server
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server nats-server rabbitmq-server etcd-server
 	$(BIN)/python -m pip install -q -e '.[bench]'
 
 # The fault loop (tests/fault) for hundreds of faults; MQSTORE_FAULT_SEED=<seed> replays a run.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,14 +48,17 @@ def main(argv: list[str] | None = None) -> int:
             "peers",
             "recovery",
             "retention",
+            "failover",
         ),
         default="all",
         help="commit_log: append matrix; store: dispatch, key query, pull; services: over the gateway; "
         "ha: replication; rocketmq: the official RocketMQ 5 client over the gateway; "
         "spark: data source and jobs; peers: mqstore next to Redis, NATS JetStream and RabbitMQ; "
         "recovery: clean and SIGKILL restarts as the log grows; "
-        "retention: produce latency while a cleanup round deletes 100 segments",
+        "retention: produce latency while a cleanup round deletes 100 segments; "
+        "failover: a master SIGKILLed under load, until the elected one acknowledges (etcd)",
     )
+    parser.add_argument("--failover-rounds", type=int, default=20, help="failover suite: masters killed")
     parser.add_argument(
         "--recovery-gib",
         default="1,4,8",
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = _retention_suite(console, data_dir, facts)
         if args.write_readme:
             _write_readme("retention", lines)
+    if args.suite in ("all", "failover"):
+        lines = _failover_suite(console, data_dir, facts, args.failover_rounds)
+        if args.write_readme:
+            _write_readme("failover", lines)
     if args.suite in ("all", "commit_log"):
         failed += _commit_log_suite(console, args, data_dir, facts)
     if args.write_readme:
@@ -534,6 +542,32 @@ def _retention_suite(console: Console, data_dir: Path, facts: dict[str, str]) ->
         "|---|---|---|---|---|---|---|",
         f"| {r.round_s:.1f} | {r.sends_during:,} | {r.p50_before:.2f} | {r.p99_before:.2f} | "
         f"{r.p50_during:.2f} | {r.p99_during:.2f} | {r.p99_ratio:.2f} |",
+    ]
+    for line in lines:
+        console.print(line, markup=False)
+    return lines
+
+
+def _failover_suite(console: Console, data_dir: Path, facts: dict[str, str], rounds: int) -> list[str]:
+    """A master SIGKILLed under load, ``rounds`` times (bench.failover_bench)."""
+    from bench import failover_bench
+
+    console.rule(f"failover: {rounds} masters SIGKILLed under load")
+    with scratch_dir(data_dir, "failover") as d:
+        r = failover_bench.run(d, rounds)
+    lines = [
+        f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
+        f"etcd, three commitlog members, a gateway and the producers share the cores; {rounds} rounds.",
+        "",
+        "| from the SIGKILL to | median s | worst s | target |",
+        "|---|---|---|---|",
+        f"| a member reports itself the master | {statistics.median(r.elected_s):.1f} | "
+        f"{max(r.elected_s):.1f} | - |",
+        f"| the first produce acknowledged again (SYNC_MASTER) | {r.median_ack_s:.1f} | "
+        f"{r.worst_ack_s:.1f} | <= 10 |",
+        "",
+        f"{r.acknowledged:,} messages acknowledged over the rounds, every one of them in the final "
+        "master's log at the offset its put reported.",
     ]
     for line in lines:
         console.print(line, markup=False)
