@@ -55,6 +55,20 @@ def _units_of(mf: MappedFile, count: int) -> np.ndarray:
 _BLANK_UNIT = _UNIT.pack(0, BLANK_UNIT_SIZE, 0)
 
 
+def _out_of_order(offsets: np.ndarray, sizes: np.ndarray, end_before: int) -> np.ndarray:
+    """Mask of the real units that start before the end of the real unit ahead of them
+    (``end_before``: the end of the last real unit before these, -1 for none). A queue's
+    records are in CommitLog order, so such a unit was torn: a 20-byte unit can straddle two
+    512-byte sectors, and a power loss can take back the sector with its offset field alone
+    (which then reads zero, or a part of the right value: always smaller)."""
+    real = sizes != BLANK_UNIT_SIZE
+    if not len(real):
+        return real
+    ends = np.where(real, offsets.astype(np.int64) + sizes.astype(np.int64), -1)
+    ahead = np.concatenate(([end_before], np.maximum.accumulate(ends)[:-1]))
+    return real & (offsets < ahead)
+
+
 def consume_queue_file_size(configured: int) -> int:
     """Segment size in bytes: the configured size rounded up to a whole number of units."""
     return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
@@ -124,14 +138,16 @@ class ConsumeQueue:
             return 0
         start = max(0, len(files) - 3)
         end_logic = files[start].file_from_offset
-        max_phy = -1
+        max_phy = self._end_of_real_units_before(start)
         kept = 0
         for mf in files[start:]:
             size = mf.file_size
             count = size // CQ_STORE_UNIT_SIZE
             units = _units_of(mf, count)
             offsets, sizes = units["phy"], units["size"]
-            bad = np.flatnonzero((offsets < 0) | (sizes <= 0))
+            # A unit that was never written (zeros: size 0) ends the valid prefix, and so does
+            # one torn by a power loss (its offset field taken back: out of log order).
+            bad = np.flatnonzero((offsets < 0) | (sizes <= 0) | _out_of_order(offsets, sizes, max_phy))
             valid = int(bad[0]) if len(bad) else count
             real = np.flatnonzero(sizes[:valid] != BLANK_UNIT_SIZE)
             if len(real):
@@ -150,6 +166,18 @@ class ConsumeQueue:
         self.max_physic_offset = max_phy
         self._fix_min_logic_offset()
         return kept
+
+    def _end_of_real_units_before(self, index: int) -> int:
+        """End (CommitLog offset + size) of the last real unit in the segments before
+        ``self.queue.mapped_files[index]``; -1 when there is none."""
+        for mf in reversed(self.queue.mapped_files[:index]):
+            pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
+            while pos >= 0:
+                phy, size, _ = _UNIT.unpack_from(mf.buffer, pos)
+                if size != BLANK_UNIT_SIZE:
+                    return phy + size
+                pos -= CQ_STORE_UNIT_SIZE
+        return -1
 
     def _scan_back_for_max_physic_offset(self) -> int:
         """End of the last real unit, searching back over blank units (rare: a queue of blanks)."""
@@ -383,14 +411,19 @@ class ConsumeQueue:
 
     # -- truncation ------------------------------------------------------------------------------
     def truncate_dirty_logic_files(self, phy_offset: int) -> int:
-        """Drop units whose message starts at or after ``phy_offset`` (the CommitLog's end).
+        """Drop units whose message starts at or after ``phy_offset`` (the CommitLog's end, or
+        after a crash the dispatch checkpoint: dispatch replays the log from there), from the
+        first such unit on; a unit torn by a power loss (out of log order, see
+        :func:`_out_of_order`) counts as one: its offset field can no longer say where it
+        points, and the replay writes it again.
 
         Returns how many units were removed.
         """
         before = self.max_offset_in_queue
         files = self.queue.mapped_files
         cut = None
-        for mf in reversed(files):
+        for index in range(len(files) - 1, -1, -1):
+            mf = files[index]
             if mf.wrote_position == 0:
                 cut = mf.file_from_offset
                 continue
@@ -403,6 +436,7 @@ class ConsumeQueue:
             offsets, sizes = units["phy"], units["size"]
             past = np.flatnonzero(
                 (sizes != BLANK_UNIT_SIZE) & ((offsets < 0) | (sizes <= 0) | (offsets >= phy_offset))
+                | _out_of_order(offsets, sizes, self._end_of_real_units_before(index))
             )
             pos = (int(past[0]) if len(past) else count) * CQ_STORE_UNIT_SIZE
             del units, offsets, sizes
