@@ -69,6 +69,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "/mqstore"
 LEASE_MARGIN = 0.1  # share of the TTL a master gives up before its lease could expire in etcd
 NO_MASTER_LOG_S = 10.0  # how often a group without a master says so
+# A group's first election waits this long (s) for every member it knows of to show up.
+FIRST_ELECTION_GRACE_S = 30.0
 
 _LIVE: weakref.WeakSet[ElectionAgent] = weakref.WeakSet()
 _metrics_registered = False
@@ -176,6 +178,9 @@ def parse_view(prefix: bytes, revision: int, kvs: list[etcd.KeyValue]) -> GroupV
             elif name == "epoch":
                 epoch, epoch_mod = int(kv.value), kv.mod_revision
             elif name == "syncStateSet":
+                # Unreadable, it names nobody (not "no set yet": that would open a first,
+                # unclean election).
+                sync_state = (0, frozenset())
                 d = json.loads(kv.value)
                 sync_state = (int(d["epoch"]), frozenset(int(b) for b in d["brokerIds"]))
             elif name.startswith("members/"):
@@ -277,6 +282,9 @@ class ElectionAgent:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._session_lock = asyncio.Lock()
+        self._last_check = time.monotonic()  # when the check loop last finished a check
+        self._started = time.monotonic()
+        self._serving_task: asyncio.Task[None] | None = None
         _register_metrics()
         _LIVE.add(self)
 
@@ -332,9 +340,10 @@ class ElectionAgent:
         return time.monotonic() < self._valid_until
 
     def may_acknowledge(self) -> bool:
-        """True while this member leads the group and its lease surely holds: the commitlog
-        accepts and acknowledges puts only then."""
-        return self.leading is not None and self.holds_lease()
+        """True while this member leads the group on its current session's lease and that
+        lease surely holds: the commitlog accepts and acknowledges puts only then."""
+        leading = self.leading
+        return leading is not None and leading.lease == self.lease and self.holds_lease()
 
     async def _keep_alive(self) -> None:
         """Renew the lease every TTL/3; a lease that expired starts a new session (and ends any
@@ -343,7 +352,18 @@ class ElectionAgent:
             sent = time.monotonic()
             renewed = False
             try:
-                renewed = await self._renew(sent)
+                if sent - self._last_check > self.ttl_s:
+                    # The check loop is stuck (a stalled disk under a role switch, a held
+                    # lock): a member that cannot act must not keep its leadership, nor its
+                    # place as a candidate, by renewing from here. Let the lease run out.
+                    log.error(
+                        "election: no check completed for %.1f s; not renewing the lease",
+                        sent - self._last_check,
+                    )
+                    if self.leading is not None and not self.holds_lease():
+                        await self._lost_leadership("its checks are stuck and its lease ran out")
+                else:
+                    renewed = await self._renew(sent)
             except Exception:  # the renewals must outlive any one failure
                 log.exception("election: renewing the lease failed")
             # A renewal that failed is tried again soon: the lease is running out meanwhile.
@@ -352,30 +372,31 @@ class ElectionAgent:
 
     async def _renew(self, sent: float) -> bool:
         """One renewal; True when the lease was renewed."""
+        lease = self.lease
         try:
-            ttl = await self.cluster.keep_alive(self.lease)
+            ttl = await self.cluster.keep_alive(lease)
         except EtcdUnavailableError as exc:
             log.warning("election: cannot renew the lease (%s)", exc)
             ttl = -1
-        if ttl > 0:
+        if ttl > 0 and lease == self.lease:
             self._valid_until = sent + ttl * (1 - LEASE_MARGIN)
         elif ttl == 0:
             log.warning("election: the session lease expired in etcd; starting a new session")
-            await self._restart_session()
+            await self._restart_session(lease)
         if self.leading is not None and not self.holds_lease():
             await self._lost_leadership("its lease could not be renewed in time")
         return ttl > 0
 
-    async def _restart_session(self) -> None:
-        """The lease is gone in etcd: end any leadership, then open a new session (once, even
-        when both loops find out together)."""
-        self._valid_until = 0.0
-        await self._lost_leadership("its lease expired")
-        expired = self.lease
+    async def _restart_session(self, expired: int) -> None:
+        """Lease ``expired`` is gone in etcd: if it is still this member's session, end any
+        leadership and open a new session (once, even when both loops find out together)."""
         async with self._session_lock:
-            if self.lease == expired:
-                with contextlib.suppress(EtcdUnavailableError):
-                    await self._new_session()
+            if self.lease != expired:
+                return  # a stale answer about a session already replaced
+            self._valid_until = 0.0
+            await self._lost_leadership("its lease expired")
+            with contextlib.suppress(EtcdUnavailableError):
+                await self._new_session()
 
     async def _lost_leadership(self, why: str) -> None:
         if self.leading is None:
@@ -388,11 +409,12 @@ class ElectionAgent:
     # -- the loop -------------------------------------------------------------------------------------
     async def _follow(self) -> None:
         while True:
+            lease = self.lease
             try:
                 await self._tick()
             except EtcdLeaseNotFoundError:
                 log.warning("election: the session lease is gone in etcd; starting a new session")
-                await self._restart_session()
+                await self._restart_session(lease)
             except EtcdUnavailableError as exc:
                 log.warning("election: etcd unreachable (%s)", exc)
                 if self.leading is not None and not self.holds_lease():
@@ -401,6 +423,7 @@ class ElectionAgent:
                 log.warning("election: %s", exc)
             except Exception:  # the loop must outlive any one bad check
                 log.exception("election: the check failed")
+            self._last_check = time.monotonic()
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s):
@@ -416,6 +439,8 @@ class ElectionAgent:
         view = await self.read_view()
         leader = view.leader
         self.group_has_master = leader is not None
+        if leader is not None:
+            self._force_next = False  # a forced promotion applies to the election it was asked for
         if leader is not None and leader.lease == self.lease and leader.broker_id == self.broker_id:
             await self._lead(view, leader)
         elif leader is not None:
@@ -471,11 +496,28 @@ class ElectionAgent:
                     sorted(view.members),
                 )
             return
-        settled = now - self._leaderless_since >= 2 * self.interval_s
-        me = candidates[0].broker_id == self.broker_id or (
-            self._force_next and self.broker_id in view.members
-        )
-        if me and settled and now >= self._resigned_until and self.holds_lease():
+        waited = now - self._leaderless_since
+        if view.sync_state is None and not self._force_next:
+            # A group's first election: nobody is named yet, so wait for every member this one
+            # knows of (--ha-peers), or for a grace period, lest a member that starts fast
+            # win over one still recovering a longer log.
+            expected = 1 + len(self.ha.peers)
+            if len(view.members) < expected and now - self._started < FIRST_ELECTION_GRACE_S:
+                return
+        ids = [m.broker_id for m in candidates]
+        if self._force_next and self.broker_id in view.members:
+            rank = 0
+        elif self.broker_id in ids:
+            # The first candidate campaigns; the next ones after a lease TTL each, in case
+            # those ahead of them cannot (a stuck member keeps its member key alive).
+            rank = ids.index(self.broker_id)
+        else:
+            return
+        if (
+            waited >= 2 * self.interval_s + rank * self.ttl_s
+            and now >= self._resigned_until
+            and self.holds_lease()
+        ):
             await self._campaign(view)
 
     async def _campaign(self, view: GroupView) -> None:
@@ -490,28 +532,41 @@ class ElectionAgent:
             self.master_role.value,
             epoch,
         )
-        won = await self.cluster.transaction(
-            [etcd.Version(self._key("leader")) == 0, etcd.Mod(self._key("epoch")) == view.epoch_mod],
-            [
-                etcd.Put(self._key("leader"), leader.to_json(), self.lease),
-                etcd.Put(self._key("epoch"), str(epoch).encode()),
-                etcd.Put(self._key("syncStateSet"), _sync_state_json(epoch, {self.broker_id})),
-            ],
-        )
-        self._force_next = False
+        lease = self.lease
+        try:
+            # The SyncStateSet stays as it is until this member has begun the epoch: whoever
+            # it names may still be elected should this member not get that far.
+            won = await self.cluster.transaction(
+                [etcd.Version(self._key("leader")) == 0, etcd.Mod(self._key("epoch")) == view.epoch_mod],
+                [
+                    etcd.Put(self._key("leader"), leader.to_json(), lease),
+                    etcd.Put(self._key("epoch"), str(epoch).encode()),
+                ],
+            )
+        finally:
+            self._force_next = False
         if not won:
             return
         revision, kvs = await self.cluster.read_prefix(self.prefix)
         mine = parse_view(self.prefix, revision, kvs).leader
-        if mine is None or mine.lease != self.lease:
-            return
+        if mine is None or mine.lease != lease or lease != self.lease:
+            return  # the session changed meanwhile: the next check resigns the key, if it stands
         self.leading = mine
         try:
             await self.ha.take_master_term(self.master_role, epoch, sync_state=frozenset())
-        except BaseException:
-            self.leading = None
+            if not await self._publish_sync_state(mine, set()):
+                raise RuntimeError("the leader key was gone before the SyncStateSet was written")
+        except BaseException as exc:
+            log.error(
+                "election: member %d won epoch %d but could not take it up: %s", self.broker_id, epoch, exc
+            )
+            await self._lost_leadership(f"taking up epoch {epoch} failed")
             await self._resign(mine.create_revision)
-            raise
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        if not self.may_acknowledge():
+            return  # stepped down meanwhile (its lease)
         self.synced_epoch = epoch
         self._leaderless_since = None
         self._set_serving(True)
@@ -560,16 +615,27 @@ class ElectionAgent:
                     sorted(keep),
                 )
             return
+        published = view.sync_state
+        if published != (leader.epoch, frozenset({self.broker_id, *members})):
+            # etcd says something else than memory (a write whose outcome was unknown): every
+            # slave in memory holds what was acknowledged since it joined (puts waited for it),
+            # so publishing memory is right either way.
+            await self._publish_sync_state(leader, members)
+            return
         for broker_id, (_, lag_ms) in sorted(slaves.items()):
             if broker_id in members or broker_id == self.broker_id or lag_ms > limit_ms // 2:
                 continue
             acked = ha.replicated_offset  # every acknowledged put ends at or before it
             ha.set_sync_state_set(frozenset(members | {broker_id}))  # from now on puts wait for it
             ack = max((s.ack_offset for s in ha.lag() if s.broker_id == broker_id), default=-1)
-            if ack >= acked and await self._publish_sync_state(leader, members | {broker_id}):
-                log.info("election: SyncStateSet of epoch %d grows by %d", leader.epoch, broker_id)
+            if ack < acked:
+                ha.set_sync_state_set(frozenset(members))  # it lacks something acknowledged
+            elif not await self._publish_sync_state(leader, members | {broker_id}):
+                ha.set_sync_state_set(frozenset(members))  # no longer the leader
             else:
-                ha.set_sync_state_set(frozenset(members))
+                log.info("election: SyncStateSet of epoch %d grows by %d", leader.epoch, broker_id)
+            # A publish whose outcome is unknown raises: memory keeps the slave (waiting for more
+            # than etcd names is safe) and the next check publishes memory again.
             return
 
     async def _publish_sync_state(self, leader: LeaderInfo, slaves: set[int]) -> bool:
@@ -629,6 +695,10 @@ class ElectionAgent:
         self._resigned_until = 0.0
         self._leaderless_since = self._leaderless_since or time.monotonic() - 2 * self.interval_s
         self._changed.set()
+
+    def cancel_promotion(self) -> None:
+        """A manual promotion gave up: the election it asked for must not stay forced."""
+        self._force_next = False
 
     async def resign(self) -> None:
         """A manual demotion of the master: give up leadership and stay out of the next

@@ -58,6 +58,10 @@ class EtcdLeaseNotFoundError(EtcdUnavailableError):
     """The lease a request named has expired (or was revoked): start a new session."""
 
 
+class EtcdOutcomeUnknownError(EtcdUnavailableError):
+    """A transaction got no answer: etcd may or may not have applied it (read it back)."""
+
+
 @dataclass(frozen=True)
 class KeyValue:
     """One key as read: ``value`` bytes, the revisions that created and last changed it, and the
@@ -108,8 +112,12 @@ class EtcdCluster:
             client = self._clients[i] = aetcd.Client(host, port, timeout=self.timeout_s)  # type: ignore[arg-type]
         return client
 
-    async def _call(self, what: str, call: Callable[[aetcd.Client], Awaitable[T]]) -> T:
-        """``call`` on the current endpoint's client, then on each other one in turn."""
+    async def _call(
+        self, what: str, call: Callable[[aetcd.Client], Awaitable[T]], *, idempotent: bool = True
+    ) -> T:
+        """``call`` on the current endpoint's client, then on each other one in turn. A call
+        that is not ``idempotent`` (a transaction) is not sent again after one that may have
+        been applied: it raises EtcdOutcomeUnknownError, and the caller reads the state back."""
         n = len(self.endpoints)
         last: BaseException | None = None
         for step in range(n):
@@ -120,6 +128,8 @@ class EtcdCluster:
             except _UNREACHABLE as exc:
                 last = exc
                 self._drop(i)
+                if not idempotent:
+                    raise EtcdOutcomeUnknownError(f"etcd {what}: no answer ({exc!r})") from None
                 continue
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
@@ -127,12 +137,19 @@ class EtcdCluster:
                     raise  # our caller is being cancelled
                 last = exc  # the client's channel was closed under this call: try another
                 self._drop(i)
+                if not idempotent:
+                    raise EtcdOutcomeUnknownError(f"etcd {what}: the call was cut off") from None
                 continue
-            except grpc.aio.AioRpcError as exc:  # a code aetcd does not map: etcd refused it
-                if exc.code() is grpc.StatusCode.NOT_FOUND and "lease not found" in (exc.details() or ""):
+            except (grpc.aio.AioRpcError, aetcd.exceptions.ClientError) as exc:
+                # etcd refused it. aetcd raises a ClientError for the codes it does not map,
+                # the gRPC error as its cause.
+                cause = exc if isinstance(exc, grpc.aio.AioRpcError) else exc.__cause__
+                if (
+                    isinstance(cause, grpc.aio.AioRpcError)
+                    and cause.code() is grpc.StatusCode.NOT_FOUND
+                    and "lease not found" in (cause.details() or "")
+                ):
                     raise EtcdLeaseNotFoundError(f"etcd {what}: the lease has expired") from None
-                raise EtcdUnavailableError(f"etcd {what}: {exc.code().name} {exc.details()}") from None
-            except aetcd.exceptions.ClientError as exc:
                 raise EtcdUnavailableError(f"etcd {what}: {exc!r}") from None
             if i != self._current:
                 log.info("etcd: now using %s:%d", *self.endpoints[i])
@@ -189,9 +206,12 @@ class EtcdCluster:
         self, compare: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()
     ) -> bool:
         """Apply ``success`` when every comparison holds, else ``failure``; True when it held.
-        A transaction that timed out may or may not have been applied: the caller reads again."""
+        Raises EtcdOutcomeUnknownError when it got no answer (it may or may not have been
+        applied: the caller reads the state back), EtcdUnavailableError otherwise."""
         succeeded, _ = await self._call(
-            "transaction", lambda c: c.transaction(list(compare), list(success), list(failure))
+            "transaction",
+            lambda c: c.transaction(list(compare), list(success), list(failure)),
+            idempotent=False,
         )
         return bool(succeeded)
 
@@ -202,13 +222,16 @@ class EtcdCluster:
         return int(lease.id)
 
     async def keep_alive(self, lease_id: int) -> int:
-        """Renew ``lease_id`` once: its TTL in seconds from now, 0 when it has already expired."""
+        """Renew ``lease_id`` once: its TTL in seconds from now, 0 when it has already expired.
+        Raises EtcdUnavailableError (also when the stream ended without a reply)."""
         reply = await self._call("lease keep-alive", lambda c: c.refresh_lease(lease_id))
-        return int(reply.TTL) if reply is not None else 0
+        if reply is None:
+            raise EtcdUnavailableError("etcd lease keep-alive: the stream ended without a reply")
+        return int(reply.TTL)
 
     async def revoke(self, lease_id: int) -> None:
-        """End ``lease_id`` now (its keys are deleted)."""
+        """End ``lease_id`` now (its keys are deleted); one that already expired is fine."""
         try:
             await self._call("lease revoke", lambda c: c.revoke_lease(lease_id))
-        except aetcd.exceptions.ClientError as exc:  # already expired
-            log.debug("etcd: revoking lease %x: %s", lease_id, exc)
+        except EtcdLeaseNotFoundError:
+            log.debug("etcd: lease %x had already expired", lease_id)

@@ -462,6 +462,7 @@ class HAController:
         deadline = asyncio.get_running_loop().time() + election.ttl_s + 10 * election.interval_s
         while not election.may_acknowledge():
             if asyncio.get_running_loop().time() > deadline:
+                election.cancel_promotion()
                 raise RoleSwitchError("the election did not make this store the master; see its log")
             await asyncio.sleep(election.interval_s / 2)
         return self.state()

@@ -65,15 +65,21 @@ def _sync_state(etcd: EtcdServers) -> tuple[int, list[int]]:
     return int(d["epoch"]), sorted(d["brokerIds"])
 
 
+def _synced_epoch(etcd: EtcdServers, broker_id: int) -> int:
+    raw = etcd.read(f"{PREFIX}/members/{broker_id}")
+    return int(json.loads(raw)["syncedEpoch"]) if raw else -1
+
+
 def _wait_sync_state(etcd: EtcdServers, broker_ids: list[int], timeout_s: float = 30.0) -> int:
-    """Wait until the published SyncStateSet is ``broker_ids``; returns its epoch."""
+    """Wait until the published SyncStateSet is ``broker_ids`` and each of them says it caught
+    up with that epoch's master (so each may be elected); returns the set's epoch."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         epoch, ids = _sync_state(etcd)
-        if ids == sorted(broker_ids):
+        if ids == sorted(broker_ids) and all(_synced_epoch(etcd, b) == epoch for b in ids):
             return epoch
         time.sleep(0.1)
-    raise AssertionError(f"SyncStateSet {_sync_state(etcd)}, expected {broker_ids}")
+    raise AssertionError(f"SyncStateSet {_sync_state(etcd)}, expected {broker_ids}, caught up with its epoch")
 
 
 def _wait_acks(producers: Producers, more: int = 50, timeout_s: float = 30.0) -> None:

@@ -71,3 +71,13 @@ def test_parse_view_reads_every_key_and_skips_malformed_ones() -> None:
     assert (parsed.epoch, parsed.epoch_mod) == (2001, 7)
     assert parsed.sync_state == (2001, frozenset({0, 1}))
     assert list(parsed.members) == [0] and parsed.members[0] == member(0, 2001, 10, 2001)
+
+
+def test_an_unreadable_sync_state_set_names_nobody_rather_than_opening_a_first_election() -> None:
+    kvs = [
+        KeyValue(PREFIX + b"syncStateSet", b"{torn", 7, 9, 0),
+        KeyValue(PREFIX + b"members/0", member(0, 2001, 10, 2001).to_json(), 3, 8, 0x1),
+    ]
+    parsed = parse_view(PREFIX, 9, kvs)
+    assert parsed.sync_state == (0, frozenset())
+    assert electable(parsed) == []  # not every live member, as for a group that never elected
