@@ -14,12 +14,13 @@ agent next to its HAController. Keys, under ``<prefix>/<brokerName>/``:
   ``leader``, conditional on ``epoch`` being unchanged, so every election begins its own epoch
   and the store-level epoch checks fence a deposed master, as with a manual promotion.
 * ``syncStateSet`` — ``{"epoch": E, "brokerIds": [...]}``: the master of epoch E and the slaves
-  that hold every message it acknowledged (RocketMQ 5's SyncStateSet). The campaign writes
-  ``{winner}``; the master adds a slave that has caught up (in its own memory first, where every
-  SYNC_MASTER put then waits for that slave too, and only once the slave holds everything
-  acknowledged before, in etcd) and removes one that disconnected or stayed behind for
-  ``haMaxTimeSlaveNotCatchup`` ms (in etcd first, then in memory). So whoever etcd names holds
-  every acknowledged message (libstore.ha_service).
+  that hold every message it acknowledged (RocketMQ 5's SyncStateSet). The winner of a campaign
+  writes ``{winner}`` once it has begun its epoch (until then the previous set stands, so a
+  winner that dies on the way leaves the group electable); it adds a slave that has caught up
+  (in its own memory first, where every SYNC_MASTER put then waits for that slave too, and only
+  once the slave holds everything acknowledged before, in etcd) and removes one that
+  disconnected or stayed behind for ``haMaxTimeSlaveNotCatchup`` ms (in etcd first, then in
+  memory). So whoever etcd names holds every acknowledged message (libstore.ha_service).
 
 Who may be elected once ``leader`` is gone (:func:`electable`): a live member named by the
 SyncStateSet that caught up with its epoch's master since it last started (a restarted slave may
@@ -27,7 +28,11 @@ have lost what its page cache held), or that epoch's master itself; the furthest
 (newest epoch, then longest log, then lowest broker id). With no such member the group stays
 without a master and says so (health NOT_SERVING, ``mqstore.election.has_master`` 0, a log
 line), unless ``enableElectUncleanMaster`` (``--unclean-election``) lets the furthest live
-member win. The first election of a group (no SyncStateSet yet) takes the furthest live member.
+member win. The first election of a group (no SyncStateSet yet) waits up to
+FIRST_ELECTION_GRACE_S for every member of ``--ha-peers`` and takes the furthest. The best
+candidate campaigns once the group has been without a leader for two checks; the n-th best
+after n more lease TTLs (the ones ahead of it may be stuck: a member whose checks stop for a
+TTL also stops renewing its lease).
 
 Fencing by time: the master renews its lease every third of its TTL and counts it valid until
 ``sent + TTL - margin`` (the lease cannot expire in etcd before the renewal it confirms was
