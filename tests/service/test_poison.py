@@ -199,3 +199,47 @@ def test_receipt_handles_cannot_be_made_up_or_used_for_another_group(
         run(port.change_invisible("g1", "Signed", unsigned, 1000))
     renewed = run(port.change_invisible("g1", "Signed", handle, 60_000))
     assert run(port.ack("g1", "Signed", [renewed, second.receipt_handle])) == [None, None]
+
+
+def test_a_consume_queue_unit_pointing_at_another_record_is_not_delivered_as_its_slot(
+    suite_and_loop: tuple[Suite, InProcessSuites], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defence in depth behind ConsumeQueue recovery (tests/unit/libstore/
+    test_torn_consume_queue_unit.py): a unit that points at another record (here: queue offset
+    1's unit rewritten to point at offset 0's record, as a torn unit did) must not hand that
+    record out under its slot, where a consumer would take it for a new message."""
+    suite, _ = suite_and_loop
+    with Admin(suite.address) as admin:
+        admin.create_topic("Damaged", 1)
+    with Producer(suite.address) as producer:
+        first, second, third = (producer.send("Damaged", body)[0] for body in (b"zero", b"one!", b"two!"))
+    wait_derived_caught_up(suite)
+    assert suite.dispatch_app is not None
+    queue = suite.dispatch_app.queues.find("Damaged", 0)
+    assert queue is not None
+    unit = queue.read_units(1, 1)[0]
+    assert unit.phy_offset == second.phy_offset and unit.size == first.size  # same-sized records
+    path = next(iter(queue.queue.mapped_files)).path
+    with open(path, "r+b") as fh:  # what a torn unit looked like: the offset field of another record
+        fh.seek(1 * 20)
+        fh.write(first.phy_offset.to_bytes(8, "big"))
+    request = service.ReceiveMessageRequest(
+        group=definition.Resource(name="careful"),
+        message_queue=definition.MessageQueue(topic=definition.Resource(name="Damaged"), id=-1),
+        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
+        batch_size=16,
+        invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=1),
+    )
+    with grpc.insecure_channel(suite.address) as channel:
+        replies = list(
+            service_grpc.MessagingServiceStub(channel).ReceiveMessage(
+                request, metadata=[("x-mq-client-id", "damaged-test")], timeout=10
+            )
+        )
+    delivered = [
+        (r.message.system_properties.queue_offset, r.message.body) for r in replies if r.HasField("message")
+    ]
+    assert delivered == [(0, b"zero"), (2, b"two!")]
+    assert any("points at the record of 0:0" in r.getMessage() for r in caplog.records)
+    assert third.queue_offset == 2

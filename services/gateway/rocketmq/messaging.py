@@ -603,6 +603,22 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                     continue
                 try:
                     rec = decode_record(raw, check_crc=False)
+                    if (rec.queue_id, rec.queue_offset) != (popped.queue_id, popped.queue_offset):
+                        # The ConsumeQueue unit points at another record (damaged): never hand
+                        # that record out as this slot. It stays in flight and comes back after
+                        # its invisible time, and says so again, until the queue is repaired.
+                        log.error(
+                            "group %s: the ConsumeQueue unit %s:%d:%d points at the record of %d:%d "
+                            "(CommitLog offset %d); not delivered",
+                            group,
+                            resource.name,
+                            popped.queue_id,
+                            popped.queue_offset,
+                            rec.queue_id,
+                            rec.queue_offset,
+                            popped.phy_offset,
+                        )
+                        continue
                     if not filt.matches_tags(rec.tags):
                         skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
                         continue
