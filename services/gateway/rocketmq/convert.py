@@ -13,8 +13,10 @@ IDENTITY encoding (GZIP when the record has RocketMQ's COMPRESSED flag).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
+import re
 from collections.abc import Mapping
 
 from google.protobuf.duration_pb2 import Duration
@@ -156,8 +158,11 @@ def message_type_of(props: Mapping[str, str]) -> int:
     return definition.NORMAL
 
 
+_CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f]")
+
+
 def _check_text(what: str, value: str, code: int) -> None:
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    if _CONTROL_CHARACTERS.search(value) is not None:
         raise V2Error(code, f"{what} holds control characters")
 
 
@@ -240,6 +245,7 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
     return msg, int(mtype), group
 
 
+@functools.lru_cache(maxsize=4096)  # a client sends from the same address again and again
 def _numeric_ip(host: str) -> str:
     """``host`` when it is a numeric IPv4 or IPv6 address (what BORNHOST holds), else ""."""
     try:
