@@ -76,6 +76,7 @@ LEASE_MARGIN = 0.1  # share of the TTL a master gives up before its lease could 
 NO_MASTER_LOG_S = 10.0  # how often a group without a master says so
 # A group's first election waits this long (s) for every member it knows of to show up.
 FIRST_ELECTION_GRACE_S = 30.0
+START_WAIT_S = 60.0  # how long a member waits for etcd at start before giving up
 
 _LIVE: weakref.WeakSet[ElectionAgent] = weakref.WeakSet()
 _metrics_registered = False
@@ -304,8 +305,20 @@ class ElectionAgent:
     # -- life -----------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Open a session (lease), publish this member, and start following the group's state.
-        Raises EtcdUnavailableError when etcd cannot be reached at all."""
-        await self._new_session()
+        Waits up to START_WAIT_S for etcd (it may be starting too, in a new deployment); raises
+        EtcdUnavailableError when it cannot be reached by then."""
+        deadline = time.monotonic() + START_WAIT_S
+        delay = 0.2
+        while True:
+            try:
+                await self._new_session()
+                break
+            except EtcdUnavailableError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("election: etcd not reachable yet (%s); trying again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
         self._tasks = [
             asyncio.get_running_loop().create_task(self._keep_alive(), name="election-lease"),
             asyncio.get_running_loop().create_task(self._follow(), name="election"),

@@ -352,3 +352,22 @@ def test_operators_promote_and_demote_through_the_election(tmp_path: Path, etcd:
             )
     finally:
         cluster.stop_all()
+
+
+def test_a_member_started_before_etcd_waits_for_it(tmp_path: Path) -> None:
+    """In a new deployment etcd may come up after the members: they wait for it (a while)
+    instead of exiting, then elect as usual."""
+    servers = EtcdServers(tmp_path / "etcd", 1)
+    cluster = BrokerGroupCluster(
+        tmp_path / "group", ("a",), master_role="ASYNC_MASTER", etcd=servers.endpoints
+    )
+    try:
+        cluster.start_commitlog("a")
+        time.sleep(3.0)
+        assert cluster.procs["a-commitlog"].proc.poll() is None, cluster.procs["a-commitlog"].tail_log()
+        servers.start()
+        assert cluster.master(timeout_s=30) == "a"
+        assert "etcd not reachable yet" in (cluster.root / "a-commitlog.log").read_text(errors="replace")
+    finally:
+        cluster.stop_all()
+        servers.stop()
