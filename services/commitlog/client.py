@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -36,18 +37,24 @@ class RemoteCommitLog:
 
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """The records at ``ranges``, in as many Read calls as the service's per-call bounds
-        need (services.commitlog.read_plan)."""
+        need (services.commitlog.read_plan), sent together."""
+        chunks = plan_reads(ranges)
+        if len(chunks) == 1:
+            return await self._read_chunk(chunks[0])
         out: list[bytes | None] = []
-        for chunk in plan_reads(ranges):
-            offsets, sizes = convert.ranges_to_columns(chunk)
-            reply = await call(
-                self.stub.Read,
-                commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
-                idempotent=True,
-                timeout_s=self.timeout_s,
-            )
-            out += convert.records_or_none(reply.records)
+        for part in await asyncio.gather(*map(self._read_chunk, chunks)):
+            out += part
         return out
+
+    async def _read_chunk(self, chunk: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        offsets, sizes = convert.ranges_to_columns(chunk)
+        reply = await call(
+            self.stub.Read,
+            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return convert.records_or_none(reply.records)
 
     async def tail(
         self,

@@ -10,6 +10,7 @@ whole record at its offset) counts as the largest record.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from libstore.config import RECORD_OVERHEAD_BOUND, StoreConfig
 
@@ -17,6 +18,7 @@ _DEFAULTS = StoreConfig()
 DEFAULT_MAX_RANGES = _DEFAULTS.max_read_ranges_per_call
 DEFAULT_MAX_BYTES = _DEFAULTS.max_read_bytes_per_call
 DEFAULT_RECORD_SIZE = _DEFAULTS.max_message_size + RECORD_OVERHEAD_BOUND
+_SIZE = itemgetter(1)
 
 
 def plan_reads(
@@ -30,6 +32,10 @@ def plan_reads(
     ``max_ranges`` ranges whose sizes (``record_size`` for size 0) add up to at most
     ``max_bytes``; a single range larger than ``max_bytes`` gets a chunk of its own. Empty
     input gives no chunk."""
+    if 0 < len(ranges) <= max_ranges:  # the common case, told by C loops: one chunk
+        sizes = list(map(_SIZE, ranges))
+        if min(sizes) >= 0 and sum(sizes) + sizes.count(0) * record_size <= max_bytes:
+            return [ranges]
     chunks: list[Sequence[tuple[int, int]]] = []
     start = 0
     total = 0

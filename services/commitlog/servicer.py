@@ -47,7 +47,7 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             raise InvalidArgumentError("offsets and sizes must have the same length")
         ranges = list(zip(request.offsets, request.sizes, strict=True))
         records = await self.port.read(ranges, bounded=True)  # maxReadRangesPerCall, maxReadBytesPerCall
-        return commitlog_pb.ReadResponse(records=[r or b"" for r in records])
+        return commitlog_pb.ReadResponse(records=convert.records_or_empty(records))
 
     async def Tail(
         self, request: commitlog_pb.TailRequest, context: grpc.aio.ServicerContext

@@ -240,7 +240,12 @@ class GroupCommitLog:
         answered = False
         for member in members:
             try:
-                got = await member.commitlog.read([ranges[i] for i in missing])
+                if not answered:  # the first member answering gets the ranges as they are
+                    got = await member.commitlog.read(ranges)
+                    if None not in got:  # nearly always: no per-record loop here
+                        return got
+                else:
+                    got = await member.commitlog.read([ranges[i] for i in missing])
             except (StoreError, grpc.RpcError) as exc:
                 if not _unreachable(exc):
                     raise

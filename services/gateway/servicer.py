@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import struct
 import time
 from collections.abc import Sequence
@@ -328,7 +329,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             answered = time.perf_counter()
             selections = [_selection(e) for e in answers]
             # One read for every queue's records (a remote commitlog plans it into bounded calls).
-            ranges = [r for sel in selections for r in sel.ranges()]
+            ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
             raws = await self.commitlog.read(ranges) if ranges else []
             reply = gateway_pb.PullManyResponse()
             start = 0
