@@ -44,12 +44,14 @@ import bisect
 import contextlib
 import itertools
 import logging
+import operator
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import cast
 
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.commit_log_cleaner import CleanCommitLogService
@@ -667,12 +669,9 @@ class CommitLog:
                 phys.extend([pos + delta for pos in positions[i:j]])
                 mf.store_timestamp = store_ts
                 # For retention: the run's topics (libstore.segment_summary).
-                first_key = keys[i]
                 self.summaries.note(
                     mf.file_from_offset,
-                    (first_key[0] if first_key else UNQUEUED,)
-                    if j - i == 1
-                    else {k[0] if k else UNQUEUED for k in keys[i:j]},
+                    _run_topics(keys, i, j),
                     store_ts,
                     positions[j - 1] + delta,
                     base + used,
@@ -691,6 +690,7 @@ class CommitLog:
             store_host=self._store_host,
             failed_status=failed,
             unwaited=frozenset(batch.no_wait) if batch.no_wait else _EVERY_ONE_WAITS,
+            in_log_order=True,
         )
 
     def _rollback_queue_offsets(
@@ -1437,3 +1437,18 @@ def _walk_replica(data: bytes | memoryview, offset: int, room: int) -> tuple[int
     if pos > room:
         raise CorruptRecordError(f"replicated bytes at {offset} overflow their segment")
     return pos, (store_timestamp_at(data, last) if last >= 0 else 0)
+
+
+_TOPIC_OF = operator.itemgetter(0)
+
+
+def _run_topics(keys: list[QueueKey | None], i: int, j: int) -> Iterable[str]:
+    """The topics of records ``i..j-1`` (UNQUEUED for one that takes no queue offset), for the
+    segment summary; C loops when every record has a queue key, as nearly all do."""
+    if j - i == 1:
+        key = keys[i]
+        return (key[0] if key else UNQUEUED,)
+    run = keys[i:j]
+    if None in run:
+        return {k[0] if k else UNQUEUED for k in run}
+    return set(map(_TOPIC_OF, cast("list[QueueKey]", run)))  # no None in the run

@@ -127,6 +127,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         "_store_host",
         "appended",
         "failed_status",
+        "in_log_order",
         "phy_offsets",
         "queue_offsets",
         "sizes",
@@ -146,6 +147,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
         store_host: bytes = b"",
         failed_status: PutMessageStatus = PutMessageStatus.UNKNOWN_ERROR,
         unwaited: frozenset[int] = frozenset(),
+        in_log_order: bool = False,
     ) -> None:
         self.phy_offsets = phy_offsets if phy_offsets is not None else []
         self.sizes = sizes if sizes is not None else []
@@ -157,6 +159,8 @@ class PutMessageResults(Sequence[PutMessageResult]):
         self.store_timestamp = store_timestamp
         self._store_host = store_host
         self.unwaited = unwaited
+        # True when ``phy_offsets`` ascend (one append under the lock): the last record ends furthest.
+        self.in_log_order = in_log_order
 
     def __len__(self) -> int:
         return self._count
@@ -215,7 +219,12 @@ class PutMessageResults(Sequence[PutMessageResult]):
             return None
         phys, sizes, skip = self.phy_offsets, self.sizes, self.unwaited
         if not skip:
+            if self.in_log_order:
+                return phys[n - 1] + sizes[n - 1]
             return max(map(operator.add, phys, sizes[:n]))
+        if self.in_log_order:
+            last = next((i for i in range(n - 1, -1, -1) if i not in skip), None)
+            return None if last is None else phys[last] + sizes[last]
         ends = [phys[i] + sizes[i] for i in range(n) if i not in skip]
         return max(ends) if ends else None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libstore import PutMessageResult, PutMessageResults, PutMessageStatus
 from libstore.message_id import create_message_id, encode_host
@@ -65,3 +67,33 @@ def test_equality_with_lists_of_results():
     assert res == same
     same[1] = PutMessageResult(PutMessageStatus.PUT_OK, 180, 90, 1)
     assert res != same
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=5000), min_size=1, max_size=30),
+    data=st.data(),
+)
+def test_durable_end_of_an_append_in_log_order_is_the_general_answer(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    """One append under the lock gives ascending offsets; its shortcut (the last waiting record
+    ends furthest) answers as the general rule (the furthest end of the waiting records)."""
+    phys = [sum(sizes[:i]) + 4096 for i in range(len(sizes))]
+    appended = data.draw(st.integers(min_value=0, max_value=len(sizes)))
+    unwaited = frozenset(data.draw(st.sets(st.integers(min_value=0, max_value=len(sizes) - 1))))
+
+    def results(in_order: bool) -> PutMessageResults:
+        return PutMessageResults(
+            len(sizes),
+            phy_offsets=phys[:appended],
+            sizes=sizes,
+            queue_offsets=list(range(appended)),
+            unwaited=unwaited,
+            in_log_order=in_order,
+        )
+
+    waiting_ends = [phys[i] + sizes[i] for i in range(appended) if i not in unwaited]
+    expected = max(waiting_ends) if waiting_ends else None
+    assert results(True).durable_end() == expected
+    assert results(False).durable_end() == expected
