@@ -77,6 +77,7 @@ NO_MASTER_LOG_S = 10.0  # how often a group without a master says so
 # A group's first election waits this long (s) for every member it knows of to show up.
 FIRST_ELECTION_GRACE_S = 30.0
 START_WAIT_S = 60.0  # how long a member waits for etcd at start before giving up
+STOP_WAIT_S = 5.0  # how long stop() waits for the loops to end
 
 _LIVE: weakref.WeakSet[ElectionAgent] = weakref.WeakSet()
 _metrics_registered = False
@@ -286,6 +287,7 @@ class ElectionAgent:
         self._last_no_master_log = 0.0
         self._serving: bool | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False  # stop() was called: the loops end at their next turn
         self._changed = asyncio.Event()
         self._session_lock = asyncio.Lock()
         self._last_check = time.monotonic()  # when the check loop last finished a check
@@ -325,13 +327,18 @@ class ElectionAgent:
         ]
 
     async def stop(self) -> None:
-        """Stop taking part: resign leadership, end the session (its keys go with it)."""
+        """Stop taking part: resign leadership, end the session (its keys go with it). Returns
+        within STOP_WAIT_S whatever the loops are doing (a shutdown must not hang on etcd)."""
         _LIVE.discard(self)
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            # Python 3.11's wait_for can swallow a cancellation that meets a finishing call;
+            # the flag ends such a loop at its next turn, and the wait is bounded either way.
+            _, pending = await asyncio.wait(self._tasks, timeout=STOP_WAIT_S)
+            for task in pending:
+                log.error("election: %s did not stop within %.0f s; leaving it", task.get_name(), STOP_WAIT_S)
         self._tasks = []
         # Acknowledge nothing from here on, then let the others elect at once (the lease's keys
         # go with it) instead of after the TTL.
@@ -366,7 +373,7 @@ class ElectionAgent:
     async def _keep_alive(self) -> None:
         """Renew the lease every TTL/3; a lease that expired starts a new session (and ends any
         leadership); one that cannot be renewed in time ends leadership at its deadline."""
-        while True:
+        while not self._stopping:
             sent = time.monotonic()
             renewed = False
             try:
@@ -426,7 +433,7 @@ class ElectionAgent:
 
     # -- the loop -------------------------------------------------------------------------------------
     async def _follow(self) -> None:
-        while True:
+        while not self._stopping:
             lease = self.lease
             try:
                 await self._tick()

@@ -124,7 +124,10 @@ class EtcdCluster:
             i = (self._current + step) % n
             client = self._client(i)
             try:
-                result = await asyncio.wait_for(call(client), self.timeout_s * 2)
+                try:
+                    result = await asyncio.wait_for(call(client), self.timeout_s * 2)
+                finally:
+                    _raise_if_cancelling()
             except _UNREACHABLE as exc:
                 last = exc
                 self._drop(i)
@@ -235,3 +238,13 @@ class EtcdCluster:
             await self._call("lease revoke", lambda c: c.revoke_lease(lease_id))
         except EtcdLeaseNotFoundError:
             log.debug("etcd: lease %x had already expired", lease_id)
+
+
+def _raise_if_cancelling() -> None:
+    """Raise CancelledError when the current task is being cancelled. Python 3.11's wait_for
+    hands back the inner call's result (or its error: a gRPC CANCELLED, an unreachable
+    endpoint) when the cancellation meets a call that just finished, and the caller's loop
+    would go on as if it had not been cancelled."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
