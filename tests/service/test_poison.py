@@ -142,20 +142,8 @@ def test_a_record_a_protocol_cannot_convert_is_moved_aside_not_failing_the_batch
         for body in (b"first", b"unconvertible", b"last"):
             assert producer.send("Mixed", body).all_ok
     wait_derived_caught_up(suite)
-    request = service.ReceiveMessageRequest(
-        group=definition.Resource(name="readers"),
-        message_queue=definition.MessageQueue(topic=definition.Resource(name="Mixed"), id=-1),
-        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
-        batch_size=16,
-        invisible_duration=Duration(seconds=30),
-        long_polling_timeout=Duration(seconds=1),
-    )
+    replies = _receive(suite.address, "readers", "Mixed", "poison-test")
     with grpc.insecure_channel(suite.address) as channel:
-        replies = list(
-            service_grpc.MessagingServiceStub(channel).ReceiveMessage(
-                request, metadata=[("x-mq-client-id", "poison-test")], timeout=10
-            )
-        )
         assert replies[0].status.code == Code.OK
         assert [r.message.body for r in replies if r.HasField("message")] == [b"first", b"last"]
         dead = gateway_grpc.GatewayStub(channel).Pull(
@@ -223,23 +211,29 @@ def test_a_consume_queue_unit_pointing_at_another_record_is_not_delivered_as_its
     with open(path, "r+b") as fh:  # what a torn unit looked like: the offset field of another record
         fh.seek(1 * 20)
         fh.write(first.phy_offset.to_bytes(8, "big"))
-    request = service.ReceiveMessageRequest(
-        group=definition.Resource(name="careful"),
-        message_queue=definition.MessageQueue(topic=definition.Resource(name="Damaged"), id=-1),
-        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
-        batch_size=16,
-        invisible_duration=Duration(seconds=30),
-        long_polling_timeout=Duration(seconds=1),
-    )
-    with grpc.insecure_channel(suite.address) as channel:
-        replies = list(
-            service_grpc.MessagingServiceStub(channel).ReceiveMessage(
-                request, metadata=[("x-mq-client-id", "damaged-test")], timeout=10
-            )
-        )
+    replies = _receive(suite.address, "careful", "Damaged", "damaged-test")
     delivered = [
         (r.message.system_properties.queue_offset, r.message.body) for r in replies if r.HasField("message")
     ]
     assert delivered == [(0, b"zero"), (2, b"two!")]
     assert any("points at the record of 0:0" in r.getMessage() for r in caplog.records)
     assert third.queue_offset == 2
+
+
+def _receive(address: str, group: str, topic: str, client_id: str) -> list[service.ReceiveMessageResponse]:
+    """One RocketMQ 5 ReceiveMessage (up to 16 messages, 1 s long poll) as the official client
+    sends it; every reply of the stream."""
+    request = service.ReceiveMessageRequest(
+        group=definition.Resource(name=group),
+        message_queue=definition.MessageQueue(topic=definition.Resource(name=topic), id=-1),
+        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
+        batch_size=16,
+        invisible_duration=Duration(seconds=30),
+        long_polling_timeout=Duration(seconds=1),
+    )
+    with grpc.insecure_channel(address) as channel:
+        return list(
+            service_grpc.MessagingServiceStub(channel).ReceiveMessage(
+                request, metadata=[("x-mq-client-id", client_id)], timeout=10
+            )
+        )
