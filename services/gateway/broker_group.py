@@ -234,32 +234,32 @@ class GroupCommitLog:
             lowest = min(o for o, _ in ranges)
             if members[0].max_offset - lowest > self.group.slave_read_lag_bytes:
                 members = [*members[1:], members[0]]
-        out: list[bytes | None] = [None] * len(ranges)
-        missing = list(range(len(ranges)))
+        out: list[bytes | None] | None = None  # the first answer; later members fill its gaps
+        missing: list[int] = []
         last: BaseException | None = None
-        answered = False
         for member in members:
             try:
-                if not answered:  # the first member answering gets the ranges as they are
-                    got = await member.commitlog.read(ranges)
-                    if None not in got:  # nearly always: no per-record loop here
-                        return got
-                else:
-                    got = await member.commitlog.read([ranges[i] for i in missing])
+                got = await member.commitlog.read(ranges if out is None else [ranges[i] for i in missing])
             except (StoreError, grpc.RpcError) as exc:
                 if not _unreachable(exc):
                     raise
                 member.mark_down()
                 last = exc
                 continue
-            answered = True
-            for i, raw in zip(missing, got, strict=True):
-                out[i] = raw
-            missing = [i for i in missing if out[i] is None]
+            if out is None:
+                out = got
+                # Nearly always complete: told by a C scan, no per-record loop.
+                missing = [i for i, raw in enumerate(got) if raw is None] if None in got else []
+            else:
+                for i, raw in zip(missing, got, strict=True):
+                    out[i] = raw
+                missing = [i for i in missing if out[i] is None]
             if not missing:
                 break
-        if not answered and last is not None:
-            raise last
+        if out is None:
+            if last is not None:
+                raise last
+            return [None] * len(ranges)
         return out
 
     def tail(
