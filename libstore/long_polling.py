@@ -19,6 +19,8 @@ import contextlib
 import threading
 from collections.abc import Callable, Mapping
 
+from libstore.aio_deadline import wait_within
+
 QueueKey = tuple[str, int]
 ANY_QUEUE = -1  # the queue id of waiters woken by an arrival on any queue of their topic
 
@@ -138,7 +140,7 @@ class LongPollingService:
             if self._max_offset_of(topic, queue_id) > offset:
                 return True
             with contextlib.suppress(TimeoutError):  # held for the whole time: an empty answer
-                await asyncio.wait_for(future, timeout_ms / 1000.0)
+                await wait_within(future, timeout_ms / 1000.0)
             return self._max_offset_of(topic, queue_id) > offset
         finally:
             self._unregister(key, waiter)
@@ -161,7 +163,7 @@ class LongPollingService:
             if arrived is not None and arrived():
                 return True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(future, max(timeout_ms, 0) / 1000.0)
+                await wait_within(future, max(timeout_ms, 0) / 1000.0)
             return True
         finally:
             self._unregister(key, waiter)

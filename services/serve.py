@@ -37,6 +37,7 @@ import grpc
 
 from libstore import BrokerRole, CommitLog, ConfigError, StoreConfig
 from libstore._os import physical_memory
+from libstore.aio_deadline import wait_within
 from services._common.errors import MethodWrapper
 from services._common.process_tuning import tune_allocator, tune_young_collections
 from services._common.remote import open_channel
@@ -459,7 +460,7 @@ class Suite:
     async def wait_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until the suite reports SERVING (derived services caught up)."""
         if self._ready_task is not None:
-            await asyncio.wait_for(asyncio.shield(self._ready_task), timeout_s)
+            await wait_within(asyncio.shield(self._ready_task), timeout_s)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         if self._ready_task is not None:

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 import grpc
 
 from libstore import LogDivergedError, OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
+from libstore.aio_deadline import wait_within
 from libstore.dispatch import CommitLogDispatcher, apply_chunk
 from libstore.log_scanner import scan_buffer
 from libstore.record_codec import DispatchRequest
@@ -207,9 +208,7 @@ class TailFollower:
         """Wait until everything before ``offset`` is applied (True) or ``timeout_s`` passes."""
         async with self._progress:
             try:
-                await asyncio.wait_for(
-                    self._progress.wait_for(lambda: self.reput_offset >= offset), timeout_s
-                )
+                await wait_within(self._progress.wait_for(lambda: self.reput_offset >= offset), timeout_s)
             except TimeoutError:
                 return False
         return True

@@ -28,6 +28,7 @@ import grpc
 from aetcd import transactions as tx
 
 from libstore import ConfigError, ServiceNotAvailableError
+from libstore.aio_deadline import wait_within
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class EtcdCluster:
             client = self._client(i)
             try:
                 try:
-                    result = await asyncio.wait_for(call(client), self.timeout_s * 2)
+                    result = await wait_within(call(client), self.timeout_s * 2)
                 finally:
                     _raise_if_cancelling()
             except _UNREACHABLE as exc:
@@ -171,7 +172,7 @@ class EtcdCluster:
     async def _close_later(self, client: aetcd.Client, i: int) -> None:
         try:
             await asyncio.sleep(self.timeout_s * 3)
-            await asyncio.wait_for(client.close(), self.timeout_s)
+            await wait_within(client.close(), self.timeout_s)
         except Exception:  # a client that cannot even close is dropped all the same
             log.debug("etcd: closing the client of %s:%d failed", *self.endpoints[i], exc_info=True)
         finally:
@@ -187,7 +188,7 @@ class EtcdCluster:
             self._clients[i] = None
             if client is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.close(), self.timeout_s)
+                    await wait_within(client.close(), self.timeout_s)
 
     # -- keys ---------------------------------------------------------------------------------------
     async def read_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:

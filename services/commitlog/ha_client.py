@@ -28,6 +28,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception, retry_if_exception_type, wait_random_exponential
 
 from libstore import CommitLog, NotMasterError, RoleSwitchError, StoreError
+from libstore.aio_deadline import wait_within
 from libstore.ha_state import EpochEntry
 from services._common import convert
 from services._common.remote import open_channel, reraise_mapped
@@ -196,7 +197,7 @@ class ReplicationClient:
             self.master_address = found
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> ha_pb.MasterFrame:
-        frame = await asyncio.wait_for(call.read(), self.config.ha_housekeeping_interval / 1000.0)
+        frame = await wait_within(call.read(), self.config.ha_housekeeping_interval / 1000.0)
         if frame is grpc.aio.EOF:
             await call  # raises the status the master ended with
             raise _SessionEnded("the master closed the replication stream")

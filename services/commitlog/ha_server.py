@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from libstore import BrokerRole, CommitLog, InvalidArgumentError, NotMasterError
+from libstore.aio_deadline import wait_within
 from libstore.ha_service import HAConnection
 from libstore.ha_state import EpochEntry, find_consistent_point
 from services._common import convert
@@ -67,7 +68,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
         cfg = self.config
         reports = request_iterator.__aiter__()
         try:
-            first = await asyncio.wait_for(reports.__anext__(), cfg.ha_housekeeping_interval / 1000.0)
+            first = await wait_within(reports.__anext__(), cfg.ha_housekeeping_interval / 1000.0)
         except (StopAsyncIteration, TimeoutError):
             return
         if first.WhichOneof("kind") != "hello":
@@ -215,7 +216,7 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
                 )
                 continue
             try:
-                await asyncio.wait_for(wake.wait(), heartbeat_s)
+                await wait_within(wake.wait(), heartbeat_s)
             except TimeoutError:
                 yield ha_pb.MasterFrame(
                     data=ha_pb.ReplicaData(

@@ -40,6 +40,7 @@ from libstore import (
     PutMessageStatus,
     TopicConfig,
 )
+from libstore.aio_deadline import wait_within
 from libstore.commit_log_cleaner import used_share
 from libstore.log_scanner import scan_buffer
 from libstore.message import waits_for_store
@@ -339,7 +340,7 @@ class LocalCommitLog:
                 if future.done():
                     status = future.result()
                 else:
-                    status = await asyncio.wait_for(
+                    status = await wait_within(
                         asyncio.wrap_future(future), self.log.config.slave_timeout / 1000.0
                     )
             except TimeoutError:

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable
 
 from libstore import Message, PutMessageStatus
+from libstore.aio_deadline import wait_within
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import NotMasterError, ServiceNotAvailableError, StoreError
@@ -135,7 +136,7 @@ class PopJournal:
     async def close(self, timeout_s: float = 5.0) -> None:
         """Stop; first snapshot the state if everything made was appended and read back."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._snapshot(), timeout_s)
+            await wait_within(self._snapshot(), timeout_s)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -340,7 +341,7 @@ class PopJournal:
             if not moved:
                 self._arrived.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrived.wait(), POLL_S * 4)
+                    await wait_within(self._arrived.wait(), POLL_S * 4)
 
     async def _read_once(self) -> int:
         """Fold in (or pass over) the journal units past the state's position; returns how many."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from libstore.aio_deadline import wait_within
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import (
@@ -218,4 +219,4 @@ class TimerService:
             if nxt is not None and wait:
                 wait = min(wait, max(0.0, (nxt - self.clock()) / 1000.0))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+                await wait_within(stop.wait(), wait)

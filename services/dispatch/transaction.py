@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
+from libstore.aio_deadline import wait_within
 from libstore.consume_queue import BLANK_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import (
@@ -312,7 +313,7 @@ class TransactionService:
         period_s = min(5.0, max(0.2, self.interval_ms / 2000.0))
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period_s)
+                await wait_within(stop.wait(), period_s)
             if stop.is_set():
                 return
             try:

@@ -74,11 +74,13 @@ def test_a_call_that_is_not_cancelled_answers() -> None:
 
 
 def test_the_scenario_is_the_lost_cancellation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the check, Python 3.11 hands the finished call's result to the cancelled task
-    (3.12's wait_for raises instead), so the tests above exercise the real case."""
+    """With asyncio.wait_for in place of wait_within and without the check after the call,
+    Python 3.11 hands the finished call's result to the cancelled task (3.12's wait_for raises
+    instead), so the tests above exercise the real case."""
     import services.commitlog.etcd as etcd
 
     monkeypatch.setattr(etcd, "_raise_if_cancelling", lambda: None)
+    monkeypatch.setattr(etcd, "wait_within", asyncio.wait_for)
     ended = _cancel_as_the_call_finishes(7)
     if sys.version_info >= (3, 12):
         assert isinstance(ended, asyncio.CancelledError)
