@@ -23,6 +23,11 @@ from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig
 
+# A popped delivery that never reached its receiver (the receive was cancelled, the client went
+# away) is made visible again this much later, ms, instead of after its whole invisible time:
+# the NACK_INVISIBLE_TIME of RocketMQ's proxy.
+NACK_INVISIBLE_MS = 1000
+
 
 @dataclass(frozen=True)
 class LogOffsets:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from libstore import Message
+from libstore.aio_deadline import wait_within
 from libstore.consume_queue import ConsumeQueue
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
@@ -58,7 +59,7 @@ from libstore.system_topics import QUARANTINE_TOPIC
 from services._common.telemetry import meter, tracer
 from services.dispatch.pop_journal import PopJournal
 from services.dispatch.receipt_signer import ReceiptSigner
-from services.ports import CommitLogPort, PoppedMessage, PopResult
+from services.ports import NACK_INVISIBLE_MS, CommitLogPort, PoppedMessage, PopResult
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class PopService:
         self.journal = PopJournal(self.state, queues, commitlog, reput_offset)
         self.groups = SubscriptionGroupManager(Path(root) / "config" / "subscriptionGroup.json")
         self._rotation = itertools.count()
+        self._background: set[asyncio.Task[None]] = set()
         self._tracer = tracer("mqstore.dispatch")
         self._quarantined = meter("mqstore.dispatch").create_counter(
             "mqstore.dispatch.quarantined",
@@ -163,10 +165,14 @@ class PopService:
                 await self.journal.ready()
                 before = self._topic_max_offsets(topic)
                 popped = self._pop_once(group, topic, queue_id, filt, max_count, invisible_ms, config)
-                await self.journal.commit()
                 live = [p for p in popped if not p.dead]
-                if len(live) < len(popped):
-                    await self._forward(group, [p for p in popped if p.dead])
+                try:
+                    await self.journal.commit()
+                    if len(live) < len(popped):
+                        await self._forward(group, [p for p in popped if p.dead])
+                except asyncio.CancelledError:
+                    self._abandon(group, topic, live)  # the caller went away with them
+                    raise
                 now = self.clock()
                 if live or now >= deadline:
                     span.set_attribute("mqstore.messages", len(live))
@@ -185,6 +191,28 @@ class PopService:
                 if not held:  # maxHeldPolls are held already: answer now, empty
                     span.add_event("long polling refused")
                     return PopResult([], fifo=config.consume_message_orderly)
+
+    def _abandon(self, group: str, topic: str, taken: Sequence[Popped]) -> None:
+        """Deliveries taken for a caller that went away before they were answered (a receive
+        cancelled by its client's disconnect): visible again after ``NACK_INVISIBLE_MS``
+        instead of their whole invisible time, as RocketMQ's proxy nacks a message it could not
+        write to the client. The change records go to the journal in the background."""
+        if not taken:
+            return
+        now = self.clock()
+        for p in taken:
+            with contextlib.suppress(StoreError):  # finished meanwhile: nothing to give back
+                self.state.change_invisible(group, topic, p.handle, NACK_INVISIBLE_MS, now)
+        task = asyncio.create_task(self._commit_abandoned(topic))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _commit_abandoned(self, topic: str) -> None:
+        try:
+            await self.journal.commit()
+        except StoreError as exc:  # they come back after their original invisible time
+            log.warning("abandoned deliveries of %s were not journaled: %s", topic, exc)
+        self.long_polling.wake_topic(topic)
 
     def _topic_max_offsets(self, topic: str) -> tuple[int, ...]:
         return tuple(cq.max_offset_in_queue for cq in self.queues.queues_of(topic))
@@ -374,7 +402,7 @@ class PopService:
             except Exception:
                 log.exception("pop revive failed; retrying in %.0f s", REVIVE_INTERVAL_S)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), REVIVE_INTERVAL_S)
+                await wait_within(stop.wait(), REVIVE_INTERVAL_S)
 
     # -- groups ---------------------------------------------------------------------------------------
     async def upsert_group(self, config: SubscriptionGroupConfig) -> SubscriptionGroupConfig:

@@ -71,7 +71,7 @@ from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSession, ClientSessions
 from services.gateway.servicer import TopicCache
 from services.gateway.signature import authenticate_v2, metadata_dict
-from services.ports import CommitLogPort, DispatchPort, TransactionCheck
+from services.ports import NACK_INVISIBLE_MS, CommitLogPort, DispatchPort, TransactionCheck
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -515,24 +515,52 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def ReceiveMessage(
         self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[service.ReceiveMessageResponse]:
+        """What was popped for a call that does not get its answer out (the client cancelled
+        or went away meanwhile, or the answer failed) is given back: visible again in
+        NACK_INVISIBLE_MS, as RocketMQ's proxy nacks a message it could not write, instead of
+        hidden for its whole invisible time. A cancellation while the pop waits or the records
+        are read lands here at once; one while grpc.aio sends a yielded response, when the
+        abandoned generator is closed."""
         ns = _metadata(context, NAMESPACE_HEADER)
+        taken: list[str] = []  # receipt handles popped for this call
+        answered = False
         try:
-            if ns:
-                namespace.wrap_request(request)
-            responses = await self._receive(request, context)
-        except Exception as exc:
-            responses = [
-                service.ReceiveMessageResponse(status=_error_status(exc, "ReceiveMessage")),
-                service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
-            ]
-        for r in responses:
-            if ns:
-                namespace.unwrap_response(r, ns)
-            yield r
+            try:
+                if ns:
+                    namespace.wrap_request(request)
+                responses = await self._receive(request, context, taken)
+            except Exception as exc:
+                if taken:  # popped, then failed before any of it was answered: not delivered
+                    self._give_back(request.group.name, request.message_queue.topic.name, taken)
+                    taken = []
+                responses = [
+                    service.ReceiveMessageResponse(status=_error_status(exc, "ReceiveMessage")),
+                    service.ReceiveMessageResponse(delivery_timestamp=convert.timestamp_ms(_now_ms())),
+                ]
+            for r in responses:
+                if ns:
+                    namespace.unwrap_response(r, ns)
+                yield r
+            answered = True
+        finally:
+            if taken and not answered:
+                self._give_back(request.group.name, request.message_queue.topic.name, taken)
+
+    def _give_back(self, group: str, topic: str, handles: list[str]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(
+                self.renewer.give_back(group, topic, handles, NACK_INVISIBLE_MS)
+            )
+        except RuntimeError:  # closed with the loop gone (shutdown): back after their invisible time
+            return
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     async def _receive(
-        self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+        self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext, taken: list[str]
     ) -> list[service.ReceiveMessageResponse]:
+        """The responses of one receive; the receipt handles it pops are added to ``taken``
+        as soon as the pop returns."""
         group = request.group.name
         if not group:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
@@ -579,6 +607,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                     invisible_ms=invisible_ms,
                     wait_ms=wait_ms if may_hold else 0,
                 )
+            taken.extend(m.receipt_handle for m in result.messages)
             if wait_ms and not may_hold and not result.messages:
                 raise V2Error(
                     Code.TOO_MANY_REQUESTS,

@@ -125,6 +125,21 @@ class HandleRenewer:
             log.info("released %d deliveries of client %s, which went away", released, client_id)
         return released
 
+    async def give_back(self, group: str, topic: str, handles: Sequence[str], invisible_ms: int) -> int:
+        """Deliveries first handed out as ``handles`` that never reached their receiver (its
+        receive was cancelled while they were being written): stop renewing them and make each
+        visible again in ``invisible_ms``; returns how many were (one acked or dead-lettered
+        meanwhile is left alone)."""
+        given = 0
+        async with self.settling(handles) as current:
+            for handle in current:
+                try:
+                    await self.dispatch.change_invisible(group, topic, handle, invisible_ms)
+                    given += 1
+                except Exception as exc:
+                    log.debug("giving back %s failed: %s", handle, exc)
+        return given
+
     async def renew_due(self) -> int:
         """Renew every delivery that becomes visible within ``ahead_ms``; returns how many."""
         now = self.clock()
