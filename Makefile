@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 test: lint test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 # The election tests (tests/service/test_election.py) start their own etcd members from Debian's
 # etcd-server package on 127.0.0.1 (as root, else through sudo); a system etcd it may start is
