@@ -1,0 +1,286 @@
+"""TransientMessageStore: the records of transient messages, held in memory, never flushed.
+
+A transient message (RabbitMQ's delivery mode 1; issue "Durability classes") is acknowledged
+once it is here. Its record, in the CommitLog's record layout, lives in this store under a *key*:
+the CommitLog offset of the small stub record that gives it its place in the log (the stub is
+what dispatch, the ConsumeQueue and the index see; keys only grow, and a key is never reused,
+even after a restart, because CommitLog offsets are not). What this store holds is gone after a
+restart or a failover: a key it does not know reads as removed.
+
+Memory is bounded by ``max_bytes`` (``transientStoreMaxBytes``). Past ``high_water`` of it the
+oldest records are paged out, oldest first, to scratch files under ``scratch_dir`` (segments of
+``scratch_segment_bytes``, deleted when the store opens and when their last record is
+released) until memory is back under ``low_water``. Past ``scratch_max_bytes`` of scratch too, a
+put is refused with SystemBusyError (RocketMQ's SYSTEM_BUSY, RabbitMQ's memory alarm): the
+store never queues without bound. Records are released in key order, when the CommitLog's
+retention deletes the segment their stubs were in (:meth:`release_below`), and cut when the log
+is truncated under them (:meth:`truncate_from`).
+
+Thread-safety: every method may be called from any thread (one lock; page-out writes happen
+under it, in the put that crossed the high-water mark).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from libstore.errors import InvalidArgumentError, StoreIOError, SystemBusyError
+
+DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class _Paged:
+    """Where a paged-out record is: scratch segment ``segment``, ``position``, ``size`` bytes."""
+
+    segment: int
+    position: int
+    size: int
+
+
+class _Segment:
+    """One scratch file, written append-only; deleted once none of its records is held."""
+
+    def __init__(self, path: Path, number: int) -> None:
+        self.number = number
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self.written = 0
+        self.live = 0  # records of this segment still held
+
+    def close_and_delete(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+
+class TransientMessageStore:
+    """Transient records by key (module doc). Sizes in bytes; ``high_water`` and ``low_water``
+    are fractions of ``max_bytes``. Raises InvalidArgumentError for bounds that do not fit."""
+
+    def __init__(
+        self,
+        scratch_dir: Path,
+        max_bytes: int,
+        *,
+        scratch_max_bytes: int,
+        high_water: float = 0.75,
+        low_water: float = 0.5,
+        scratch_segment_bytes: int = DEFAULT_SCRATCH_SEGMENT_BYTES,
+    ) -> None:
+        if max_bytes <= 0 or scratch_max_bytes < 0 or scratch_segment_bytes <= 0:
+            raise InvalidArgumentError("transient store sizes must be positive")
+        if not 0 < low_water < high_water <= 1:
+            raise InvalidArgumentError("transient store water marks must satisfy 0 < low < high <= 1")
+        self.max_bytes = max_bytes
+        self.scratch_max_bytes = scratch_max_bytes
+        self.high_water_bytes = int(max_bytes * high_water)
+        self.low_water_bytes = int(max_bytes * low_water)
+        self.scratch_segment_bytes = scratch_segment_bytes
+        self.scratch_dir = Path(scratch_dir)
+        self._lock = threading.Lock()
+        self._keys: list[int] = []  # ascending; index i holds self._records[i]
+        self._records: list[bytes | _Paged] = []
+        self._first = 0  # index of the oldest held record (released ones stay until compaction)
+        self._first_in_memory = 0  # index of the oldest record not paged out
+        self._segments: dict[int, _Segment] = {}
+        self._writing: _Segment | None = None
+        self.memory_bytes = 0
+        self.scratch_bytes = 0  # bytes of scratch files not deleted yet
+        self.refused = 0  # puts refused with SystemBusyError
+        self._open_scratch_dir()
+
+    def _open_scratch_dir(self) -> None:
+        """Start empty: what a previous run paged out is of no use (module doc)."""
+        try:
+            self.scratch_dir.mkdir(parents=True, exist_ok=True)
+            for stale in self.scratch_dir.glob("*.scratch"):
+                stale.unlink()
+        except OSError as exc:
+            raise StoreIOError(
+                f"cannot prepare the transient scratch directory {self.scratch_dir}: {exc}"
+            ) from exc
+
+    # -- writing -------------------------------------------------------------------------------------
+    def put(self, key: int, record: bytes) -> None:
+        """Hold ``record`` under ``key``, which must be above every key held before. Raises
+        SystemBusyError when neither memory nor scratch has room (nothing is held then),
+        InvalidArgumentError for a key out of order."""
+        self.put_many([(key, record)])
+
+    def put_many(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """:meth:`put` of each ``(key, record)``, all or none."""
+        if not entries:
+            return
+        size = sum(len(r) for _, r in entries)
+        with self._lock:
+            last = self._keys[-1] if len(self._keys) > self._first else -1
+            for key, _ in entries:
+                if key <= last:
+                    raise InvalidArgumentError(f"transient key {key} is not above the last one held ({last})")
+                last = key
+            if self.memory_bytes + size > self.max_bytes and not self._page_out_locked(
+                self.memory_bytes + size - self.low_water_bytes
+            ):
+                self.refused += 1
+                raise SystemBusyError(
+                    f"the transient store is full ({self.memory_bytes} bytes in memory, "
+                    f"{self.scratch_bytes} paged out; transientStoreMaxBytes {self.max_bytes})",
+                    retry_after_ms=200,
+                )
+            for key, record in entries:
+                self._keys.append(key)
+                self._records.append(bytes(record))
+            self.memory_bytes += size
+            if self.memory_bytes > self.high_water_bytes:
+                self._page_out_locked(self.memory_bytes - self.low_water_bytes)
+
+    def _page_out_locked(self, wanted: int) -> bool:
+        """Write the oldest in-memory records to scratch until ``wanted`` bytes of memory are
+        freed; False (nothing written) when the scratch cannot take that much."""
+        if wanted <= 0:
+            return True
+        batch: list[int] = []
+        freed = 0
+        i = max(self._first_in_memory, self._first)
+        while freed < wanted and i < len(self._records):
+            rec = self._records[i]
+            assert isinstance(rec, bytes)
+            batch.append(i)
+            freed += len(rec)
+            i += 1
+        if freed < wanted or self.scratch_bytes + freed > self.scratch_max_bytes:
+            return False
+        for index in batch:
+            rec = self._records[index]
+            assert isinstance(rec, bytes)
+            self._records[index] = self._write_scratch(rec)
+        self.memory_bytes -= freed
+        self._first_in_memory = i
+        return True
+
+    def _write_scratch(self, record: bytes) -> _Paged:
+        seg = self._writing
+        if seg is None or (seg.written + len(record) > self.scratch_segment_bytes and seg.written):
+            number = (max(self._segments) + 1) if self._segments else 0
+            seg = self._writing = _Segment(self.scratch_dir / f"{number:08d}.scratch", number)
+            self._segments[number] = seg
+        try:
+            view = memoryview(record)
+            position = seg.written
+            while view:
+                done = os.pwrite(seg.fd, view, seg.written)
+                view = view[done:]
+                seg.written += done
+        except OSError as exc:
+            raise StoreIOError(f"cannot page transient records out to {seg.path}: {exc}") from exc
+        seg.live += 1
+        self.scratch_bytes += len(record)
+        return _Paged(seg.number, position, len(record))
+
+    # -- reading -------------------------------------------------------------------------------------
+    def get(self, key: int) -> bytes | None:
+        """The record held under ``key``, or None (never held, released, or lost with a
+        restart: a removed message)."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Iterable[int]) -> list[bytes | None]:
+        """:meth:`get` of each key."""
+        out: list[bytes | None] = []
+        with self._lock:
+            for key in keys:
+                i = bisect.bisect_left(self._keys, key, self._first)
+                if i == len(self._keys) or self._keys[i] != key:
+                    out.append(None)
+                    continue
+                rec = self._records[i]
+                out.append(rec if isinstance(rec, bytes) else self._read_scratch(rec))
+        return out
+
+    def _read_scratch(self, where: _Paged) -> bytes:
+        seg = self._segments[where.segment]
+        try:
+            data = os.pread(seg.fd, where.size, where.position)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read a paged-out transient record from {seg.path}: {exc}") from exc
+        if len(data) != where.size:
+            raise StoreIOError(f"{seg.path} ends inside a paged-out transient record")
+        return data
+
+    # -- releasing -----------------------------------------------------------------------------------
+    def release_below(self, key: int) -> int:
+        """Drop every record whose key is below ``key`` (their stubs' CommitLog segment was
+        deleted); returns how many. Scratch segments left without records are deleted."""
+        with self._lock:
+            end = bisect.bisect_left(self._keys, key, self._first)
+            released = self._drop_locked(range(self._first, end))
+            self._first = end
+            self._first_in_memory = max(self._first_in_memory, end)
+            self._compact_locked()
+            return released
+
+    def truncate_from(self, key: int) -> int:
+        """Drop every record whose key is ``key`` or above (the CommitLog was cut there: a
+        failover's truncation); returns how many."""
+        with self._lock:
+            start = bisect.bisect_left(self._keys, key, self._first)
+            released = self._drop_locked(range(start, len(self._keys)))
+            del self._keys[start:]
+            del self._records[start:]
+            self._first_in_memory = min(self._first_in_memory, start)
+            return released
+
+    def _drop_locked(self, indexes: range) -> int:
+        for i in indexes:
+            rec = self._records[i]
+            if isinstance(rec, bytes):
+                self.memory_bytes -= len(rec)
+                continue
+            seg = self._segments[rec.segment]
+            seg.live -= 1
+            if seg.live == 0 and seg is not self._writing:
+                self._delete_segment(seg)
+        if self._writing is not None and self._writing.live == 0:
+            self._delete_segment(self._writing)
+            self._writing = None
+        return len(indexes)
+
+    def _delete_segment(self, seg: _Segment) -> None:
+        del self._segments[seg.number]
+        self.scratch_bytes -= seg.written
+        seg.close_and_delete()
+
+    def _compact_locked(self) -> None:
+        """Forget released slots once they are half the lists (amortized O(1) per record)."""
+        if self._first > 1024 and self._first * 2 > len(self._keys):
+            del self._keys[: self._first]
+            del self._records[: self._first]
+            self._first_in_memory -= self._first
+            self._first = 0
+
+    # -- state ---------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._keys) - self._first
+
+    @property
+    def paged_out(self) -> int:
+        """How many held records are in scratch files."""
+        with self._lock:
+            return max(0, self._first_in_memory - self._first)
+
+    def close(self) -> None:
+        """Drop everything and delete the scratch files (a transient record never outlives
+        its process)."""
+        with self._lock:
+            for seg in list(self._segments.values()):
+                self._delete_segment(seg)
+            self._writing = None
+            self._keys.clear()
+            self._records.clear()
+            self._first = self._first_in_memory = 0
+            self.memory_bytes = 0
