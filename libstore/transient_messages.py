@@ -23,6 +23,7 @@ under it, in the put that crossed the high-water mark).
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libstore.errors import InvalidArgumentError, StoreIOError, SystemBusyError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
 
@@ -84,9 +87,10 @@ class TransientMessageStore:
         self.scratch_dir = Path(scratch_dir)
         self._lock = threading.Lock()
         self._keys: list[int] = []  # ascending; index i holds self._records[i]
-        self._records: list[bytes | _Paged] = []
+        self._records: list[bytes | _Paged | None] = []  # None: released
         self._first = 0  # index of the oldest held record (released ones stay until compaction)
         self._first_in_memory = 0  # index of the oldest record not paged out
+        self._last_key = -1  # keys put must be above it (it goes back only with truncate_from)
         self._segments: dict[int, _Segment] = {}
         self._writing: _Segment | None = None
         self.memory_bytes = 0
@@ -107,7 +111,8 @@ class TransientMessageStore:
 
     # -- writing -------------------------------------------------------------------------------------
     def put(self, key: int, record: bytes) -> None:
-        """Hold ``record`` under ``key``, which must be above every key held before. Raises
+        """Hold ``record`` under ``key``, which must be above every key put before (since the
+        last :meth:`truncate_from` below it). Raises
         SystemBusyError when neither memory nor scratch has room (nothing is held then),
         InvalidArgumentError for a key out of order."""
         self.put_many([(key, record)])
@@ -118,14 +123,14 @@ class TransientMessageStore:
             return
         size = sum(len(r) for _, r in entries)
         with self._lock:
-            last = self._keys[-1] if len(self._keys) > self._first else -1
+            last = self._last_key
             for key, _ in entries:
                 if key <= last:
-                    raise InvalidArgumentError(f"transient key {key} is not above the last one held ({last})")
+                    raise InvalidArgumentError(f"transient key {key} is not above the last one put ({last})")
                 last = key
-            if self.memory_bytes + size > self.max_bytes and not self._page_out_locked(
-                self.memory_bytes + size - self.low_water_bytes
-            ):
+            if self.memory_bytes + size > self.max_bytes:
+                self._page_out_locked(self.memory_bytes + size - self.low_water_bytes)
+            if self.memory_bytes + size > self.max_bytes:
                 self.refused += 1
                 raise SystemBusyError(
                     f"the transient store is full ({self.memory_bytes} bytes in memory, "
@@ -135,49 +140,48 @@ class TransientMessageStore:
             for key, record in entries:
                 self._keys.append(key)
                 self._records.append(bytes(record))
+            self._last_key = last
             self.memory_bytes += size
             if self.memory_bytes > self.high_water_bytes:
                 self._page_out_locked(self.memory_bytes - self.low_water_bytes)
 
-    def _page_out_locked(self, wanted: int) -> bool:
-        """Write the oldest in-memory records to scratch until ``wanted`` bytes of memory are
-        freed; False (nothing written) when the scratch cannot take that much."""
-        if wanted <= 0:
-            return True
-        batch: list[int] = []
+    def _page_out_locked(self, wanted: int) -> int:
+        """Write the oldest in-memory records to scratch, one by one, until ``wanted`` bytes of
+        memory are freed, the scratch bound would be passed, or a write fails (logged: the
+        records stay in memory, and a put that still does not fit is refused). Returns the
+        bytes freed; the bookkeeping is exact after each record."""
         freed = 0
         i = max(self._first_in_memory, self._first)
         while freed < wanted and i < len(self._records):
             rec = self._records[i]
             assert isinstance(rec, bytes)
-            batch.append(i)
+            if self.scratch_bytes + len(rec) > self.scratch_max_bytes:
+                break
+            try:
+                self._records[i] = self._write_scratch(rec)
+            except OSError as exc:
+                log.warning("cannot page transient records out to %s: %s", self.scratch_dir, exc)
+                break
             freed += len(rec)
+            self.memory_bytes -= len(rec)
             i += 1
-        if freed < wanted or self.scratch_bytes + freed > self.scratch_max_bytes:
-            return False
-        for index in batch:
-            rec = self._records[index]
-            assert isinstance(rec, bytes)
-            self._records[index] = self._write_scratch(rec)
-        self.memory_bytes -= freed
-        self._first_in_memory = i
-        return True
+            self._first_in_memory = i
+        return freed
 
     def _write_scratch(self, record: bytes) -> _Paged:
+        """Append ``record`` to the scratch segment being written (a new one when it is full).
+        Raises OSError with nothing counted: a partial write is overwritten by the next one."""
         seg = self._writing
         if seg is None or (seg.written + len(record) > self.scratch_segment_bytes and seg.written):
             number = (max(self._segments) + 1) if self._segments else 0
-            seg = self._writing = _Segment(self.scratch_dir / f"{number:08d}.scratch", number)
-            self._segments[number] = seg
-        try:
-            view = memoryview(record)
-            position = seg.written
-            while view:
-                done = os.pwrite(seg.fd, view, seg.written)
-                view = view[done:]
-                seg.written += done
-        except OSError as exc:
-            raise StoreIOError(f"cannot page transient records out to {seg.path}: {exc}") from exc
+            seg = _Segment(self.scratch_dir / f"{number:08d}.scratch", number)
+            self._segments[number] = self._writing = seg
+        position = seg.written
+        view = memoryview(record)
+        while view:
+            done = os.pwrite(seg.fd, view, position + len(record) - len(view))
+            view = view[done:]
+        seg.written += len(record)
         seg.live += 1
         self.scratch_bytes += len(record)
         return _Paged(seg.number, position, len(record))
@@ -198,6 +202,7 @@ class TransientMessageStore:
                     out.append(None)
                     continue
                 rec = self._records[i]
+                assert rec is not None, "a held slot"
                 out.append(rec if isinstance(rec, bytes) else self._read_scratch(rec))
         return out
 
@@ -232,11 +237,15 @@ class TransientMessageStore:
             del self._keys[start:]
             del self._records[start:]
             self._first_in_memory = min(self._first_in_memory, start)
+            self._last_key = min(self._last_key, key - 1)  # the log goes on from the cut
             return released
 
     def _drop_locked(self, indexes: range) -> int:
         for i in indexes:
             rec = self._records[i]
+            self._records[i] = None  # the bytes go now, the slot at the next compaction
+            if rec is None:
+                continue
             if isinstance(rec, bytes):
                 self.memory_bytes -= len(rec)
                 continue
@@ -283,4 +292,5 @@ class TransientMessageStore:
             self._keys.clear()
             self._records.clear()
             self._first = self._first_in_memory = 0
+            self._last_key = -1
             self.memory_bytes = 0

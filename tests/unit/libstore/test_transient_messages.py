@@ -94,6 +94,60 @@ def test_a_new_store_deletes_what_an_earlier_run_paged_out(tmp_path: Path) -> No
     assert second.get_many(range(10)) == [None] * 10
 
 
+def test_a_failed_page_out_keeps_the_records_in_memory_and_the_counts_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scratch disk fails (ENOSPC) in the middle of a page-out: what was written counts as
+    paged out, the rest stays in memory, a put that still fits is held and one that does not
+    is refused; once the disk is back, paging goes on."""
+    import errno
+
+    import libstore.transient_messages as module
+
+    store = _store(tmp_path)
+    real_pwrite = module.os.pwrite
+    writes = 0
+
+    def failing_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        nonlocal writes
+        writes += 1
+        if writes >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(module.os, "pwrite", failing_pwrite)
+    for key in range(8):  # the eighth crosses the high-water mark: one record gets out
+        store.put(key, _record(key))
+    assert store.paged_out == 1 and store.memory_bytes == 700 and store.scratch_bytes == 100
+    store.put_many([(8, _record(8)), (9, _record(9))])  # 900 + 100: still within 1000
+    assert store.memory_bytes == 900
+    with pytest.raises(SystemBusyError):
+        store.put(10, _record(10, 200))
+    assert store.get_many(range(11)) == [_record(k) for k in range(10)] + [None]
+    monkeypatch.setattr(module.os, "pwrite", real_pwrite)
+    store.put(10, _record(10))
+    assert store.memory_bytes <= 500 and store.get_many(range(11)) == [_record(k) for k in range(11)]
+
+
+def test_a_batch_fits_once_everything_older_is_paged_out(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put(1, _record(1, 400))
+    store.put(2, _record(2, 650))  # 1050 > 1000: the 400 go to scratch first
+    assert store.memory_bytes == 650 and store.scratch_bytes == 400
+    assert store.get_many([1, 2]) == [_record(1, 400), _record(2, 650)]
+
+
+def test_keys_never_go_back_except_after_a_cut(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.put_many([(10, b"a"), (20, b"b")])
+    store.release_below(100)
+    with pytest.raises(InvalidArgumentError):
+        store.put(15, b"reused")  # released is not forgotten: a CommitLog offset comes once
+    store.truncate_from(15)  # the log was cut at 15: its offsets are written again
+    store.put(15, b"rewritten")
+    assert store.get(15) == b"rewritten"
+
+
 def test_bounds_that_cannot_work_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError):
         TransientMessageStore(tmp_path, 0, scratch_max_bytes=1)
