@@ -64,6 +64,7 @@ from services.ports import NACK_INVISIBLE_MS, CommitLogPort, PoppedMessage, PopR
 log = logging.getLogger(__name__)
 
 REVIVE_INTERVAL_S = 1.0
+CLOSE_WAIT_S = 5.0  # how long close() waits for background journal commits
 QUARANTINE_REASON = "QUARANTINE_REASON"  # on a parked copy: why it could not be delivered or dead-lettered
 QUARANTINE_GROUP = "QUARANTINE_GROUP"  # the consumer group it was parked for
 ORIGIN_QUEUE = "ORIGIN_QUEUE"  # "<queue id>:<queue offset>:<CommitLog offset>" of the original
@@ -129,6 +130,10 @@ class PopService:
         self.journal.start()
 
     async def close(self) -> None:
+        if self._background:  # abandoned deliveries being journaled: before the journal stops
+            await asyncio.wait(list(self._background), timeout=CLOSE_WAIT_S)
+            for task in list(self._background):
+                task.cancel()
         await self.journal.close()
 
     # -- pop ----------------------------------------------------------------------------------------

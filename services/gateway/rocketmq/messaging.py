@@ -515,14 +515,15 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     async def ReceiveMessage(
         self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[service.ReceiveMessageResponse]:
-        """What was popped for a call that does not get its answer out (the client cancelled
-        or went away meanwhile, or the answer failed) is given back: visible again in
+        """What was popped for a call that does not get it out (the client cancelled or went
+        away meanwhile, or the answer failed) is given back: visible again in
         NACK_INVISIBLE_MS, as RocketMQ's proxy nacks a message it could not write, instead of
-        hidden for its whole invisible time. A cancellation while the pop waits or the records
-        are read lands here at once; one while grpc.aio sends a yielded response, when the
-        abandoned generator is closed."""
+        hidden for its whole invisible time; messages already sent are not. A cancellation
+        while the pop waits or the records are read lands here at once; one while grpc.aio
+        sends a yielded response, when the abandoned generator is closed."""
         ns = _metadata(context, NAMESPACE_HEADER)
         taken: list[str] = []  # receipt handles popped for this call
+        sent: set[str] = set()  # those of messages grpc.aio has sent
         answered = False
         try:
             try:
@@ -541,10 +542,14 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                 if ns:
                     namespace.unwrap_response(r, ns)
                 yield r
+                if taken and r.HasField("message"):  # resumed: grpc.aio has sent it
+                    sent.add(r.message.system_properties.receipt_handle)
             answered = True
         finally:
             if taken and not answered:
-                self._give_back(request.group.name, request.message_queue.topic.name, taken)
+                rest = [h for h in taken if h not in sent]
+                if rest:
+                    self._give_back(request.group.name, request.message_queue.topic.name, rest)
 
     def _give_back(self, group: str, topic: str, handles: list[str]) -> None:
         try:
