@@ -320,6 +320,28 @@ def v2_signed(
     ]
 
 
+def v2_receive_request(
+    topic: str, group: str, *, batch: int = 16, invisible_ms: int = 30_000, wait_ms: int = 1000
+) -> Any:
+    """A RocketMQ 5 ReceiveMessageRequest as the official client sends it (any queue, TAG
+    ``*``), with ``invisible_ms`` and a long poll of ``wait_ms``."""
+    from google.protobuf.duration_pb2 import Duration
+
+    from services.gateway.rocketmq.pb import definition, service
+
+    def duration(ms: int) -> Duration:
+        return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+    return service.ReceiveMessageRequest(
+        group=definition.Resource(name=group),
+        message_queue=definition.MessageQueue(topic=definition.Resource(name=topic), id=-1),
+        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
+        batch_size=batch,
+        invisible_duration=duration(invisible_ms),
+        long_polling_timeout=duration(wait_ms),
+    )
+
+
 def shared_receipt_key(root: Path) -> Path:
     """A receipt key file for a broker group's dispatch services (services.dispatch.receipt_signer),
     made under ``root``: members share it, so handles stay valid across a failover."""

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from libstore import MessageIllegalError, MessageRecord, decode_record
 from libstore.message import Message
@@ -22,11 +21,11 @@ from services._common.telemetry import metrics_snapshot
 from services.client import Admin, OutgoingMessage, Producer
 from services.dispatch.pop import QUARANTINE_GROUP, QUARANTINE_REASON
 from services.gateway.rocketmq import convert
-from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.gateway.rocketmq.pb import Code, service, service_grpc
 from services.proto import gateway_grpc, gateway_pb
 from services.serve import Suite
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, wait_derived_caught_up
+from tests.service.harness import InProcessSuites, v2_receive_request, wait_derived_caught_up
 
 PROPERTY_LIMIT = 32767
 
@@ -223,14 +222,7 @@ def test_a_consume_queue_unit_pointing_at_another_record_is_not_delivered_as_its
 def _receive(address: str, group: str, topic: str, client_id: str) -> list[service.ReceiveMessageResponse]:
     """One RocketMQ 5 ReceiveMessage (up to 16 messages, 1 s long poll) as the official client
     sends it; every reply of the stream."""
-    request = service.ReceiveMessageRequest(
-        group=definition.Resource(name=group),
-        message_queue=definition.MessageQueue(topic=definition.Resource(name=topic), id=-1),
-        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
-        batch_size=16,
-        invisible_duration=Duration(seconds=30),
-        long_polling_timeout=Duration(seconds=1),
-    )
+    request = v2_receive_request(topic, group)
     with grpc.insecure_channel(address) as channel:
         return list(
             service_grpc.MessagingServiceStub(channel).ReceiveMessage(

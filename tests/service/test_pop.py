@@ -12,12 +12,11 @@ import time
 from typing import Any
 
 import grpc
-from google.protobuf.duration_pb2 import Duration
 
 from services.client import Producer
-from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
+from services.gateway.rocketmq.pb import Code, service_grpc
 from services.serve import Suite
-from tests.service.harness import InProcessSuites
+from tests.service.harness import InProcessSuites, v2_receive_request
 
 
 def test_a_held_pop_wakes_when_a_message_is_made_visible_sooner(
@@ -86,20 +85,6 @@ def test_a_pop_cancelled_after_taking_messages_gives_them_back(
     assert (count, attempt) == (1, 2), "the dropped delivery stayed hidden for its 60 s"
 
 
-def _v2_receive(topic: str, group: str, *, invisible_ms: int, wait_ms: int) -> service.ReceiveMessageRequest:
-    def duration(ms: int) -> Duration:
-        return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
-
-    return service.ReceiveMessageRequest(
-        group=definition.Resource(name=group),
-        message_queue=definition.MessageQueue(topic=definition.Resource(name=topic), id=-1),
-        filter_expression=definition.FilterExpression(type=definition.TAG, expression="*"),
-        batch_size=8,
-        invisible_duration=duration(invisible_ms),
-        long_polling_timeout=duration(wait_ms),
-    )
-
-
 def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_back(
     suites: InProcessSuites, embedded: Suite
 ) -> None:
@@ -123,7 +108,7 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
         with grpc.insecure_channel(embedded.address) as channel:
             stub = service_grpc.MessagingServiceStub(channel)
             call = stub.ReceiveMessage(
-                _v2_receive("Dropped", "droppers", invisible_ms=60_000, wait_ms=0), timeout=60
+                v2_receive_request("Dropped", "droppers", invisible_ms=60_000, wait_ms=0), timeout=60
             )
             assert reading.wait(30), "the receive never reached its CommitLog read"
             call.cancel()
@@ -133,7 +118,7 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
         stub = service_grpc.MessagingServiceStub(channel)
         replies = list(
             stub.ReceiveMessage(
-                _v2_receive("Dropped", "droppers", invisible_ms=30_000, wait_ms=20_000), timeout=40
+                v2_receive_request("Dropped", "droppers", invisible_ms=30_000, wait_ms=20_000), timeout=40
             )
         )
     assert replies[0].status.code == Code.OK, replies[0].status
