@@ -14,6 +14,10 @@ cover the batch (FLUSH_DISK_TIMEOUT after ``syncFlushTimeout``), ASYNC_FLUSH ret
 A message whose WAIT property reads false (libstore.message.waits_for_store) is not waited for:
 the wait reaches the end of the batch's last message that waits, and the others read PUT_OK
 whatever it came to (PutMessageResults.unwaited); a batch of such messages only wakes the flusher.
+Transient messages (libstore.durability) are not waited for either: their whole records go to
+:attr:`transient` (the TransientMessageStore) before their stubs are written, and every read of
+records (:meth:`read_many`, :meth:`read_message`) gives the whole record for a stub, or None
+when the store no longer holds it (a restart, a failover, retention).
 
 Errors: bad input raises MessageIllegalError (subclasses) or TopicNotFoundError and writes
 nothing; a shut-down or unwriteable store raises ServiceNotAvailableError, a SLAVE
@@ -56,6 +60,7 @@ from typing import cast
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
+from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, is_stub, mark_transient
 from libstore.errors import (
     CorruptRecordError,
     DiskFullError,
@@ -85,6 +90,8 @@ from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
+    PHY_OFFSET_POSITION,
+    QUEUE_OFFSET_POSITION,
     RECORD_OVERHEAD_V1_IPV4,
     DispatchRequest,
     EncodedBatch,
@@ -118,8 +125,10 @@ from libstore.store_paths import (
     queue_offset_table_path,
     segment_summary_dir,
     topics_path,
+    transient_scratch_dir,
 )
 from libstore.topic_config import TopicConfigManager
+from libstore.transient_messages import TransientMessageStore
 from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
@@ -207,6 +216,7 @@ class CommitLog:
         self.last_exit_ok = True
         self.recovery_report: RecoveryReport | None = None
         self.quarantine = Quarantine(config.root_dir)
+        self.transient: TransientMessageStore | None = None  # made by load()
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -249,6 +259,11 @@ class CommitLog:
                 max_topic_length=cfg.max_topic_length,
                 max_topic_count=cfg.max_topic_count,
             )
+        self.transient = TransientMessageStore(
+            transient_scratch_dir(self.root),
+            cfg.transient_store_max_bytes,
+            scratch_max_bytes=cfg.transient_scratch_max_bytes,
+        )
         if cfg.transient_store_pool_enable:
             self._pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commit_log)
             self._pool.init()
@@ -412,6 +427,8 @@ class CommitLog:
         self._close_files()
 
     def _close_files(self) -> None:
+        if self.transient is not None:
+            self.transient.close()  # transient messages end with the process that holds them
         if self.queue is not None:
             self.queue.shutdown()
         if self._pool is not None:
@@ -531,6 +548,7 @@ class CommitLog:
             self._topic_config.write_queue_nums,
             choose_queue=self._next_queue if place_unassigned else None,
         )
+        mark_transient(batch, self._topic_config.transient_topics)
         return self.append_batch(batch, expected_epoch=expected_epoch)
 
     def adopt_records(
@@ -552,7 +570,7 @@ class CommitLog:
         version, known = self._adopt_topics
         if version != topics.version:
             version, known = self._adopt_topics = (topics.version, {})
-        return self._encoder.adopt_records(
+        batch = self._encoder.adopt_records(
             raw,
             time.time_ns() // 1_000_000,
             topics.write_queue_nums,
@@ -565,6 +583,9 @@ class CommitLog:
             max_records=max_records,
             known_topics=known,
         )
+        if not batch.scheduled:  # else the caller encodes its messages again (LocalCommitLog)
+            mark_transient(batch, topics.transient_topics)
+        return batch
 
     def _next_queue(self, topic: str) -> int:
         """Round robin over ``topic``'s write queues (auto-creating it as a put would)."""
@@ -636,6 +657,10 @@ class CommitLog:
         phys: list[int] = []
         qoffs: list[int] = []
         failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
+        transient = batch.transient
+        if transient:  # room for every whole record first: SystemBusyError writes nothing
+            assert self.transient is not None
+            self.transient.make_room(sum(map(len, transient.values())))
         i = 0
         while i < n:
             try:
@@ -656,11 +681,15 @@ class CommitLog:
             assign_offsets(buf, positions, ts_positions, keys, table, i, j, delta, store_ts, qoffs)
             if j > i:
                 used = positions[j] - first
+                if transient:  # whole records held before their stubs can be read
+                    self._hold_transient(batch, i, j, delta)
                 try:
                     with memoryview(buf) as view:
                         mf.append_records(view[first : first + used])
                 except (OSError, ValueError) as exc:
                     # The records never reached the segment; the log is unchanged.
+                    if transient and self.transient is not None:
+                        self.transient.truncate_from(base)
                     self._rollback_queue_offsets(qoffs, keys, i, j)
                     del qoffs[len(phys) :]
                     self._on_io_error(StoreIOError(f"append failed: {exc}"))
@@ -692,6 +721,27 @@ class CommitLog:
             unwaited=frozenset(batch.no_wait) if batch.no_wait else _EVERY_ONE_WAITS,
             in_log_order=True,
         )
+
+    def _hold_transient(self, batch: EncodedBatch, start: int, stop: int, delta: int) -> None:
+        """Put the whole records of the transient messages among records ``start``..``stop``-1
+        of ``batch`` into :attr:`transient`, under their stubs' offsets, with the queue offset,
+        physical offset and store time just assigned to the stubs (put lock held; the room was
+        made for them)."""
+        assert self.transient is not None
+        buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
+        entries = []
+        for k in sorted(batch.transient):
+            if not start <= k < stop:
+                continue
+            record = batch.transient[k]
+            pos = positions[k]
+            record[QUEUE_OFFSET_POSITION : PHY_OFFSET_POSITION + 8] = buf[
+                pos + QUEUE_OFFSET_POSITION : pos + PHY_OFFSET_POSITION + 8
+            ]
+            ts = ts_positions[k]
+            record[ts : ts + 8] = buf[pos + ts : pos + ts + 8]
+            entries.append((pos + delta, bytes(record)))
+        self.transient.put_many(entries)
 
     def _rollback_queue_offsets(
         self, qoffs: list[int], keys: list[QueueKey | None], start: int, stop: int
@@ -818,8 +868,15 @@ class CommitLog:
         segment. Raises StoreIOError."""
         assert self.queue is not None
         deleted = self.queue.delete_head_files(doomed, batch_max=batch_max, pause=pause)
-        self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
+        self._after_head_deleted(deleted)
         return deleted
+
+    def _after_head_deleted(self, deleted: list[tuple[str, int]]) -> None:
+        """Segments went from the head: their summaries go, and the transient messages whose
+        stubs they held."""
+        self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
+        if deleted and self.transient is not None:
+            self.transient.release_below(self.min_offset)
 
     def refresh_summaries(self, budget_bytes: int = 1 << 62) -> int:
         """Scan what the segment summaries miss (replicated bytes, the tail after a restart),
@@ -874,7 +931,7 @@ class CommitLog:
         deleted = self.queue.delete_expired_files(
             expired_before, force=force, batch_max=batch_max, pause=pause, keep_from=keep_from
         )
-        self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
+        self._after_head_deleted(deleted)
         return deleted
 
     @property
@@ -1057,6 +1114,8 @@ class CommitLog:
                 self.ha_service.reset_replicated_offset(end)
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
                 self._table_offset = end
+                if self.transient is not None:  # a failover: the new master never had them
+                    self.transient.truncate_from(0)
                 self._master_confirm = self.confirm_offset  # no more than it showed as the master
             if role is not BrokerRole.SLAVE:
                 # Tombstones copied from a master that held more: this log's new messages
@@ -1197,6 +1256,8 @@ class CommitLog:
         assert self.queue is not None and self.generation is not None and self.ha_state is not None
         self.generation.bump(0 if drop_all else offset)
         self._last_record_at = -1
+        if self.transient is not None:
+            self.transient.truncate_from(0 if drop_all else offset)
         assert self.checkpoint is not None
         if self.checkpoint.flushed_phy_offset > offset or drop_all:
             # Lowered durably before the bytes go: recovery must never start past the new end.
@@ -1311,25 +1372,45 @@ class CommitLog:
                 if size <= 0 or offset + size > readable or (max_record_size and size > max_record_size):
                     append(None)
                     continue
+                pos = offset - base
+                if size > STUB_FLAG_BYTE and buf[pos + STUB_FLAG_BYTE] & STUB_FLAG_BIT:  # type: ignore[index]
+                    record = self._transient_record(offset)
+                    if record is None:
+                        append(None)
+                        continue
+                    size = len(record)
+                else:
+                    record = buf[pos : pos + size]  # type: ignore[index]
                 total += size
                 if max_bytes and total > max_bytes:
                     raise InvalidArgumentError(
                         f"a read returns at most {max_bytes} bytes; these ranges hold more"
                     )
-                append(buf[offset - base : offset - base + size])  # type: ignore[index]
+                append(record)
             except ValueError:  # segment unmapped concurrently
                 mf = None
                 append(None)
         return out
 
+    def _transient_record(self, offset: int) -> bytes | None:
+        """The whole record of the transient message whose stub is at ``offset``, or None."""
+        return self.transient.get(offset) if self.transient is not None else None
+
     def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:
-        """Decode the record at ``phy_offset``; raises OffsetOutOfRangeError or CorruptRecordError."""
+        """Decode the record at ``phy_offset`` (a transient message's whole record for its
+        stub); raises OffsetOutOfRangeError (also for a transient message no longer held) or
+        CorruptRecordError."""
         if size is None:
             head = self.get_message(phy_offset, 8)
             size = record_size_of(head, 0)
             if size <= 0:
                 raise CorruptRecordError(f"no record starts at offset {phy_offset}")
         raw = self.get_message(phy_offset, size)
+        if len(raw) > STUB_FLAG_BYTE and is_stub(raw):
+            held = self._transient_record(phy_offset)
+            if held is None:
+                raise OffsetOutOfRangeError(f"the transient message at {phy_offset} is no longer held")
+            raw = held
         record = decode_record(raw, 0)
         if record.phy_offset != phy_offset:
             raise CorruptRecordError(f"record at {phy_offset} claims offset {record.phy_offset}")

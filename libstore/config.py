@@ -111,6 +111,21 @@ class StoreConfig:
     transient_store_pool_enable: bool = _f(False, "transientStorePoolEnable")
     transient_store_pool_size: int = _f(5, "transientStorePoolSize", "buffers")
     fast_fail_if_no_buffer_in_store_pool: bool = _f(False, "fastFailIfNoBufferInStorePool")
+    transient_store_max_bytes: int = _f(
+        256 * 1024 * 1024,
+        "transientStoreMaxBytes",
+        "bytes",
+        "mqstore: memory held by transient messages (libstore.durability; not RocketMQ's transient "
+        "store pool). Past 3/4 of it the oldest are paged out to scratch files under "
+        "<root>/transient, deleted on start",
+    )
+    transient_scratch_max_bytes: int = _f(
+        1024 * 1024 * 1024,
+        "transientScratchMaxBytes",
+        "bytes",
+        "mqstore: scratch file bytes transient messages may be paged out to; past it, and "
+        "transientStoreMaxBytes, puts of transient messages get SYSTEM_BUSY (0: never page out)",
+    )
     os_page_cache_busy_time_out_mills: int = _f(1000, "osPageCacheBusyTimeOutMills", "ms")
     store_host: str = _f(
         "127.0.0.1:10911", "storeHost", doc="ip:port recorded as STOREHOST and in message ids (spec §2)"
@@ -410,6 +425,7 @@ class StoreConfig:
             "sync_flush_timeout",
             "max_message_size",
             "transient_store_pool_size",
+            "transient_store_max_bytes",
             "os_page_cache_busy_time_out_mills",
             "default_topic_queue_nums",
             "max_topic_length",
@@ -468,6 +484,7 @@ class StoreConfig:
             "flush_consume_queue_least_pages",
             "broker_id",
             "offload_validation_bytes",
+            "transient_scratch_max_bytes",
             "delete_commit_log_files_interval",
             "delete_consume_queue_files_interval",
             "access_message_in_memory_max_ratio",  # 0: no record counts as in memory

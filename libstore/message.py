@@ -32,6 +32,8 @@ class MessageConst:
     DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"  # RocketMQ 5: on a %DLQ% copy, the topic it came from
     DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
     KEY_SEPARATOR = " "
+    # mqstore's (RabbitMQ's delivery mode): "1" transient, "2" persistent (libstore.durability).
+    DURABILITY = "DURABILITY"
 
 
 _DECIMAL = re.compile(r"-?[0-9]{1,19}")
@@ -71,6 +73,9 @@ class MessageSysFlag:
     STOREHOSTADDRESS_V6_FLAG = 0x20
     NEED_UNWRAP_FLAG = 0x40
     INNER_BATCH_FLAG = 0x80
+    # mqstore's: the record is the stub of a transient message, whose whole record lives in the
+    # store's memory (libstore.durability); producers cannot set it (libstore.producer_input).
+    TRANSIENT_STUB_FLAG = 0x100000
 
     @staticmethod
     def transaction_value(sys_flag: int) -> int:

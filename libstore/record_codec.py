@@ -130,6 +130,11 @@ def _header_for(sys_flag: int) -> struct.Struct:
     ]
 
 
+def header_size_for(sys_flag: int) -> int:
+    """Bytes of a record's fixed header (TOTALSIZE .. BODYLEN) with this SYSFLAG."""
+    return _header_for(sys_flag).size
+
+
 def encode_blank(max_blank: int) -> bytes:
     """The 8-byte end-of-file blank record: int32 ``max_blank`` (free bytes), int32 BLANK_MAGIC_CODE."""
     return _TOTAL_MAGIC.pack(max_blank, BLANK_MAGIC_CODE)
@@ -238,7 +243,9 @@ class EncodedBatch:
     ``(topic, queue_id)`` or None for records that take no queue offset (tx PREPARED/ROLLBACK).
     ``store_ts_positions[i]`` is where STORETIMESTAMP sits inside record *i*. ``no_wait`` lists,
     in ascending order, the records whose message does not wait for the store (its WAIT
-    property reads false, libstore.message.waits_for_store).
+    property reads false, libstore.message.waits_for_store, and transient messages).
+    ``transient`` maps the index of each transient message (libstore.durability) to its whole
+    record; ``buf`` holds its stub.
     """
 
     __slots__ = (
@@ -251,6 +258,7 @@ class EncodedBatch:
         "sizes",
         "store_ts_positions",
         "topics",
+        "transient",
         "uniq_keys",
     )
 
@@ -261,6 +269,7 @@ class EncodedBatch:
         self.queue_keys: list[tuple[str, int] | None] = []
         self.store_ts_positions: list[int] = []
         self.no_wait: list[int] = []
+        self.transient: dict[int, bytearray] = {}
         # Filled for adopted (client-encoded) records: each record's topic, UNIQ_KEY and the
         # request its validation decoded (dispatch can use it instead of decoding the log again).
         self.topics: list[str] = []
@@ -289,6 +298,8 @@ class EncodedBatch:
         for k, i in enumerate(keep):
             if i in skip:
                 out.no_wait.append(k)
+            if i in self.transient:
+                out.transient[k] = self.transient[i]
             start, size = self.positions[i], self.sizes[i]
             parts.append(self.buf[start : start + size])
             out.sizes.append(size)

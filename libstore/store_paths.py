@@ -4,7 +4,8 @@ Under the store root: ``commitlog/<20-digit offset>``, ``consumequeue/<topic>/<q
 offset>``, ``index/<yyyyMMddHHmmssSSS>``, ``checkpoint``, ``abort`` (marker of an unclean
 shutdown), ``lock`` (exclusive OS lock), ``config/`` (JSON state: topics, queue offsets,
 consumer offsets, HA role and epochs, the log's truncation history), ``segmentsummary/<20-digit
-offset>.json`` (the topics each CommitLog segment holds, for retention).
+offset>.json`` (the topics each CommitLog segment holds, for retention), ``transient/`` (scratch
+files of paged-out transient messages, deleted on start).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ HA_STATE_FILE = "haState.json"
 LOG_GENERATION_FILE = "logGeneration.json"
 CLEAN_END_FILE = "cleanEnd.json"
 SEGMENT_SUMMARY_DIR = "segmentsummary"
+TRANSIENT_SCRATCH_DIR = "transient"
 # Inside consumequeue/ and index/: how far each is built and flushed (deleted with its folder).
 DISPATCH_CHECKPOINT_FILE = "dispatchOffset.json"
 
@@ -39,6 +41,10 @@ def consume_queue_dir(root: Path) -> Path:
 
 def index_dir(root: Path) -> Path:
     return Path(root) / INDEX_DIR
+
+
+def transient_scratch_dir(root: Path) -> Path:
+    return Path(root) / TRANSIENT_SCRATCH_DIR
 
 
 def checkpoint_path(root: Path) -> Path:

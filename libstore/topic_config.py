@@ -8,6 +8,10 @@ setting, as RocketMQ creates them when it needs them). At most ``maxTopicCount``
 system topics aside, exist: creating one more raises TooManyTopicsError.
 Permission bits are RocketMQ's ``PermName`` (READ 4, WRITE 2, INHERIT 1).
 
+Durability: a topic's ``durability`` is ``persistent`` (the default) or ``transient`` (every
+message of the topic is transient, libstore.durability); the store's system topics are always
+persistent.
+
 Retention: a topic may set ``retention_hours`` (0: the store's ``fileReservedTime``); deleting a
 topic leaves a tombstone, the CommitLog offset it was deleted at, so everything the topic held
 before it counts as expired (libstore.retention_policy) even when the name is created again.
@@ -26,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
+from libstore.durability import Durability
 from libstore.errors import InvalidArgumentError, StoreIOError, TooManyTopicsError, TopicNotFoundError
 from libstore.record_codec import validate_topic
 from libstore.subscription_group import DLQ_GROUP_TOPIC_PREFIX
@@ -49,8 +54,9 @@ class TopicMessageType(enum.Enum):
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """One topic: queue counts, permission bits, message type, and ``retention_hours`` (its
-    messages older than that are expired; 0: the store's ``fileReservedTime`` decides)."""
+    """One topic: queue counts, permission bits, message type, ``retention_hours`` (its
+    messages older than that are expired; 0: the store's ``fileReservedTime`` decides) and
+    ``durability`` (libstore.durability)."""
 
     topic_name: str
     read_queue_nums: int = 8
@@ -58,6 +64,7 @@ class TopicConfig:
     perm: int = PERM_READ | PERM_WRITE
     message_type: TopicMessageType = TopicMessageType.NORMAL
     retention_hours: float = 0.0
+    durability: Durability = Durability.PERSISTENT
 
     @property
     def retention_ms(self) -> int:
@@ -75,6 +82,7 @@ class TopicConfig:
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
         out["message_type"] = self.message_type.value
+        out["durability"] = self.durability.value
         return out
 
     @classmethod
@@ -86,6 +94,7 @@ class TopicConfig:
             perm=int(raw.get("perm", PERM_READ | PERM_WRITE)),  # type: ignore[call-overload]
             message_type=TopicMessageType(str(raw.get("message_type", "NORMAL"))),
             retention_hours=float(raw.get("retention_hours", 0.0)),  # type: ignore[arg-type]
+            durability=Durability(str(raw.get("durability", Durability.PERSISTENT.value))),
         )
 
 
@@ -113,7 +122,14 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         self._deleted: dict[str, int] = {}  # topic -> CommitLog offset it was deleted at
         self.version = 0  # bumped on every change (a master sends its table to slaves then)
+        self.transient_topics: frozenset[str] = frozenset()  # topics whose durability is transient
         self._load()
+        self._note_durability()
+
+    def _note_durability(self) -> None:
+        self.transient_topics = frozenset(
+            name for name, t in self._topics.items() if t.durability is Durability.TRANSIENT
+        )
 
     def _load(self) -> None:
         data = read_json(self.path, "topic table")  # StoreIOError when unreadable
@@ -127,6 +143,7 @@ class TopicConfigManager:
 
     def _persist_locked(self) -> None:
         self.version += 1
+        self._note_durability()
         data = {
             "topics": [t.to_json() for t in sorted(self._topics.values(), key=lambda t: t.topic_name)],
             "deleted": dict(sorted(self._deleted.items())),
@@ -171,6 +188,8 @@ class TopicConfigManager:
                 raise InvalidArgumentError(f"{name} must be within 1..{self.max_queue_nums}, got {value}")
         if config.perm & ~(PERM_READ | PERM_WRITE | PERM_INHERIT):
             raise InvalidArgumentError(f"unknown permission bits in {config.perm:#x}")
+        if config.durability is Durability.TRANSIENT and is_system_topic(config.topic_name):
+            raise InvalidArgumentError(f"system topic {config.topic_name!r} is always persistent")
         if not 0.0 <= config.retention_hours <= MAX_RETENTION_HOURS:  # NaN fails too
             raise InvalidArgumentError(
                 f"retention_hours must be within 0..{MAX_RETENTION_HOURS:.0f} (0: the store's "

@@ -128,15 +128,7 @@ class TransientMessageStore:
                 if key <= last:
                     raise InvalidArgumentError(f"transient key {key} is not above the last one put ({last})")
                 last = key
-            if self.memory_bytes + size > self.max_bytes:
-                self._page_out_locked(self.memory_bytes + size - self.low_water_bytes)
-            if self.memory_bytes + size > self.max_bytes:
-                self.refused += 1
-                raise SystemBusyError(
-                    f"the transient store is full ({self.memory_bytes} bytes in memory, "
-                    f"{self.scratch_bytes} paged out; transientStoreMaxBytes {self.max_bytes})",
-                    retry_after_ms=200,
-                )
+            self._make_room_locked(size)
             for key, record in entries:
                 self._keys.append(key)
                 self._records.append(bytes(record))
@@ -144,6 +136,24 @@ class TransientMessageStore:
             self.memory_bytes += size
             if self.memory_bytes > self.high_water_bytes:
                 self._page_out_locked(self.memory_bytes - self.low_water_bytes)
+
+    def make_room(self, size: int) -> None:
+        """Page out until ``size`` more bytes of records fit in memory, so that puts of that
+        many bytes that follow (with no other put in between) cannot be refused. Raises
+        SystemBusyError when neither memory nor scratch has room."""
+        with self._lock:
+            self._make_room_locked(size)
+
+    def _make_room_locked(self, size: int) -> None:
+        if self.memory_bytes + size > self.max_bytes:
+            self._page_out_locked(self.memory_bytes + size - self.low_water_bytes)
+        if self.memory_bytes + size > self.max_bytes:
+            self.refused += 1
+            raise SystemBusyError(
+                f"the transient store is full ({self.memory_bytes} bytes in memory, "
+                f"{self.scratch_bytes} paged out; transientStoreMaxBytes {self.max_bytes})",
+                retry_after_ms=200,
+            )
 
     def _page_out_locked(self, wanted: int) -> int:
         """Write the oldest in-memory records to scratch, one by one, until ``wanted`` bytes of

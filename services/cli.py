@@ -580,10 +580,23 @@ RetentionOpt = Annotated[
 ]
 
 
+DurabilityOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--durability",
+        help="persistent, or transient: the topic's messages are held in memory only (never flushed "
+        "or replicated) and are gone after a restart or failover",
+    ),
+]
+
+
 def _describe(t: TopicConfig) -> str:
     retention = f"retention {t.retention_hours:g} h" if t.retention_hours else "store retention"
     kind = t.message_type.value
-    return f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {kind}, {retention}"
+    return (
+        f"topic {t.topic_name}: {t.write_queue_nums} queues, perm {t.perm}, {kind}, {retention}, "
+        f"{t.durability.value}"
+    )
 
 
 @topic_app.command("create")
@@ -592,6 +605,7 @@ def topic_create(
     queues: Annotated[int, typer.Option(min=1, max=1024, help="read and write queues")] = 8,
     message_type: Annotated[str, typer.Option(help="NORMAL, FIFO, DELAY, TRANSACTION")] = "NORMAL",
     retention_hours: RetentionOpt = None,
+    durability: DurabilityOpt = None,
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:
     """Create or update a topic."""
@@ -599,7 +613,11 @@ def topic_create(
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         t = admin.create_topic(
-            topic, queues, message_type=message_type, retention_hours=retention_hours or 0.0
+            topic,
+            queues,
+            message_type=message_type,
+            retention_hours=retention_hours or 0.0,
+            durability=durability or "persistent",
         )
     console.print(_describe(t))
 
@@ -610,6 +628,7 @@ def topic_update(
     queues: Annotated[int | None, typer.Option(min=1, max=1024, help="read and write queues")] = None,
     message_type: Annotated[str | None, typer.Option(help="NORMAL, FIFO, DELAY, TRANSACTION")] = None,
     retention_hours: RetentionOpt = None,
+    durability: DurabilityOpt = None,
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:
     """Change an existing topic: only the options given."""
@@ -626,6 +645,7 @@ def topic_update(
             perm=current.perm,
             message_type=message_type or current.message_type.value,
             retention_hours=current.retention_hours if retention_hours is None else retention_hours,
+            durability=durability or current.durability.value,
         )
     console.print(_describe(t))
 
@@ -683,7 +703,7 @@ def topic_list(address: AddressOpt = DEFAULT_GATEWAY) -> None:
 
     with _Errors(address), Admin(address, tls=_client_tls()) as admin:
         topics = admin.list_topics()
-    table = Table("topic", "read queues", "write queues", "perm", "type", "retention")
+    table = Table("topic", "read queues", "write queues", "perm", "type", "retention", "durability")
     for t in topics:
         table.add_row(
             t.topic_name,
@@ -692,6 +712,7 @@ def topic_list(address: AddressOpt = DEFAULT_GATEWAY) -> None:
             str(t.perm),
             t.message_type.value,
             f"{t.retention_hours:g} h" if t.retention_hours else "store",
+            t.durability.value,
         )
     console.print(table)
 

@@ -683,9 +683,11 @@ class Admin:
         perm: int = 6,
         message_type: str = "NORMAL",
         retention_hours: float = 0.0,
+        durability: str = "persistent",
     ) -> TopicConfig:
         """Create or update ``topic`` (``queues`` 0: the store's default count;
-        ``retention_hours`` 0: the store's fileReservedTime). Raises InvalidArgumentError."""
+        ``retention_hours`` 0: the store's fileReservedTime; ``durability`` persistent or
+        transient, libstore.durability). Raises InvalidArgumentError."""
         pb = common_pb.TopicConfig(
             topic=topic,
             read_queue_nums=queues,
@@ -693,6 +695,7 @@ class Admin:
             perm=perm,
             message_type=message_type,
             retention_hours=retention_hours,
+            durability=durability,
         )
         return convert.topic_from_pb(
             self._call(self._conn.stub.CreateTopic, gateway_pb.CreateTopicRequest(config=pb))

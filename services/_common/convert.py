@@ -21,6 +21,7 @@ from libstore import (
     TopicConfig,
     TopicMessageType,
 )
+from libstore.durability import Durability
 from libstore.message_id import create_message_id
 from services.proto import common_pb, gateway_pb
 
@@ -110,6 +111,7 @@ def topic_to_pb(config: TopicConfig) -> common_pb.TopicConfig:
         perm=config.perm,
         message_type=config.message_type.value,
         retention_hours=config.retention_hours,
+        durability=config.durability.value,
     )
 
 
@@ -121,6 +123,12 @@ def topic_from_pb(pb: common_pb.TopicConfig, default_queue_nums: int = 8) -> Top
         message_type = TopicMessageType(pb.message_type or "NORMAL")
     except ValueError as exc:
         raise InvalidArgumentError(f"unknown message type {pb.message_type!r}") from exc
+    try:
+        durability = Durability(pb.durability or Durability.PERSISTENT.value)
+    except ValueError as exc:
+        raise InvalidArgumentError(
+            f"durability must be persistent or transient, got {pb.durability[:40]!r}"
+        ) from exc
     write = pb.write_queue_nums or default_queue_nums
     return TopicConfig(
         topic_name=pb.topic,
@@ -129,6 +137,7 @@ def topic_from_pb(pb: common_pb.TopicConfig, default_queue_nums: int = 8) -> Top
         perm=pb.perm or 6,
         message_type=message_type,
         retention_hours=pb.retention_hours,
+        durability=durability,
     )
 
 

@@ -1,0 +1,187 @@
+"""Durability classes: which messages of a batch are transient, and their stub records.
+
+A message is *persistent* (the default: its record is written to the CommitLog, flushed and
+replicated as the store's policies say) or *transient* (RabbitMQ's delivery mode 1: its record
+is held in memory by :class:`~libstore.transient_messages.TransientMessageStore`, never flushed,
+never replicated, never waited for, and gone after a restart or a failover). A message is
+transient when its topic's ``durability`` attribute is ``transient``
+(:class:`~libstore.topic_config.TopicConfig`), or when its ``DURABILITY`` property (RabbitMQ's
+delivery mode: ``1`` transient, ``2`` persistent) is ``1``: the property may lower a topic's
+durability, never raise it. Records of the store's system topics (timer, transactions, pop
+journal, quarantine) and transaction PREPARED/ROLLBACK records are always persistent: a delayed
+or transactional message is kept until it is delivered to its topic, and the delivered copy
+takes the message's durability.
+
+What the CommitLog gets for a transient message is a *stub*: the same record (same header,
+topic, queue, born time and host, so the same physical offset, queue offset and store time)
+with an empty body, only the properties dispatch and the index read (TAGS, KEYS, UNIQ_KEY), and
+SYSFLAG bit ``TRANSIENT_STUB_FLAG`` (0x100000, mqstore's, refused from producers). Dispatch,
+ConsumeQueues, IndexFiles, pop state and replication handle stubs like any record; readers of
+message content (CommitLog.read_many) find the whole record in the TransientMessageStore by the
+stub's offset, or nothing: the message is removed, as a record retention deleted.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+from libstore.errors import MessageIllegalError
+from libstore.message import MessageConst, MessageSysFlag
+from libstore.record_codec import (
+    MESSAGE_MAGIC_CODE_V2,
+    SYS_FLAG_POSITION,
+    EncodedBatch,
+    bytes_to_properties,
+    header_size_for,
+    properties_to_bytes,
+)
+from libstore.system_topics import is_system_topic
+
+TRANSIENT = "1"  # DURABILITY values: RabbitMQ's delivery modes
+PERSISTENT = "2"
+_DURABILITY_ENTRY: Final = MessageConst.DURABILITY.encode() + b"\x01"
+_STUB_PROPERTIES: Final = (MessageConst.TAGS, MessageConst.KEYS, MessageConst.UNIQ_KEY)
+# The SYSFLAG byte that holds TRANSIENT_STUB_FLAG (a big-endian int32 at SYS_FLAG_POSITION), and
+# the bit in it: readers test one byte of a record.
+STUB_FLAG_BYTE: Final = SYS_FLAG_POSITION + 1
+STUB_FLAG_BIT: Final = MessageSysFlag.TRANSIENT_STUB_FLAG >> 16
+# What a stub's SYSFLAG keeps: the host layout and the transaction type (its body is empty, so
+# never compressed).
+_STUB_KEPT_FLAGS: Final = (
+    MessageSysFlag.BORNHOST_V6_FLAG
+    | MessageSysFlag.STOREHOSTADDRESS_V6_FLAG
+    | MessageSysFlag.TRANSACTION_TYPE_MASK
+    | MessageSysFlag.MULTI_TAGS_FLAG
+)
+_INT_SIZE = 4
+
+
+class Durability(enum.Enum):
+    """A topic's durability attribute (module doc)."""
+
+    PERSISTENT = "persistent"
+    TRANSIENT = "transient"
+
+
+def is_transient_value(value: str | None) -> bool:
+    """Whether a DURABILITY property value asks for a transient message: ``"1"`` yes, ``"2"``
+    or absent no. Raises MessageIllegalError for any other value (a typo must not silently
+    make a message persistent or transient)."""
+    if value is None or value == PERSISTENT:
+        return False
+    if value == TRANSIENT:
+        return True
+    raise MessageIllegalError(
+        f"property {MessageConst.DURABILITY} must be {TRANSIENT} (transient) or {PERSISTENT} "
+        f"(persistent), got {value[:40]!r}"
+    )
+
+
+def is_stub(record: bytes | bytearray | memoryview) -> bool:
+    """Whether ``record`` (a whole record, at least 40 bytes) is a transient message's stub."""
+    return bool(record[STUB_FLAG_BYTE] & STUB_FLAG_BIT)
+
+
+def _sys_flag(buf: bytes | bytearray, pos: int) -> int:
+    return int.from_bytes(buf[pos + SYS_FLAG_POSITION : pos + SYS_FLAG_POSITION + 4], "big", signed=True)
+
+
+def _layout(buf: bytearray, pos: int) -> tuple[int, int, int, int]:
+    """(header size up to BODYLEN, BODYLEN, topic field size, PROPERTIESLENGTH position) of
+    the encoded record at ``pos`` (already validated by the encoder)."""
+    header = header_size_for(_sys_flag(buf, pos))
+    body_len = int.from_bytes(buf[pos + header - _INT_SIZE : pos + header], "big")
+    topic_at = pos + header + body_len
+    magic = int.from_bytes(buf[pos + 4 : pos + 8], "big", signed=True)
+    if magic == MESSAGE_MAGIC_CODE_V2:
+        topic_field = 2 + int.from_bytes(buf[topic_at : topic_at + 2], "big")
+    else:
+        topic_field = 1 + buf[topic_at]
+    return header, body_len, topic_field, topic_at + topic_field
+
+
+def _properties_at(buf: bytearray, props_len_at: int) -> bytes:
+    size = int.from_bytes(buf[props_len_at : props_len_at + 2], "big")
+    return bytes(buf[props_len_at + 2 : props_len_at + 2 + size])
+
+
+def stub_of(buf: bytearray, pos: int) -> bytes:
+    """The stub record (module doc) of the encoded record at ``pos``."""
+    header, body_len, topic_field, props_len_at = _layout(buf, pos)
+    props = bytes_to_properties(_properties_at(buf, props_len_at))
+    kept = properties_to_bytes({k: props[k] for k in _STUB_PROPERTIES if k in props})
+    total = header + topic_field + 2 + len(kept)
+    stub = bytearray(buf[pos : pos + header])
+    stub[0:4] = total.to_bytes(4, "big")
+    stub[8:12] = b"\0\0\0\0"  # BODYCRC of the empty body
+    sys_flag = (_sys_flag(stub, 0) & _STUB_KEPT_FLAGS) | MessageSysFlag.TRANSIENT_STUB_FLAG
+    stub[SYS_FLAG_POSITION : SYS_FLAG_POSITION + 4] = sys_flag.to_bytes(4, "big", signed=True)
+    stub[header - _INT_SIZE : header] = b"\0\0\0\0"  # BODYLEN
+    topic_at = pos + header + body_len
+    stub += buf[topic_at : topic_at + topic_field]
+    stub += len(kept).to_bytes(2, "big")
+    stub += kept
+    assert len(stub) == total
+    return bytes(stub)
+
+
+def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
+    """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
+    each one's whole record moves to ``batch.transient`` (record index -> record) and its
+    place in ``batch.buf`` is taken by its stub; the index joins ``batch.no_wait`` (a transient
+    message is never waited for). A batch without a transient topic or a DURABILITY property
+    costs one substring search. Raises MessageIllegalError (naming the record) for a
+    DURABILITY value that is neither 1 nor 2; the batch is unchanged then."""
+    buf = batch.buf
+    by_property = _DURABILITY_ENTRY in buf
+    if not by_property and not transient_topics:
+        return
+    keys = batch.queue_keys
+    found: list[int] = []
+    for i, key in enumerate(keys):
+        if key is None or is_system_topic(key[0]):
+            continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
+        if key[0] in transient_topics:
+            found.append(i)
+        elif by_property:
+            pos = batch.positions[i]
+            raw = _properties_at(buf, _layout(buf, pos)[3])
+            if _DURABILITY_ENTRY in raw:
+                try:
+                    transient = is_transient_value(bytes_to_properties(raw).get(MessageConst.DURABILITY))
+                except MessageIllegalError as exc:
+                    raise MessageIllegalError(f"message {i}: {exc}") from None
+                if transient:
+                    found.append(i)
+    if not found:
+        return
+    positions, sizes = batch.positions, batch.sizes
+    parts: list[bytes | memoryview] = []
+    transient: dict[int, bytearray] = {}
+    done = 0
+    with memoryview(buf) as view:
+        for i in found:
+            pos, size = positions[i], sizes[i]
+            parts.append(view[done:pos])
+            stub = stub_of(buf, pos)
+            parts.append(stub)
+            transient[i] = bytearray(view[pos : pos + size])
+            sizes[i] = len(stub)
+            done = pos + size
+            if batch.requests:  # adopted records: dispatch takes the stub's size and flags
+                req = batch.requests[i]
+                req.msg_size = len(stub)
+                req.sys_flag = _sys_flag(stub, 0)
+        parts.append(view[done:])
+        batch.buf = bytearray().join(parts)
+    pos = 0
+    for i, size in enumerate(sizes):
+        positions[i] = pos
+        pos += size
+    positions[len(sizes)] = pos
+    batch.transient = transient
+    if batch.no_wait:
+        batch.no_wait = sorted(set(batch.no_wait).union(found))
+    else:
+        batch.no_wait = found

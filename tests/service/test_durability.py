@@ -1,0 +1,163 @@
+"""Transient messages end to end: a transient topic and the DURABILITY property through both
+forms of our Produce and RocketMQ 5's SendMessage, consumed by pull (tag filter, offsets) and by
+the official client's receive, in the embedded suite and the split topology; never written to
+disk; gone after a restart, where consumers go on at the next offset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from tests.rocketmq.harness import run_driver
+from tests.service.conftest import embedded_options
+from tests.service.harness import InProcessSuites, SplitCluster, poll_until, wait_derived_caught_up
+
+
+def _bodies(topic: str, tag: str, marker: str, n: int, **props: str) -> list[OutgoingMessage]:
+    return [
+        OutgoingMessage(topic, f"{marker}-{i}".encode() * 8, tags=tag, properties=dict(props))
+        for i in range(n)
+    ]
+
+
+def _on_disk(root: Path, marker: bytes) -> list[str]:
+    """Files under ``root`` holding ``marker``."""
+    return [str(p) for p in root.rglob("*") if p.is_file() and marker in p.read_bytes()]
+
+
+def _produce_mixed(address: str) -> dict[str, list[bytes]]:
+    """Transient messages by topic and by property, in both Produce forms, next to persistent
+    ones; returns the bodies sent per topic."""
+    with Admin(address) as admin:
+        admin.create_topic("Volatile", 2, durability="transient")
+        admin.create_topic("Mixed", 2)
+        durability = {t.topic_name: t.durability.value for t in admin.list_topics()}
+        assert (durability["Volatile"], durability["Mixed"]) == ("transient", "persistent")
+    sent: dict[str, list[bytes]] = {"Volatile": [], "Mixed": []}
+    for encode_records in (True, False):
+        form = "rec" if encode_records else "msg"
+        batches = [
+            _bodies("Volatile", "a", f"VOLATILE{form}", 5),
+            _bodies("Volatile", "b", f"VOLATILE{form}b", 3),
+            _bodies("Mixed", "a", f"KEPT{form}", 4),
+            _bodies("Mixed", "a", f"GONE{form}", 4, DURABILITY="1"),
+        ]
+        with Producer(address, encode_records=encode_records, retries=0) as producer:
+            for batch in batches:
+                assert producer.send_batch(batch).all_ok
+                sent[batch[0].topic] += [m.body for m in batch]
+    return sent
+
+
+def _pull(address: str, group: str, topic: str, tags: str = "*", want: int | None = None) -> list:
+    with PullConsumer(address, group, topic, tag_expression=tags) as consumer:
+        return poll_until(consumer, want, 20, idle_s=None if want else 1.5)
+
+
+@pytest.mark.parametrize("topology", ["embedded", "split"])
+def test_transient_messages_are_consumed_like_any_other_and_never_reach_the_disk(
+    topology: str, suites: InProcessSuites, tmp_path: Path
+) -> None:
+    if topology == "embedded":
+        suite = suites.start(embedded_options(tmp_path / "data"))
+        suites.wait_ready(suite)
+        address, data, cluster = suite.address, tmp_path / "data", None
+    else:
+        cluster = SplitCluster(tmp_path / "split")
+        cluster.start_all()
+        address, data = cluster.gateway, tmp_path / "split"
+    try:
+        sent = _produce_mixed(address)
+        got = _pull(address, "g1", "Volatile", want=16)
+        assert sorted(r.body for r in got) == sorted(sent["Volatile"])
+        only_b = _pull(address, "g2", "Volatile", tags="b", want=6)
+        assert sorted(r.body for r in only_b) == sorted(b for b in sent["Volatile"] if b"b-" in b)
+        mixed = _pull(address, "g3", "Mixed", want=16)
+        assert sorted(r.body for r in mixed) == sorted(sent["Mixed"])
+        gone = [r for r in mixed if b"GONE" in r.body]
+        assert {r.properties.get("DURABILITY") for r in gone} == {"1"}
+        per_queue: dict[int, list[int]] = {}
+        for r in mixed:
+            per_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+        assert all(sorted(v) == list(range(len(v))) for v in per_queue.values())  # one offset sequence
+    finally:
+        if cluster is not None:
+            cluster.stop_all()
+        else:
+            suites.stop(suite)
+    for marker in (b"VOLATILE", b"GONE"):
+        assert _on_disk(data, marker) == []  # never flushed, never paged out at this size
+    assert _on_disk(data, b"KEPT")  # the persistent ones are there
+
+
+def test_after_a_restart_transient_messages_are_gone_and_consumers_go_on(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    options = embedded_options(tmp_path / "data")
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    sent = _produce_mixed(suite.address)
+    with PullConsumer(suite.address, "early", "Volatile") as consumer:  # a group that read it all
+        assert len(poll_until(consumer, 16, 20)) == 16
+        consumer.commit()
+    wait_derived_caught_up(suite)
+    suites.stop(suite)
+
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    with Producer(suite.address) as producer:
+        assert producer.send_batch(_bodies("Mixed", "a", "AFTER", 2)).all_ok
+        assert producer.send_batch(_bodies("Volatile", "a", "AFTERV", 2)).all_ok
+    kept = _pull(suite.address, "late", "Mixed")
+    assert sorted(r.body for r in kept) == sorted(
+        [b for b in sent["Mixed"] if b.startswith(b"KEPT")] + [f"AFTER-{i}".encode() * 8 for i in range(2)]
+    )
+    volatile = _pull(suite.address, "late", "Volatile")
+    assert sorted(r.body for r in volatile) == sorted(f"AFTERV-{i}".encode() * 8 for i in range(2))
+    # Offsets went on after the lost messages: the new ones follow them in each queue, and the
+    # group that had read the lost ones goes on with the new ones.
+    assert min(r.queue_offset for r in volatile) >= 8
+    early = _pull(suite.address, "early", "Volatile")
+    assert sorted(r.body for r in early) == sorted(r.body for r in volatile)
+
+
+def test_official_client_sends_transient_messages_with_a_user_property(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    options = embedded_options(tmp_path / "data")
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    address = suite.address
+    with Admin(address) as admin:
+        admin.create_topic("Official", 2)
+        admin.upsert_group("og", consume_from="earliest")
+    messages = [{"body": f"OFFICIALT-{i}", "props": {"DURABILITY": "1"}} for i in range(3)]
+    messages.append({"body": "OFFICIALP-0"})
+    args = {"endpoint": address, "topic": "Official", "messages": messages}
+    sent = run_driver("send", args, tmp_path / "s")
+    assert not sent["errors"] and len(sent["ids"]) == 4
+    got = run_driver(
+        "simple",
+        {"endpoint": address, "group": "og", "topic": "Official", "expect": 4, "timeout_s": 30},
+        tmp_path / "r",
+    )
+    assert sorted(m["body"] for m in got["messages"]) == sorted(m["body"] for m in messages)
+    bad = [{"body": "x", "props": {"DURABILITY": "yes"}}]
+    refused = run_driver("send", {**args, "messages": bad}, tmp_path / "bad")
+    assert not refused["ids"] and "DURABILITY" in refused["errors"][0]
+    # Sent again after a restart: the transient ones are gone, the receive gets the rest.
+    run_driver("send", args, tmp_path / "s2")
+    wait_derived_caught_up(suite)
+    suites.stop(suite)
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    with Admin(suite.address) as admin:
+        admin.upsert_group("og2", consume_from="earliest")
+    again = run_driver(
+        "simple",
+        {"endpoint": suite.address, "group": "og2", "topic": "Official", "expect": 3, "timeout_s": 8},
+        tmp_path / "r2",
+    )
+    assert sorted(m["body"] for m in again["messages"]) == ["OFFICIALP-0", "OFFICIALP-0"]
