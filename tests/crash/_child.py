@@ -1,9 +1,11 @@
 """Crash-test child: appends batches from several producer threads and reports every
 acknowledged message on stdout as ``stream seq phy_offset size queue_id queue_offset``.
 
-Run as ``python -m tests.crash._child <store> <SYNC_FLUSH|ASYNC_FLUSH> <segment> <starts>``
-where ``starts`` is ``n0,n1,...``: the next sequence number of each stream. The parent SIGKILLs
-this process at a moment of its choosing.
+Run as ``python -m tests.crash._child <store> <SYNC_FLUSH|ASYNC_FLUSH> <segment> <starts>
+[<transient every>]`` where ``starts`` is ``n0,n1,...``: the next sequence number of each
+stream, and with ``transient every`` N > 0 every message whose sequence number N divides is
+transient (DURABILITY=1, see :func:`is_transient`). The parent SIGKILLs this process at a moment
+of its choosing.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ def body_of(stream: int, seq: int) -> bytes:
     size = 40 + (seq * 7919 + stream * 104729) % 2500
     head = f"{stream}:{seq}:".encode()
     return (head * (size // len(head) + 1))[:size]
+
+
+def is_transient(seq: int, every: int) -> bool:
+    return every > 0 and seq % every == 0
 
 
 def queue_of(stream: int, seq: int) -> int:
@@ -47,6 +53,7 @@ def store_config(root: str, flush: FlushDiskType, segment: int) -> StoreConfig:
 
 def main() -> None:
     root, flush, segment, starts = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    every = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     log = MessageStore.open(store_config(root, FlushDiskType(flush), segment))
     out = sys.stdout
     out_lock = threading.Lock()
@@ -56,7 +63,13 @@ def main() -> None:
         while True:
             batch = 1 + (seq % 9)
             msgs = [
-                Message(TOPIC, body_of(stream, s), queue_of(stream, s), keys=f"{stream}-{s}")
+                Message(
+                    TOPIC,
+                    body_of(stream, s),
+                    queue_of(stream, s),
+                    keys=f"{stream}-{s}",
+                    properties={"DURABILITY": "1"} if is_transient(s, every) else None,
+                )
                 for s in range(seq, seq + batch)
             ]
             results = log.put_messages(msgs)

@@ -7,6 +7,10 @@ SYNC_FLUSH: every acknowledged message is present and intact. ASYNC_FLUSH: the r
 a valid prefix of each producer's stream (and, for a process crash, holds every acknowledged
 message too, since the page cache survives the process). Either way the log ends cleanly and
 queue offsets per queue are exactly 0..n-1 in log order.
+
+With transient messages among them (every third one, DURABILITY=1), every acknowledged
+persistent message is still there, and no transient one comes back: its stub keeps its place
+in the log and its queue, but reads as removed, and no pull returns it or anything garbled.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 from libstore import FlushDiskType, Message
 from libstore.record_codec import BLANK_MAGIC_CODE
 from services.message_store import MessageStore
-from tests.crash._child import TOPIC, body_of, store_config
+from tests.crash._child import QUEUES, TOPIC, body_of, is_transient, store_config
 
 SEGMENT = 256 * 1024
 STREAMS = 4
@@ -43,7 +47,7 @@ class Ack:
 class ChildRun:
     """One child process and the acknowledgements read from its stdout."""
 
-    def __init__(self, root: Path, flush: FlushDiskType, starts: list[int]) -> None:
+    def __init__(self, root: Path, flush: FlushDiskType, starts: list[int], transient_every: int = 0) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
             [
@@ -54,6 +58,7 @@ class ChildRun:
                 flush.value,
                 str(SEGMENT),
                 ",".join(map(str, starts)),
+                str(transient_every),
             ],
             cwd=REPO,
             env=env,
@@ -98,7 +103,7 @@ class ChildRun:
 
 
 def _verify(
-    root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack], rnd: int
+    root: Path, flush: FlushDiskType, acked: dict[tuple[int, int], Ack], rnd: int, transient_every: int = 0
 ) -> tuple[list[int], int]:
     """Reopen the store, check it, put one probe message, and return the next sequence number of
     every stream and where the recovered log's records ended. Probe messages (key
@@ -144,12 +149,20 @@ def _verify(
             assert seqs == list(range(len(seqs))), f"stream {stream} is not a prefix"
         # 4. Every acknowledged message is there, intact, where its ack said.
         for (stream, seq), ack in acked.items():
+            if is_transient(seq, transient_every):
+                # Never waited for: its stub may or may not have made it; either way it is gone.
+                if (stream, seq) in present:
+                    assert log.read_many([(ack.phy, ack.size)]) == [None], f"transient {stream}-{seq} is back"
+                continue
             assert (stream, seq) in present, f"acknowledged message {stream}-{seq} lost ({flush.value})"
             assert present[(stream, seq)] == (ack.phy, ack.size, ack.qoff)
             rec = log.read_message(ack.phy, ack.size)
             assert rec.body == body_of(stream, seq) and rec.queue_id == ack.qid and rec.topic == TOPIC
         # 4b. Probes of earlier rounds were acknowledged under the same policy: they survive too.
         assert probes == list(range(rnd)), f"probe messages {probes} after {rnd} rounds"
+        # 4c. Pulls return the persistent messages, whole, and nothing else.
+        if transient_every:
+            _pull_only_persistent(store, transient_every, len(records))
         # 5. The derived stores agree with the recovered log: every record has its unit, no unit
         # points past the log's end, and every key is found by the index.
         assert store.wait_dispatched(60), "dispatch did not catch up with the recovered log"
@@ -161,7 +174,10 @@ def _verify(
             assert (unit.phy_offset, unit.size) == (rec.commit_log_offset, rec.msg_size)
         for rec in records[:: max(1, len(records) // 300)] + records[-50:]:
             hits = store.query_message(rec.topic, rec.keys[0], 4)
-            assert [h.phy_offset for h in hits] == [rec.commit_log_offset], f"key {rec.keys[0]} not indexed"
+            kind, _, num = rec.keys[0].partition("-")
+            gone = kind != "probe" and is_transient(int(num), transient_every)  # indexed, removed
+            expect = [] if gone else [rec.commit_log_offset]
+            assert [h.phy_offset for h in hits] == expect, f"key {rec.keys[0]} not indexed"
         # 6. The store keeps working: one more put lands right after the end, with the next
         # queue offset of its queue.
         probe = store.put_messages([Message(TOPIC, b"after-crash", 0, keys=f"probe-{rnd}")])[0]
@@ -172,7 +188,30 @@ def _verify(
         store.shutdown()
 
 
-def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) -> int:
+def _pull_only_persistent(store: MessageStore, transient_every: int, records: int) -> None:
+    seen = 0
+    for qid in range(QUEUES):
+        offset = 0
+        while True:
+            result = store.get_messages("crash-check", TOPIC, qid, offset, 32)
+            if not result.found and not result.removed:
+                break
+            for rec in result.decode():  # CRC checked
+                seen += 1
+                kind, _, num = rec.keys[0].partition("-")
+                if kind == "probe":
+                    continue
+                stream, seq = int(kind), int(num)
+                assert not is_transient(seq, transient_every), f"transient {stream}-{seq} came back"
+                assert rec.body == body_of(stream, seq)
+            seen += result.removed
+            offset = result.next_begin_offset
+    assert seen == records, "every unit pulled, or passed over as removed"
+
+
+def _run_rounds(
+    tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int, transient_every: int = 0
+) -> int:
     rng = random.Random(seed)
     root = tmp_path / "store"
     starts = [0] * STREAMS
@@ -180,7 +219,7 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
     roll_window: tuple[int, int] | None = None  # [start, end) of the segment tail round 1 killed in
     total_acks = 0
     for rnd in range(rounds):
-        child = ChildRun(root, flush, starts)
+        child = ChildRun(root, flush, starts, transient_every)
         assert child.ready.wait(60), "child did not start"
         baseline = len(child.acks)
         if rnd == 1:
@@ -204,7 +243,7 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
         for a in acks:
             acked[(a.stream, a.seq)] = a
         total_acks += len(acks)
-        starts, recovered_end = _verify(root, flush, acked, rnd)
+        starts, recovered_end = _verify(root, flush, acked, rnd, transient_every)
         if rnd == 1:
             # The kill really came inside the roll window: the recovered log reaches it, and ends
             # in it or (the blank END filler checked above) somewhere past that segment.
@@ -217,6 +256,11 @@ def _run_rounds(tmp_path: Path, flush: FlushDiskType, rounds: int, seed: int) ->
 def test_sync_flush_never_loses_an_acknowledged_message(tmp_path: Path):
     total = _run_rounds(tmp_path, FlushDiskType.SYNC_FLUSH, rounds=6, seed=20261122)
     assert total > 300
+
+
+def test_no_transient_message_comes_back_and_every_persistent_one_stays(tmp_path: Path):
+    total = _run_rounds(tmp_path, FlushDiskType.SYNC_FLUSH, rounds=3, seed=1127, transient_every=3)
+    assert total > 100
 
 
 def test_async_flush_recovers_a_valid_prefix(tmp_path: Path):
