@@ -12,6 +12,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -331,7 +332,8 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                     "produce, 2 clients x 4 batches of 256 in flight",
                     service_bench.Medians.of(runs),
                 )
-                if flush == "ASYNC_FLUSH":
+                if flush == "ASYNC_FLUSH" and topology == "embedded":
+                    _transient_rows(gw, per_process, row)
                     # each run a fresh group, reading the first run's messages from the start
                     consumed = [
                         service_bench.consume(gw, f"bench-{i}", runs[0].messages) for i in range(SERVICE_RUNS)
@@ -364,6 +366,29 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
     return lines
+
+
+def _transient_rows(
+    gw: str, per_process: int, row: Callable[[str, str, str, service_bench.Medians], None]
+) -> None:
+    """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
+    classes"): batches of 256 to a transient topic, and one message per call to either topic."""
+    transient = service_bench.TRANSIENT_TOPIC
+
+    def medians(topic: str, per_process: int, batch: int) -> service_bench.Medians:
+        return service_bench.Medians.of(
+            [
+                service_bench.produce(
+                    gw, processes=2, per_process=per_process, batch=batch, inflight=4, topic=topic
+                )
+                for _ in range(SERVICE_RUNS)
+            ]
+        )
+
+    batches = "produce, 2 clients x 4 batches of 256 in flight"
+    row("embedded", "transient", batches, medians(transient, per_process, 256))
+    for name, topic in (("ASYNC_FLUSH", service_bench.TOPIC), ("transient", transient)):
+        row("embedded", name, "produce, 2 clients x 4 single messages in flight", medians(topic, 4000, 1))
 
 
 def _ha_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:

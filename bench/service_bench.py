@@ -34,6 +34,7 @@ from bench.harness import payload_pool
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "bench-1kb"
+TRANSIENT_TOPIC = "bench-1kb-transient"  # durability transient (libstore.durability)
 QUEUES = 16
 BODY = 1024
 
@@ -100,6 +101,7 @@ def running_processes(root: Path, topology: str, flush: str) -> Iterator[Running
         with Admin(addr["gateway"]) as admin:
             admin.wait_until_serving(120)
             admin.create_topic(TOPIC, QUEUES)
+            admin.create_topic(TRANSIENT_TOPIC, QUEUES, durability="transient")
         yield RunningSuite(addr["gateway"], tuple(proc.pid for proc, _ in procs))
     finally:
         for proc, log in reversed(procs):
@@ -154,7 +156,7 @@ class Medians:
         )
 
 
-def _build_requests(worker: int, total: int, batch: int) -> list[bytes]:
+def _build_requests(worker: int, total: int, batch: int, topic: str = TOPIC) -> list[bytes]:
     """Serialized Produce requests as the Python client sends them: records encoded client-side."""
     from services.client import OutgoingMessage, Producer
 
@@ -166,7 +168,7 @@ def _build_requests(worker: int, total: int, batch: int) -> list[bytes]:
         msgs = []
         for i in range(start, min(total, start + batch)):
             off = (i * 977) % (len(pool) - BODY)
-            msgs.append(OutgoingMessage(TOPIC, pool[off : off + BODY], tags="TagA"))
+            msgs.append(OutgoingMessage(topic, pool[off : off + BODY], tags="TagA"))
         out.append(producer._request(msgs).SerializeToString())
     producer.close()
     return out
@@ -181,6 +183,7 @@ def _produce_worker(
     rate: float,
     start_at: float,
     q: mp.Queue,
+    topic: str = TOPIC,
 ) -> None:
     import threading
 
@@ -189,7 +192,7 @@ def _produce_worker(
     from services._common.errors import retry_pushback_ms
     from services.proto import gateway_pb
 
-    requests = _build_requests(worker, total, batch)
+    requests = _build_requests(worker, total, batch, topic)
     channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
     # Pre-serialized requests, bytes in and out: the load generator spends as little CPU as it can.
     produce_call = channel.unary_unary("/mqstore.v1.Gateway/Produce")
@@ -263,15 +266,24 @@ def _produce_worker(
 
 
 def produce(
-    address: str, *, processes: int, per_process: int, batch: int, inflight: int = 4, rate: float = 0.0
+    address: str,
+    *,
+    processes: int,
+    per_process: int,
+    batch: int,
+    inflight: int = 4,
+    rate: float = 0.0,
+    topic: str = TOPIC,
 ) -> LoadResult:
-    """Produce with ``processes`` client processes; ``rate`` (msgs/s per process) paces them."""
+    """Produce to ``topic`` with ``processes`` client processes; ``rate`` (msgs/s per process)
+    paces them."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     start_at = time.time() + 3.0 + per_process / 40_000  # time to build the requests
     workers = [
         ctx.Process(
-            target=_produce_worker, args=(address, w, per_process, batch, inflight, rate, start_at, q)
+            target=_produce_worker,
+            args=(address, w, per_process, batch, inflight, rate, start_at, q, topic),
         )
         for w in range(processes)
     ]

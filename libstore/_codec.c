@@ -173,6 +173,7 @@ typedef struct {
     Py_ssize_t tags_len, keys_len, uniq_len, trace_len;
     int scheduled;
     int no_wait;
+    int durability; /* a DURABILITY entry is there (libstore.durability reads its value) */
 } Found;
 
 static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
@@ -219,6 +220,8 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
                 f->scheduled = 1;
             } else if (name_is(start, name_len, "WAIT") && value_len > 0) { /* an empty one is dropped */
                 f->no_wait = !is_true_text(value, value_len);
+            } else if (name_is(start, name_len, "DURABILITY") && value_len > 0) { /* as WAIT */
+                f->durability = 1;
             } else if (name_is(start, name_len, "traceparent")) {
                 f->trace = value; f->trace_len = value_len;
             }
@@ -419,6 +422,7 @@ typedef struct {
     PyObject *topic, *uniq_key; /* borrowed from the request; owned when no request is built */
     int scheduled;
     int no_wait; /* with a request: the WAIT property says not to wait for the store */
+    int durability; /* with a request: a DURABILITY property is there */
 } Checked;
 
 /* The core of record_codec._check_record over the buffer ``buf`` (``limit`` <= its length).
@@ -493,11 +497,12 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     }
     PyObject *values[F_COUNT] = {NULL};
     values[F_TOPIC] = topic; /* owned by values from here */
-    int no_wait = 0;
+    int no_wait = 0, durability = 0;
     if (decode_props && prop_len) {
         Found f;
         find_properties(r + p, prop_len, &f);
         no_wait = f.no_wait;
+        durability = f.durability;
         if (f.tags_len > 0) {
             PyObject *tags = PyUnicode_DecodeUTF8((const char *)f.tags, f.tags_len, "replace");
             if (tags == NULL) goto error;
@@ -555,6 +560,7 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
         out->uniq_key = values[F_UNIQ_KEY] ? values[F_UNIQ_KEY] : Py_None;
         out->scheduled = values[F_SCHEDULED] != NULL;
         out->no_wait = no_wait;
+        out->durability = durability;
     }
     PyObject *req = build_request(values); /* releases values */
     if (req == NULL) return NULL;
@@ -672,12 +678,15 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     uniq_keys = PyObject_GetAttrString(out, "uniq_keys");
     requests = PyObject_GetAttrString(out, "requests");
     PyObject *no_wait = PyObject_GetAttrString(out, "no_wait");
+    PyObject *marked = PyObject_GetAttrString(out, "durability_marked");
     int scheduled = 0;
     PyObject *chosen_out = NULL; /* a queue id chosen for the record the run stopped at */
-    if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests || !no_wait)
+    if (!positions || !sizes || !ts_positions || !queue_keys || !topics || !uniq_keys || !requests || !no_wait
+        || !marked)
         goto done;
     if (!PyList_Check(positions) || !PyList_Check(sizes) || !PyList_Check(ts_positions) || !PyList_Check(queue_keys)
-        || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests) || !PyList_Check(no_wait)) {
+        || !PyList_Check(topics) || !PyList_Check(uniq_keys) || !PyList_Check(requests) || !PyList_Check(no_wait)
+        || !PyList_Check(marked)) {
         PyErr_SetString(PyExc_TypeError, "the batch's lists are not lists");
         goto done;
     }
@@ -801,6 +810,11 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
             rc = (i_obj != NULL && PyList_Append(no_wait, i_obj) == 0) ? 0 : -1;
             Py_XDECREF(i_obj);
         }
+        if (rc == 0 && c.durability) {
+            PyObject *i_obj = PyLong_FromSsize_t(index);
+            rc = (i_obj != NULL && PyList_Append(marked, i_obj) == 0) ? 0 : -1;
+            Py_XDECREF(i_obj);
+        }
         if (c.scheduled) scheduled = 1;
         Py_XDECREF(pos_obj);
         Py_XDECREF(size_o);
@@ -828,6 +842,7 @@ done:
     Py_XDECREF(uniq_keys);
     Py_XDECREF(requests);
     Py_XDECREF(no_wait);
+    Py_XDECREF(marked);
     return result;
 }
 
@@ -1137,7 +1152,7 @@ error:
  * object; ``*waits`` becomes 0 when WAIT is there, not empty and not "true" in any letter case
  * (is_true_text). Returns NULL with no exception set when the Python code must encode them
  * (and word any refusal), or with one set on a real error. */
-static PyObject *encode_properties(PyObject *props, int *waits) {
+static PyObject *encode_properties(PyObject *props, int *waits, int *durability) {
     PyObject *items = NULL;
     Py_ssize_t n;
     if (PyDict_CheckExact(props)) {
@@ -1151,6 +1166,7 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
         n = PyList_GET_SIZE(items);
     }
     *waits = 1;
+    *durability = 0;
     PyObject *out = NULL;
     Py_ssize_t cap = 64, used = 0;
     char *raw = PyMem_Malloc((size_t)cap);
@@ -1182,6 +1198,7 @@ static PyObject *encode_properties(PyObject *props, int *waits) {
             || memchr(vs, 2, (size_t)vl))
             goto slow;
         if (kl == 4 && memcmp(ks, "WAIT", 4) == 0) *waits = vl == 0 || is_true_text(vs, vl);
+        if (kl == 10 && memcmp(ks, "DURABILITY", 10) == 0) *durability = 1;
         Py_ssize_t need = used + kl + vl + 2;
         if (need > 32767) goto slow; /* PropertiesSizeExceededError, worded by the Python code */
         if (need > cap) {
@@ -1243,22 +1260,24 @@ static int attrs_get(PyObject *m, MessageAttrs *a) {
 
 PyDoc_STRVAR(encode_run_doc,
 "encode_run(messages, index, buf, sizes, queue_keys, wide_born, no_wait, topics, hosts,\n"
-"           store_host, store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok)\n"
+"           store_host, store_v6, max_body, now_ms, choose_queue, unassigned_queue_ok, marked)\n"
 "    -> (index, (chosen queue id,) | None, error | None)\n\n"
 "The common case of RecordEncoder.encode_batch in C, from ``messages[index]`` (a list): each\n"
 "message whose topic is in ``topics`` (dict topic -> (TOPICLEN+TOPIC, magic, queue count)),\n"
 "whose born host is in ``hosts`` (the encoder's cache) and whose fields pass the checks is\n"
 "appended to the bytearray ``buf`` and the lists (``no_wait``: the indexes of messages whose\n"
-"WAIT property says not to wait for the store). Stops at the first message that needs the\n"
+"WAIT property says not to wait for the store; ``marked``: those with a DURABILITY property).\n"
+"Stops at the first message that needs the\n"
 "Python code (to refuse it, or to meet its topic or host) and returns its index, the queue id\n"
 "already chosen for the message stopped at and the error choosing it raised, for the Python\n"
 "code to raise naming the message.");
 
 static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "encode_run takes 15 arguments");
+    if (nargs != 16 || !PyList_Check(args[15])) {
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 15 arguments and a list");
         return NULL;
     }
+    PyObject *marked = args[15];
     PyObject *messages = args[0], *buf = args[2], *sizes = args[3], *queue_keys = args[4];
     PyObject *wide_born = args[5], *no_wait = args[6], *topics = args[7], *hosts = args[8], *choose = args[13];
     if (!PyList_Check(messages) || !PyByteArray_Check(buf) || !PyList_Check(sizes) || !PyList_Check(queue_keys)
@@ -1342,9 +1361,9 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
                 PyErr_Clear();
                 break;
             }
-            int waits = 1;
+            int waits = 1, durability = 0;
             if (truthy) {
-                props_raw = encode_properties(a.properties, &waits);
+                props_raw = encode_properties(a.properties, &waits, &durability);
                 if (props_raw == NULL) {
                     if (PyErr_Occurred()) {
                         if (PyErr_ExceptionMatches(PyExc_MemoryError)) stop = -1;
@@ -1435,6 +1454,15 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
             if (!waits) {
                 PyObject *i_obj = PyLong_FromSsize_t(index);
                 if (i_obj == NULL || PyList_Append(no_wait, i_obj) < 0) {
+                    Py_XDECREF(i_obj);
+                    stop = -1;
+                    break;
+                }
+                Py_DECREF(i_obj);
+            }
+            if (durability) {
+                PyObject *i_obj = PyLong_FromSsize_t(index);
+                if (i_obj == NULL || PyList_Append(marked, i_obj) < 0) {
                     Py_XDECREF(i_obj);
                     stop = -1;
                     break;
@@ -1666,6 +1694,234 @@ error:
     return NULL;
 }
 
+
+/* --------------------------------------------------------- transient stubs */
+
+/* Stub properties: the raw entries whose name is one of these (libstore.durability). */
+static const char *const STUB_NAMES[] = {"TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01"};
+#define STUB_NAME_COUNT 3
+
+/* Bytes the kept entries of properties [p, p + n) take (each with its \x02); with ``out`` set,
+ * writes them there. */
+static Py_ssize_t stub_properties(const unsigned char *p, Py_ssize_t n, unsigned char *out) {
+    Py_ssize_t kept = 0, at = 0;
+    while (at < n) {
+        const unsigned char *end = memchr(p + at, 0x02, (size_t)(n - at));
+        Py_ssize_t len = end ? (Py_ssize_t)(end - (p + at)) : n - at;
+        for (int k = 0; k < STUB_NAME_COUNT; k++) {
+            Py_ssize_t name_len = (Py_ssize_t)strlen(STUB_NAMES[k]);
+            if (len >= name_len && memcmp(p + at, STUB_NAMES[k], (size_t)name_len) == 0) {
+                if (out) {
+                    memcpy(out + kept, p + at, (size_t)len);
+                    out[kept + len] = 0x02;
+                }
+                kept += len + 1;
+                break;
+            }
+        }
+        at += len + 1;
+    }
+    return kept;
+}
+
+typedef struct {
+    Py_ssize_t header, topic_at, topic_field, props_at, props_len, stub_size;
+} StubLayout;
+
+/* Where the parts of the encoded record at ``r`` (``size`` bytes) lie; -1 when they do not fit. */
+static int stub_layout(const unsigned char *r, Py_ssize_t size, StubLayout *s) {
+    if (size < RECORD_OVERHEAD_V1_IPV4 - 2) return -1;
+    Header h;
+    read_header(r, &h);
+    if (h.body_len < 0 || h.header_size + h.body_len + 1 > size) return -1;
+    s->header = h.header_size;
+    s->topic_at = h.header_size + h.body_len;
+    if (h.magic == MAGIC_V2) {
+        if (s->topic_at + 2 > size) return -1;
+        s->topic_field = 2 + (Py_ssize_t)(uint16_t)rd16(r + s->topic_at);
+    } else {
+        s->topic_field = 1 + (Py_ssize_t)r[s->topic_at];
+    }
+    Py_ssize_t len_at = s->topic_at + s->topic_field;
+    if (len_at + 2 > size) return -1;
+    s->props_at = len_at + 2;
+    s->props_len = (Py_ssize_t)(uint16_t)rd16(r + len_at);
+    if (s->props_at + s->props_len > size) return -1;
+    s->stub_size = s->header + s->topic_field + 2 + stub_properties(r + s->props_at, s->props_len, NULL);
+    return 0;
+}
+
+PyDoc_STRVAR(make_stubs_doc,
+"make_stubs(buf, positions, sizes, found, stub_flag, kept_flags) -> bytearray\n\n"
+"libstore.durability._make_stubs_py: a new batch buffer with each record of ``found`` (ascending\n"
+"indexes) replaced by its stub, ``positions`` and ``sizes`` updated in place (``buf`` is left as\n"
+"it is). NotImplemented when a record does not parse.");
+
+static PyObject *py_make_stubs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
+        || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "make_stubs(bytearray, list, list, list, int, int)");
+        return NULL;
+    }
+    PyObject *positions = args[1], *sizes = args[2], *found = args[3];
+    long stub_flag = PyLong_AsLong(args[4]), kept_flags = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(sizes), nf = PyList_GET_SIZE(found);
+    if (PyList_GET_SIZE(positions) != n + 1) {
+        PyErr_SetString(PyExc_ValueError, "make_stubs: positions must have one entry more than sizes");
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+    Py_ssize_t buf_len = PyByteArray_GET_SIZE(args[0]);
+    StubLayout *lay = PyMem_Malloc(sizeof(StubLayout) * (size_t)(nf ? nf : 1));
+    Py_ssize_t *idx = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nf ? nf : 1));
+    PyObject *out = NULL;
+    if (lay == NULL || idx == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t total = buf_len;
+    for (Py_ssize_t f = 0; f < nf; f++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(found, f));
+        if (i == -1 && PyErr_Occurred()) goto done;
+        if (i < 0 || i >= n || (f && i <= idx[f - 1])) {
+            PyErr_SetString(PyExc_ValueError, "make_stubs: found must be ascending record indexes");
+            goto done;
+        }
+        idx[f] = i;
+        Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+        Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
+        if (PyErr_Occurred()) goto done;
+        if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &lay[f]) < 0
+            || lay[f].stub_size > size) {
+            PyMem_Free(lay);
+            PyMem_Free(idx);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        total -= size - lay[f].stub_size;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, total);
+    if (out == NULL) goto done;
+    unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
+    /* written: where record i starts in ``out``; [done_to, pos) of ``buf`` (records kept as they
+     * are) is copied to out_done when the next stub comes, and after the loop. */
+    Py_ssize_t done_to = 0, out_done = 0, written = 0, f = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+        Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
+        PyObject *new_pos = PyLong_FromSsize_t(written);
+        if (new_pos == NULL) goto done;
+        PyList_SetItem(positions, i, new_pos);
+        if (f < nf && idx[f] == i) {
+            const unsigned char *r = buf + pos;
+            StubLayout *s = &lay[f];
+            memcpy(dst + out_done, buf + done_to, (size_t)(pos - done_to));
+            unsigned char *w = dst + written;
+            memcpy(w, r, (size_t)s->header);
+            wr32(w, (int32_t)s->stub_size);
+            wr32(w + 8, 0); /* BODYCRC of the empty body */
+            wr32(w + SYS_FLAG_POSITION, (int32_t)((rd32(r + SYS_FLAG_POSITION) & kept_flags) | stub_flag));
+            wr32(w + s->header - 4, 0); /* BODYLEN */
+            memcpy(w + s->header, r + s->topic_at, (size_t)s->topic_field);
+            Py_ssize_t kept = s->stub_size - s->header - s->topic_field - 2;
+            w[s->header + s->topic_field] = (unsigned char)(kept >> 8);
+            w[s->header + s->topic_field + 1] = (unsigned char)kept;
+            stub_properties(r + s->props_at, s->props_len, w + s->header + s->topic_field + 2);
+            PyObject *new_size = PyLong_FromSsize_t(s->stub_size);
+            if (new_size == NULL) goto done;
+            PyList_SetItem(sizes, i, new_size);
+            written += s->stub_size;
+            out_done = written;
+            done_to = pos + size;
+            f++;
+        } else {
+            written += size;
+        }
+    }
+    memcpy(dst + out_done, buf + done_to, (size_t)(buf_len - done_to));
+    {
+        PyObject *end = PyLong_FromSsize_t(total);
+        if (end == NULL) goto done;
+        PyList_SetItem(positions, n, end);
+    }
+    PyMem_Free(lay);
+    PyMem_Free(idx);
+    return out;
+done:
+    PyMem_Free(lay);
+    PyMem_Free(idx);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(hold_entries_doc,
+"hold_entries(buf, positions, ts_positions, whole_buf, transient, start, stop, delta)\n"
+"    -> (keys, records)\n\n"
+"libstore.durability._hold_entries_py: the stub offsets and whole records (bytes) of the\n"
+"records of ``transient`` (record index -> position in ``whole_buf``, ascending) within\n"
+"[start, stop), each whole record with the QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of\n"
+"its stub in ``buf`` (at ``positions[index]``, CommitLog offset position + ``delta``).");
+
+static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
+        || !PyByteArray_Check(args[3]) || !PyDict_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "hold_entries(bytearray, list, list, bytearray, dict, int, int, int)");
+        return NULL;
+    }
+    PyObject *positions = args[1], *ts_positions = args[2], *transient = args[4];
+    Py_ssize_t start = PyLong_AsSsize_t(args[5]), stop = PyLong_AsSsize_t(args[6]);
+    long long delta = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *keys = PyList_New(0), *records = PyList_New(0);
+    if (keys == NULL || records == NULL) goto error;
+    Py_ssize_t it = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(transient, &it, &key, &value)) {
+        Py_ssize_t k = PyLong_AsSsize_t(key);
+        Py_ssize_t at = k == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(value);
+        if (PyErr_Occurred()) goto error;
+        if (k < start || k >= stop) continue;
+        if (k >= PyList_GET_SIZE(positions) || k >= PyList_GET_SIZE(ts_positions)) {
+            PyErr_SetString(PyExc_IndexError, "hold_entries: a record index outside the batch");
+            goto error;
+        }
+        Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, k));
+        Py_ssize_t ts_at = PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
+        if (PyErr_Occurred()) goto error;
+        const unsigned char *whole = (const unsigned char *)PyByteArray_AS_STRING(args[3]);
+        Py_ssize_t whole_len = PyByteArray_GET_SIZE(args[3]);
+        if (at < 0 || at + 8 > whole_len) goto outside;
+        Py_ssize_t size = rd32(whole + at);
+        if (pos < 0 || ts_at < 36 || pos + ts_at + 8 > PyByteArray_GET_SIZE(args[0]) || size < ts_at + 8
+            || at + size > whole_len)
+            goto outside;
+        const unsigned char *stub = (const unsigned char *)PyByteArray_AS_STRING(args[0]) + pos;
+        PyObject *record = PyBytes_FromStringAndSize((const char *)whole + at, size);
+        if (record == NULL) goto error;
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(record);
+        memcpy(w + 20, stub + 20, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
+        memcpy(w + ts_at, stub + ts_at, 8); /* STORETIMESTAMP */
+        PyObject *offset = PyLong_FromLongLong((long long)pos + delta);
+        int rc = offset == NULL ? -1 : PyList_Append(keys, offset);
+        Py_XDECREF(offset);
+        if (rc == 0) rc = PyList_Append(records, record);
+        Py_DECREF(record);
+        if (rc < 0) goto error;
+    }
+    {
+        PyObject *result = PyTuple_Pack(2, keys, records);
+        Py_DECREF(keys);
+        Py_DECREF(records);
+        return result;
+    }
+outside:
+    PyErr_SetString(PyExc_ValueError, "hold_entries: a record lies outside its buffer");
+error:
+    Py_XDECREF(keys);
+    Py_XDECREF(records);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -1678,6 +1934,8 @@ static PyMethodDef methods[] = {
      configure_record_doc},
     {"index_hashes", (PyCFunction)(void (*)(void))py_index_hashes, METH_FASTCALL, index_hashes_doc},
     {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
+    {"make_stubs", (PyCFunction)(void (*)(void))py_make_stubs, METH_FASTCALL, make_stubs_doc},
+    {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},
     {NULL, NULL, 0, NULL},
 };
 

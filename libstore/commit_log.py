@@ -60,7 +60,7 @@ from typing import cast
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
-from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, is_stub, mark_transient
+from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, hold_entries, is_stub, mark_transient
 from libstore.errors import (
     CorruptRecordError,
     DiskFullError,
@@ -90,8 +90,6 @@ from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
-    PHY_OFFSET_POSITION,
-    QUEUE_OFFSET_POSITION,
     RECORD_OVERHEAD_V1_IPV4,
     DispatchRequest,
     EncodedBatch,
@@ -263,6 +261,7 @@ class CommitLog:
             transient_scratch_dir(self.root),
             cfg.transient_store_max_bytes,
             scratch_max_bytes=cfg.transient_scratch_max_bytes,
+            background=True,
         )
         if cfg.transient_store_pool_enable:
             self._pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commit_log)
@@ -660,7 +659,7 @@ class CommitLog:
         transient = batch.transient
         if transient:  # room for every whole record first: SystemBusyError writes nothing
             assert self.transient is not None
-            self.transient.make_room(sum(map(len, transient.values())))
+            self.transient.make_room(batch.transient_bytes)
         i = 0
         while i < n:
             try:
@@ -724,24 +723,10 @@ class CommitLog:
 
     def _hold_transient(self, batch: EncodedBatch, start: int, stop: int, delta: int) -> None:
         """Put the whole records of the transient messages among records ``start``..``stop``-1
-        of ``batch`` into :attr:`transient`, under their stubs' offsets, with the queue offset,
-        physical offset and store time just assigned to the stubs (put lock held; the room was
-        made for them)."""
+        of ``batch`` into :attr:`transient`, under their stubs' offsets, with the offsets and
+        store time just assigned to the stubs (put lock held; the room was made for them)."""
         assert self.transient is not None
-        buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
-        entries = []
-        for k in sorted(batch.transient):
-            if not start <= k < stop:
-                continue
-            record = batch.transient[k]
-            pos = positions[k]
-            record[QUEUE_OFFSET_POSITION : PHY_OFFSET_POSITION + 8] = buf[
-                pos + QUEUE_OFFSET_POSITION : pos + PHY_OFFSET_POSITION + 8
-            ]
-            ts = ts_positions[k]
-            record[ts : ts + 8] = buf[pos + ts : pos + ts + 8]
-            entries.append((pos + delta, bytes(record)))
-        self.transient.put_many(entries)
+        self.transient.put_many(*hold_entries(batch, start, stop, delta))
 
     def _rollback_queue_offsets(
         self, qoffs: list[int], keys: list[QueueKey | None], start: int, stop: int

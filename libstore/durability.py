@@ -30,18 +30,22 @@ from libstore.errors import MessageIllegalError
 from libstore.message import MessageConst, MessageSysFlag
 from libstore.record_codec import (
     MESSAGE_MAGIC_CODE_V2,
+    PHY_OFFSET_POSITION,
+    QUEUE_OFFSET_POSITION,
     SYS_FLAG_POSITION,
     EncodedBatch,
     bytes_to_properties,
     header_size_for,
-    properties_to_bytes,
+    native,
+    record_size_of,
 )
 from libstore.system_topics import is_system_topic
 
 TRANSIENT = "1"  # DURABILITY values: RabbitMQ's delivery modes
 PERSISTENT = "2"
-_DURABILITY_ENTRY: Final = MessageConst.DURABILITY.encode() + b"\x01"
-_STUB_PROPERTIES: Final = (MessageConst.TAGS, MessageConst.KEYS, MessageConst.UNIQ_KEY)
+_STUB_PREFIXES: Final = tuple(
+    name.encode() + b"\x01" for name in (MessageConst.TAGS, MessageConst.KEYS, MessageConst.UNIQ_KEY)
+)
 # The SYSFLAG byte that holds TRANSIENT_STUB_FLAG (a big-endian int32 at SYS_FLAG_POSITION), and
 # the bit in it: readers test one byte of a record.
 STUB_FLAG_BYTE: Final = SYS_FLAG_POSITION + 1
@@ -106,11 +110,16 @@ def _properties_at(buf: bytearray, props_len_at: int) -> bytes:
     return bytes(buf[props_len_at + 2 : props_len_at + 2 + size])
 
 
+def stub_properties(raw: bytes) -> bytes:
+    """The entries of serialized properties ``raw`` that a stub keeps (TAGS, KEYS, UNIQ_KEY),
+    as they are, in their order."""
+    return b"".join([e + b"\x02" for e in raw.split(b"\x02") if e.startswith(_STUB_PREFIXES)])
+
+
 def stub_of(buf: bytearray, pos: int) -> bytes:
     """The stub record (module doc) of the encoded record at ``pos``."""
     header, body_len, topic_field, props_len_at = _layout(buf, pos)
-    props = bytes_to_properties(_properties_at(buf, props_len_at))
-    kept = properties_to_bytes({k: props[k] for k in _STUB_PROPERTIES if k in props})
+    kept = stub_properties(_properties_at(buf, props_len_at))
     total = header + topic_field + 2 + len(kept)
     stub = bytearray(buf[pos : pos + header])
     stub[0:4] = total.to_bytes(4, "big")
@@ -126,39 +135,21 @@ def stub_of(buf: bytearray, pos: int) -> bytes:
     return bytes(stub)
 
 
-def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
-    """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
-    each one's whole record moves to ``batch.transient`` (record index -> record) and its
-    place in ``batch.buf`` is taken by its stub; the index joins ``batch.no_wait`` (a transient
-    message is never waited for). A batch without a transient topic or a DURABILITY property
-    costs one substring search. Raises MessageIllegalError (naming the record) for a
-    DURABILITY value that is neither 1 nor 2; the batch is unchanged then."""
-    buf = batch.buf
-    by_property = _DURABILITY_ENTRY in buf
-    if not by_property and not transient_topics:
-        return
-    keys = batch.queue_keys
-    found: list[int] = []
-    for i, key in enumerate(keys):
-        if key is None or is_system_topic(key[0]):
-            continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
-        if key[0] in transient_topics:
-            found.append(i)
-        elif by_property:
-            pos = batch.positions[i]
-            raw = _properties_at(buf, _layout(buf, pos)[3])
-            if _DURABILITY_ENTRY in raw:
-                try:
-                    transient = is_transient_value(bytes_to_properties(raw).get(MessageConst.DURABILITY))
-                except MessageIllegalError as exc:
-                    raise MessageIllegalError(f"message {i}: {exc}") from None
-                if transient:
-                    found.append(i)
-    if not found:
-        return
-    positions, sizes = batch.positions, batch.sizes
+def make_stubs(buf: bytearray, positions: list[int], sizes: list[int], found: list[int]) -> bytearray:
+    """A new buffer of ``buf``'s records (a batch's) with each record of ``found`` (ascending
+    indexes) replaced by its stub; ``positions`` and ``sizes`` are updated in place, ``buf`` is
+    left as it is. In C when the extension is built (libstore._codec.make_stubs)."""
+    ext = native()
+    if ext is not None:
+        flag = MessageSysFlag.TRANSIENT_STUB_FLAG
+        out = ext.make_stubs(buf, positions, sizes, found, flag, _STUB_KEPT_FLAGS)
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+    return _make_stubs_py(buf, positions, sizes, found)
+
+
+def _make_stubs_py(buf: bytearray, positions: list[int], sizes: list[int], found: list[int]) -> bytearray:
     parts: list[bytes | memoryview] = []
-    transient: dict[int, bytearray] = {}
     done = 0
     with memoryview(buf) as view:
         for i in found:
@@ -166,21 +157,91 @@ def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> Non
             parts.append(view[done:pos])
             stub = stub_of(buf, pos)
             parts.append(stub)
-            transient[i] = bytearray(view[pos : pos + size])
             sizes[i] = len(stub)
             done = pos + size
-            if batch.requests:  # adopted records: dispatch takes the stub's size and flags
-                req = batch.requests[i]
-                req.msg_size = len(stub)
-                req.sys_flag = _sys_flag(stub, 0)
         parts.append(view[done:])
-        batch.buf = bytearray().join(parts)
+        out = bytearray().join(parts)
     pos = 0
     for i, size in enumerate(sizes):
         positions[i] = pos
         pos += size
     positions[len(sizes)] = pos
-    batch.transient = transient
+    return out
+
+
+def hold_entries(batch: EncodedBatch, start: int, stop: int, delta: int) -> tuple[list[int], list[bytes]]:
+    """The stub offsets and whole records of ``batch``'s transient messages among records
+    ``start``..``stop``-1, whose stubs just took their offsets (the put lock's loop,
+    CommitLog._append_locked: the stub at position p of ``batch.buf`` is at CommitLog offset
+    p + ``delta``). Each whole record gets its stub's QUEUEOFFSET, PHYSICALOFFSET and
+    STORETIMESTAMP. In C when the extension is built (libstore._codec.hold_entries)."""
+    buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
+    ext = native()
+    if ext is not None:
+        return ext.hold_entries(  # type: ignore[no-any-return]
+            buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta
+        )
+    keys: list[int] = []
+    records: list[bytes] = []
+    whole = batch.whole_buf
+    for k, at in batch.transient.items():
+        if not start <= k < stop:
+            continue
+        record = bytearray(whole[at : at + record_size_of(whole, at)])
+        pos, ts = positions[k], ts_positions[k]
+        record[QUEUE_OFFSET_POSITION : PHY_OFFSET_POSITION + 8] = buf[
+            pos + QUEUE_OFFSET_POSITION : pos + PHY_OFFSET_POSITION + 8
+        ]
+        record[ts : ts + 8] = buf[pos + ts : pos + ts + 8]
+        keys.append(pos + delta)
+        records.append(bytes(record))
+    return keys, records
+
+
+def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
+    """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
+    each one's whole record moves to ``batch.transient`` (record index -> record) and its
+    place in ``batch.buf`` is taken by its stub; the index joins ``batch.no_wait`` (a transient
+    message is never waited for). Only records the encoder marked as carrying a DURABILITY
+    property (``batch.durability_marked``) have their properties read. Raises
+    MessageIllegalError (naming the record) for a DURABILITY value that is neither 1 nor 2;
+    the batch is unchanged then."""
+    buf = batch.buf
+    marked = batch.durability_marked
+    if not marked and not transient_topics:
+        return
+    keys = batch.queue_keys
+    # The store's own topics are never in transient_topics (TopicConfigManager refuses that).
+    found = [i for i, key in enumerate(keys) if key is not None and key[0] in transient_topics]
+    if marked:
+        by_topic = set(found)
+        for i in marked:
+            key = keys[i]
+            if key is None or i in by_topic or is_system_topic(key[0]):
+                continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
+            raw = _properties_at(buf, _layout(buf, batch.positions[i])[3])
+            try:
+                transient = is_transient_value(bytes_to_properties(raw).get(MessageConst.DURABILITY))
+            except MessageIllegalError as exc:
+                raise MessageIllegalError(f"message {i}: {exc}") from None
+            if transient:
+                found.append(i)
+        found.sort()
+    if not found:
+        return
+    positions = batch.positions
+    whole_at = [positions[i] for i in found]
+    batch.whole_buf = buf
+    batch.buf = make_stubs(buf, positions, batch.sizes, found)
+    batch.transient = dict(zip(found, whole_at, strict=True))
+    stubs = sum(batch.sizes[i] for i in found)
+    batch.transient_bytes = len(buf) - len(batch.buf) + stubs
+    if batch.requests:  # adopted records: dispatch takes the stubs' sizes and flags
+        sizes, requests = batch.sizes, batch.requests
+        for i in found:
+            req = requests[i]
+            req.msg_size = sizes[i]
+            req.sys_flag = (req.sys_flag & _STUB_KEPT_FLAGS) | MessageSysFlag.TRANSIENT_STUB_FLAG
     if batch.no_wait:
         batch.no_wait = sorted(set(batch.no_wait).union(found))
     else:

@@ -107,6 +107,7 @@ _HOST_V6_FLAGS = MessageSysFlag.BORNHOST_V6_FLAG | MessageSysFlag.STOREHOSTADDRE
 _TOPIC_RE = re.compile(r"[%|a-zA-Z0-9_-]+")
 _SYSTEM_TOPIC_PREFIXES = ("%RETRY%", "%DLQ%")
 _WAIT_ENTRY = MessageConst.WAIT.encode() + b"\x01"  # a WAIT property in serialized properties
+_DURABILITY_ENTRY = MessageConst.DURABILITY.encode() + b"\x01"
 
 
 def _header_struct(born_len: int, store_len: int) -> struct.Struct:
@@ -244,12 +245,15 @@ class EncodedBatch:
     ``store_ts_positions[i]`` is where STORETIMESTAMP sits inside record *i*. ``no_wait`` lists,
     in ascending order, the records whose message does not wait for the store (its WAIT
     property reads false, libstore.message.waits_for_store, and transient messages).
-    ``transient`` maps the index of each transient message (libstore.durability) to its whole
-    record; ``buf`` holds its stub.
+    ``transient`` maps the index of each transient message (libstore.durability) to where its
+    whole record starts in ``whole_buf`` (the records as encoded; ``transient_bytes`` in all);
+    ``buf`` holds its stub. ``durability_marked`` lists the records whose properties
+    carry a DURABILITY entry (any value): the only ones libstore.durability reads.
     """
 
     __slots__ = (
         "buf",
+        "durability_marked",
         "no_wait",
         "positions",
         "queue_keys",
@@ -259,7 +263,9 @@ class EncodedBatch:
         "store_ts_positions",
         "topics",
         "transient",
+        "transient_bytes",
         "uniq_keys",
+        "whole_buf",
     )
 
     def __init__(self) -> None:
@@ -269,7 +275,10 @@ class EncodedBatch:
         self.queue_keys: list[tuple[str, int] | None] = []
         self.store_ts_positions: list[int] = []
         self.no_wait: list[int] = []
-        self.transient: dict[int, bytearray] = {}
+        self.transient: dict[int, int] = {}
+        self.whole_buf = bytearray()
+        self.transient_bytes = 0
+        self.durability_marked: list[int] = []
         # Filled for adopted (client-encoded) records: each record's topic, UNIQ_KEY and the
         # request its validation decoded (dispatch can use it instead of decoding the log again).
         self.topics: list[str] = []
@@ -295,11 +304,15 @@ class EncodedBatch:
         parts = []
         pos = 0
         skip = set(self.no_wait)
+        marked = set(self.durability_marked)
         for k, i in enumerate(keep):
             if i in skip:
                 out.no_wait.append(k)
             if i in self.transient:
                 out.transient[k] = self.transient[i]
+                out.transient_bytes += record_size_of(self.whole_buf, self.transient[i])
+            if i in marked:
+                out.durability_marked.append(k)
             start, size = self.positions[i], self.sizes[i]
             parts.append(self.buf[start : start + size])
             out.sizes.append(size)
@@ -312,6 +325,8 @@ class EncodedBatch:
                 out.uniq_keys.append(self.uniq_keys[i])
                 out.requests.append(self.requests[i])
         out.buf = bytearray().join(parts)
+        if out.transient:
+            out.whole_buf = self.whole_buf
         return out
 
     def patch(self, index: int, queue_offset: int, phy_offset: int, store_timestamp: int) -> None:
@@ -444,6 +459,7 @@ class RecordEncoder:
                         now_ms,
                         choose_queue,
                         unassigned_queue_ok,
+                        out.durability_marked,
                     )
                     if error is not None:  # choose_queue raised for message ``index``
                         raise error
@@ -513,6 +529,8 @@ class RecordEncoder:
             prop_bytes = properties_to_bytes(props)
             if not waits_for_store(props.get(MessageConst.WAIT)):
                 out.no_wait.append(index)
+            if MessageConst.DURABILITY in props:
+                out.durability_marked.append(index)
         else:
             prop_bytes = b""
         born = self._hosts.get(m.born_host)
@@ -747,6 +765,12 @@ class RecordEncoder:
             and not waits_for_store(bytes_to_properties(buf[props_at:pos]).get(MessageConst.WAIT))
         ):
             out.no_wait.append(index)
+        if (
+            props_at < pos
+            and _DURABILITY_ENTRY in buf[props_at:pos]
+            and MessageConst.DURABILITY in bytes_to_properties(buf[props_at:pos])
+        ):
+            out.durability_marked.append(index)
         return pos
 
 

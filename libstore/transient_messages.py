@@ -16,14 +16,20 @@ store never queues without bound. Records are released in key order, when the Co
 retention deletes the segment their stubs were in (:meth:`release_below`), and cut when the log
 is truncated under them (:meth:`truncate_from`).
 
+With ``background`` (the CommitLog's store), the page-out down to ``low_water`` runs on a
+thread of its own, ``PAGE_OUT_CHUNK_BYTES`` at a time, so a put never waits for more than one
+chunk's write; a put itself pages out only what it needs to stay within ``max_bytes``. Without
+it, the put that crosses the high-water mark pages out down to ``low_water`` itself.
+
 Thread-safety: every method may be called from any thread (one lock; page-out writes happen
-under it, in the put that crossed the high-water mark).
+under it, a chunk at a time).
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import operator
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -35,6 +41,7 @@ from libstore.errors import InvalidArgumentError, StoreIOError, SystemBusyError
 log = logging.getLogger(__name__)
 
 DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
+PAGE_OUT_CHUNK_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
 
 
 @dataclass
@@ -63,7 +70,8 @@ class _Segment:
 
 class TransientMessageStore:
     """Transient records by key (module doc). Sizes in bytes; ``high_water`` and ``low_water``
-    are fractions of ``max_bytes``. Raises InvalidArgumentError for bounds that do not fit."""
+    are fractions of ``max_bytes``; ``background`` pages out on a thread of its own (module
+    doc; :meth:`close` stops it). Raises InvalidArgumentError for bounds that do not fit."""
 
     def __init__(
         self,
@@ -74,6 +82,7 @@ class TransientMessageStore:
         high_water: float = 0.75,
         low_water: float = 0.5,
         scratch_segment_bytes: int = DEFAULT_SCRATCH_SEGMENT_BYTES,
+        background: bool = False,
     ) -> None:
         if max_bytes <= 0 or scratch_max_bytes < 0 or scratch_segment_bytes <= 0:
             raise InvalidArgumentError("transient store sizes must be positive")
@@ -97,6 +106,12 @@ class TransientMessageStore:
         self.scratch_bytes = 0  # bytes of scratch files not deleted yet
         self.refused = 0  # puts refused with SystemBusyError
         self._open_scratch_dir()
+        self._closed = False
+        self._pager_wake = threading.Event()
+        self._pager: threading.Thread | None = None
+        if background:
+            self._pager = threading.Thread(target=self._page_out_loop, name="TransientPager", daemon=True)
+            self._pager.start()
 
     def _open_scratch_dir(self) -> None:
         """Start empty: what a previous run paged out is of no use (module doc)."""
@@ -115,27 +130,32 @@ class TransientMessageStore:
         last :meth:`truncate_from` below it). Raises
         SystemBusyError when neither memory nor scratch has room (nothing is held then),
         InvalidArgumentError for a key out of order."""
-        self.put_many([(key, record)])
+        self.put_many([key], [record])
 
-    def put_many(self, entries: Sequence[tuple[int, bytes]]) -> None:
-        """:meth:`put` of each ``(key, record)``, all or none."""
-        if not entries:
+    def put_many(self, keys: Sequence[int], records: Sequence[bytes]) -> None:
+        """:meth:`put` of each key with its record (two lists of one length), all or none."""
+        if not keys:
             return
-        size = sum(len(r) for _, r in entries)
+        if len(keys) != len(records):
+            raise InvalidArgumentError(f"{len(keys)} transient keys for {len(records)} records")
+        records = [r if type(r) is bytes else bytes(r) for r in records]
+        size = sum(map(len, records))
         with self._lock:
             last = self._last_key
-            for key, _ in entries:
-                if key <= last:
-                    raise InvalidArgumentError(f"transient key {key} is not above the last one put ({last})")
-                last = key
+            if keys[0] <= last or any(map(operator.ge, keys, keys[1:])):
+                raise InvalidArgumentError(
+                    f"transient keys must ascend, above the last one put ({last}): {list(keys[:8])}"
+                )
             self._make_room_locked(size)
-            for key, record in entries:
-                self._keys.append(key)
-                self._records.append(bytes(record))
-            self._last_key = last
+            self._keys.extend(keys)
+            self._records.extend(records)
+            self._last_key = keys[-1]
             self.memory_bytes += size
             if self.memory_bytes > self.high_water_bytes:
-                self._page_out_locked(self.memory_bytes - self.low_water_bytes)
+                if self._pager is not None:
+                    self._pager_wake.set()
+                else:
+                    self._page_out_locked(self.memory_bytes - self.low_water_bytes)
 
     def make_room(self, size: int) -> None:
         """Page out until ``size`` more bytes of records fit in memory, so that puts of that
@@ -146,7 +166,10 @@ class TransientMessageStore:
 
     def _make_room_locked(self, size: int) -> None:
         if self.memory_bytes + size > self.max_bytes:
-            self._page_out_locked(self.memory_bytes + size - self.low_water_bytes)
+            # Down to the low-water mark, or with a pager only what this put needs (the pager
+            # goes on from there without holding puts up).
+            floor = self.max_bytes if self._pager is not None else self.low_water_bytes
+            self._page_out_locked(self.memory_bytes + size - floor)
         if self.memory_bytes + size > self.max_bytes:
             self.refused += 1
             raise SystemBusyError(
@@ -154,6 +177,20 @@ class TransientMessageStore:
                 f"{self.scratch_bytes} paged out; transientStoreMaxBytes {self.max_bytes})",
                 retry_after_ms=200,
             )
+
+    def _page_out_loop(self) -> None:
+        """The pager (``background``): page out a chunk at a time while memory is above the
+        low-water mark; stop early when scratch is full or a write fails (a put wakes it again)."""
+        while True:
+            self._pager_wake.wait()
+            self._pager_wake.clear()
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    excess = self.memory_bytes - self.low_water_bytes
+                    if excess <= 0 or not self._page_out_locked(min(excess, PAGE_OUT_CHUNK_BYTES)):
+                        break
 
     def _page_out_locked(self, wanted: int) -> int:
         """Write the oldest in-memory records to scratch, one by one, until ``wanted`` bytes of
@@ -296,6 +333,8 @@ class TransientMessageStore:
         """Drop everything and delete the scratch files (a transient record never outlives
         its process)."""
         with self._lock:
+            self._closed = True
+            self._pager_wake.set()
             for seg in list(self._segments.values()):
                 self._delete_segment(seg)
             self._writing = None
@@ -304,3 +343,5 @@ class TransientMessageStore:
             self._first = self._first_in_memory = 0
             self._last_key = -1
             self.memory_bytes = 0
+        if self._pager is not None and self._pager is not threading.current_thread():
+            self._pager.join(10)

@@ -12,7 +12,8 @@ and end that file's walk (nothing after them can be located).
 Option ``view``:
 
 * ``messages`` (default): services.spark.rows.FILE_SCHEMA, the messages plus size, crc_ok and
-  the file name;
+  the file name; the stubs of transient messages (libstore.durability: their messages never
+  reach the files) are skipped;
 * ``dispatch``: what dispatch takes from each record (DISPATCH_SCHEMA: offsets, size, topic,
   queue, tags and tags code, keys, unique key, flags, times), as libstore.record_codec.check_record
   reads it; the rebuild job builds ConsumeQueues and IndexFiles from these rows.
@@ -35,7 +36,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from libstore.errors import CorruptRecordError
-from libstore.message import MessageRecord
+from libstore.message import MessageRecord, MessageSysFlag
 from libstore.record_codec import DispatchRequest, check_record, decode_record
 from services.spark.rows import FILE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
@@ -191,7 +192,8 @@ def _records(path: str, base_offset: int) -> Iterator[tuple[int, MessageRecord |
             if rec.phy_offset != expected:  # a record, but not the one this position holds
                 yield pos, None, False
                 return
-            yield pos, rec, crc_ok
+            if not rec.sys_flag & MessageSysFlag.TRANSIENT_STUB_FLAG:
+                yield pos, rec, crc_ok
             pos += rec.total_size
 
 

@@ -160,12 +160,12 @@ def _verify(
             assert rec.body == body_of(stream, seq) and rec.queue_id == ack.qid and rec.topic == TOPIC
         # 4b. Probes of earlier rounds were acknowledged under the same policy: they survive too.
         assert probes == list(range(rnd)), f"probe messages {probes} after {rnd} rounds"
-        # 4c. Pulls return the persistent messages, whole, and nothing else.
-        if transient_every:
-            _pull_only_persistent(store, transient_every, len(records))
         # 5. The derived stores agree with the recovered log: every record has its unit, no unit
         # points past the log's end, and every key is found by the index.
         assert store.wait_dispatched(60), "dispatch did not catch up with the recovered log"
+        # 4c. Pulls return the persistent messages, whole, and nothing else.
+        if transient_every:
+            _pull_only_persistent(store, transient_every, len(records))
         for (topic, qid), n in expect_next.items():
             cq = store.consume_queue_store.find(topic, qid)
             assert cq is not None and cq.max_offset_in_queue == n, f"{topic}-{qid} has units past the log"

@@ -4,6 +4,7 @@ neither has room, released in key order with their scratch files, gone with a re
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,14 @@ def _store(tmp_path: Path, **kw: int) -> TransientMessageStore:
 
 def test_records_are_read_back_by_key_and_unknown_keys_read_as_removed(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.put_many([(10, _record(10)), (250, _record(250, 37))])
+    store.put_many([10, 250], [_record(10), _record(250, 37)])
     assert store.get(10) == _record(10)
     assert store.get_many([250, 11, 10, 9999]) == [_record(250, 37), None, _record(10), None]
     assert len(store) == 2 and store.memory_bytes == 137
     with pytest.raises(InvalidArgumentError):
         store.put(250, b"again")  # keys only grow: a stub's CommitLog offset
     with pytest.raises(InvalidArgumentError):
-        store.put_many([(300, b"a"), (299, b"b")])
+        store.put_many([300, 299], [b"a", b"b"])
     assert len(store) == 2, "a refused batch holds nothing"
 
 
@@ -119,7 +120,7 @@ def test_a_failed_page_out_keeps_the_records_in_memory_and_the_counts_exact(
     for key in range(8):  # the eighth crosses the high-water mark: one record gets out
         store.put(key, _record(key))
     assert store.paged_out == 1 and store.memory_bytes == 700 and store.scratch_bytes == 100
-    store.put_many([(8, _record(8)), (9, _record(9))])  # 900 + 100: still within 1000
+    store.put_many([8, 9], [_record(8), _record(9)])  # 900 + 100: still within 1000
     assert store.memory_bytes == 900
     with pytest.raises(SystemBusyError):
         store.put(10, _record(10, 200))
@@ -139,7 +140,7 @@ def test_a_batch_fits_once_everything_older_is_paged_out(tmp_path: Path) -> None
 
 def test_keys_never_go_back_except_after_a_cut(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.put_many([(10, b"a"), (20, b"b")])
+    store.put_many([10, 20], [b"a", b"b"])
     store.release_below(100)
     with pytest.raises(InvalidArgumentError):
         store.put(15, b"reused")  # released is not forgotten: a CommitLog offset comes once
@@ -181,7 +182,7 @@ def test_the_store_reads_back_what_a_plain_dict_would(tmp_path_factory: pytest.T
                 next_key += 1
                 batch.append((next_key, _record(next_key, b)))
             try:
-                store.put_many(batch)
+                store.put_many([k for k, _ in batch], [r for _, r in batch])
                 model.update(batch)
             except SystemBusyError:
                 pass
@@ -197,3 +198,21 @@ def test_the_store_reads_back_what_a_plain_dict_would(tmp_path_factory: pytest.T
         keys = range(0, next_key + 2)
         assert store.get_many(keys) == [model.get(k) for k in keys]
     store.close()
+
+
+def test_a_background_pager_pages_out_to_the_low_water_mark_while_puts_go_on(tmp_path: Path) -> None:
+    """With ``background``, a put past the high-water mark only wakes the pager; memory still
+    never passes ``max_bytes``, and the pager brings it down to the low-water mark."""
+    store = TransientMessageStore(tmp_path / "scratch", 1000, scratch_max_bytes=10_000, background=True)
+    try:
+        for key in range(30):
+            store.put(key, _record(key))
+            assert store.memory_bytes <= 1000
+        deadline = time.monotonic() + 10
+        while store.memory_bytes > 500 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.memory_bytes <= 500 and store.paged_out >= 25
+        assert store.get_many(range(30)) == [_record(k) for k in range(30)]
+    finally:
+        store.close()
+    assert not list((tmp_path / "scratch").iterdir())
