@@ -24,6 +24,7 @@ stub's offset, or nothing: the message is removed, as a record retention deleted
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Final
 
 from libstore.errors import MessageIllegalError
@@ -80,6 +81,17 @@ def is_transient_value(value: str | None) -> bool:
         f"property {MessageConst.DURABILITY} must be {TRANSIENT} (transient) or {PERSISTENT} "
         f"(persistent), got {value[:40]!r}"
     )
+
+
+def is_transient_message(
+    topic: str, properties: Mapping[str, str] | None, transient_topics: frozenset[str]
+) -> bool:
+    """Whether a message of ``topic`` with ``properties`` is transient (module doc), for a
+    message the store took before (a value the store would refuse reads as persistent)."""
+    if topic in transient_topics:
+        return True
+    value = properties.get(MessageConst.DURABILITY) if properties else None
+    return value == TRANSIENT and not is_system_topic(topic)
 
 
 def is_stub(record: bytes | bytearray | memoryview) -> bool:

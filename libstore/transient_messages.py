@@ -32,6 +32,7 @@ import logging
 import operator
 import os
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
 PAGE_OUT_CHUNK_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
+PAGE_OUT_PAUSE_S = 0.0005  # the pager's pause between steps: puts and reads get the lock
+_MAX_RUN = 512  # records per pwritev (under IOV_MAX, 1024 on Linux)
 
 
 @dataclass
@@ -191,47 +194,70 @@ class TransientMessageStore:
                     excess = self.memory_bytes - self.low_water_bytes
                     if excess <= 0 or not self._page_out_locked(min(excess, PAGE_OUT_CHUNK_BYTES)):
                         break
+                time.sleep(PAGE_OUT_PAUSE_S)  # a lock let go and taken straight back starves waiters
 
     def _page_out_locked(self, wanted: int) -> int:
-        """Write the oldest in-memory records to scratch, one by one, until ``wanted`` bytes of
-        memory are freed, the scratch bound would be passed, or a write fails (logged: the
-        records stay in memory, and a put that still does not fit is refused). Returns the
-        bytes freed; the bookkeeping is exact after each record."""
+        """Write the oldest in-memory records to scratch, a run of them per system call, until
+        ``wanted`` bytes of memory are freed, the scratch bound would be passed, or a write
+        fails (logged: the records stay in memory, and a put that still does not fit is
+        refused). Returns the bytes freed; the bookkeeping is exact after each run, a short
+        write included (the next run starts at the first record not wholly written)."""
         freed = 0
         i = max(self._first_in_memory, self._first)
-        while freed < wanted and i < len(self._records):
-            rec = self._records[i]
-            assert isinstance(rec, bytes)
-            if self.scratch_bytes + len(rec) > self.scratch_max_bytes:
+        records = self._records
+        while freed < wanted and i < len(records):
+            first = records[i]
+            assert isinstance(first, bytes)
+            if self.scratch_bytes + len(first) > self.scratch_max_bytes:
                 break
             try:
-                self._records[i] = self._write_scratch(rec)
+                seg = self._segment_for(len(first))
+            except OSError as exc:
+                log.warning("cannot create a transient scratch file in %s: %s", self.scratch_dir, exc)
+                break
+            run: list[bytes] = []
+            size = 0
+            j = i
+            while j < len(records) and freed + size < wanted and len(run) < _MAX_RUN:
+                rec = records[j]
+                assert isinstance(rec, bytes)
+                room = self.scratch_segment_bytes - seg.written - size
+                if (run and len(rec) > room) or self.scratch_bytes + size + len(rec) > self.scratch_max_bytes:
+                    break
+                run.append(rec)
+                size += len(rec)
+                j += 1
+            try:
+                written = os.pwritev(seg.fd, run, seg.written)
             except OSError as exc:
                 log.warning("cannot page transient records out to %s: %s", self.scratch_dir, exc)
                 break
-            freed += len(rec)
-            self.memory_bytes -= len(rec)
-            i += 1
+            done = 0
+            for rec in run:
+                if done + len(rec) > written:
+                    break  # a short write: this record goes again, from its start
+                records[i] = _Paged(seg.number, seg.written + done, len(rec))
+                done += len(rec)
+                seg.live += 1
+                i += 1
+            seg.written += done
             self._first_in_memory = i
+            self.scratch_bytes += done
+            self.memory_bytes -= done
+            freed += done
+            if not done:
+                break
         return freed
 
-    def _write_scratch(self, record: bytes) -> _Paged:
-        """Append ``record`` to the scratch segment being written (a new one when it is full).
-        Raises OSError with nothing counted: a partial write is overwritten by the next one."""
+    def _segment_for(self, size: int) -> _Segment:
+        """The scratch segment to write next, with room for ``size`` more bytes (a new one
+        when the current one is full; an empty one takes any size). Raises OSError."""
         seg = self._writing
-        if seg is None or (seg.written + len(record) > self.scratch_segment_bytes and seg.written):
+        if seg is None or (seg.written + size > self.scratch_segment_bytes and seg.written):
             number = (max(self._segments) + 1) if self._segments else 0
             seg = _Segment(self.scratch_dir / f"{number:08d}.scratch", number)
             self._segments[number] = self._writing = seg
-        position = seg.written
-        view = memoryview(record)
-        while view:
-            done = os.pwrite(seg.fd, view, position + len(record) - len(view))
-            view = view[done:]
-        seg.written += len(record)
-        seg.live += 1
-        self.scratch_bytes += len(record)
-        return _Paged(seg.number, position, len(record))
+        return seg
 
     # -- reading -------------------------------------------------------------------------------------
     def get(self, key: int) -> bytes | None:

@@ -42,6 +42,7 @@ from libstore import (
 )
 from libstore.aio_deadline import wait_within
 from libstore.commit_log_cleaner import used_share
+from libstore.durability import is_transient_message
 from libstore.log_scanner import scan_buffer
 from libstore.message import waits_for_store
 from libstore.message_id import encode_host
@@ -129,10 +130,12 @@ class LocalCommitLog:
                 self._remember(fresh, appended.results)
             results = self._merge(messages, appended.results if appended else None, placed)
             if placed:  # replays take their WAIT from the message sent again, as a first send would
+                transient = self.log.topic_config.transient_topics
                 results.unwaited = frozenset(
                     i
                     for i, m in enumerate(messages)
-                    if m.properties and not waits_for_store(m.properties.get(MessageConst.WAIT))
+                    if (m.properties and not waits_for_store(m.properties.get(MessageConst.WAIT)))
+                    or is_transient_message(m.topic, m.properties, transient)
                 )
             try:
                 await self._wait_durable(results)

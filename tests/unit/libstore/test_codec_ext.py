@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libstore import record_codec
+from libstore import durability, record_codec
 from libstore.errors import CorruptRecordError, MessageIllegalError
 from libstore.message import Message, MessageConst
 from libstore.message_id import encode_host
@@ -102,6 +102,8 @@ _props = st.dictionaries(
             "traceparent",
             MessageConst.REAL_TOPIC,
             "KEYSX",
+            "DURABILITY",
+            "DURABILITYX",
         ]
     ),
     _text.filter(lambda v: "\x01" not in v and "\x02" not in v)
@@ -260,6 +262,7 @@ def _adopt(raw: bytes, pure: bool) -> tuple:
         [_slots(r) for r in batch.requests],
         batch.scheduled,
         batch.no_wait,
+        batch.durability_marked,
     )
 
 
@@ -354,6 +357,7 @@ def _encode(msgs: list, pure: bool, unassigned: bool) -> tuple:
         batch.queue_keys,
         batch.store_ts_positions,
         batch.no_wait,
+        batch.durability_marked,
         counters,
     )
 
@@ -367,7 +371,7 @@ _prop_value = st.one_of(
 )
 _encode_props = st.one_of(
     st.none(),
-    st.dictionaries(st.sampled_from(["WAIT", "TAGS", "KEYS"]), _prop_value, max_size=3),
+    st.dictionaries(st.sampled_from(["WAIT", "TAGS", "KEYS", "DURABILITY"]), _prop_value, max_size=3),
     st.dictionaries(st.sampled_from(["WAIT", "TAGS", "", "a\x01"]), _prop_value, max_size=2),
 )
 _any_message = st.builds(
@@ -411,9 +415,9 @@ _good_message = st.builds(
     st.binary(max_size=300),
     st.integers(-1, 3),
     st.dictionaries(
-        st.sampled_from(["WAIT", "TAGS", "KEYS", "UNIQ_KEY"]),
+        st.sampled_from(["WAIT", "TAGS", "KEYS", "UNIQ_KEY", "DURABILITY"]),
         st.text(alphabet=st.sampled_from("ab é中😀"), max_size=6)
-        | st.sampled_from(["false", "true", "TRUE", "no", ""]),
+        | st.sampled_from(["false", "true", "TRUE", "no", "", "1", "2"]),
         max_size=3,
     ),
     st.booleans(),
@@ -531,3 +535,46 @@ def test_a_chooser_is_asked_once_per_message_whatever_it_answers():
     raw = _client_records([Message("T", b"x", -1), Message("T", b"y", -1)])
     adopted = RecordEncoder(STORE_HOST, 4096).adopt_records(raw, BORN_TS, lambda t: 4, choose_queue=choose)
     assert calls == ["T", "T"] and adopted.queue_keys == [("T", 1), ("T", 0)]
+
+
+def _stubbed(msgs: list, found: list[int], pure: bool, base: int) -> tuple:
+    """Stubs cut and whole records held (libstore.durability) by one implementation."""
+    with _implementation(pure):
+        batch = RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, choose_queue=lambda t: 0)
+        whole = bytes(batch.buf)
+        at = [batch.positions[i] for i in found]
+        batch.whole_buf = bytearray(whole)
+        batch.buf = durability.make_stubs(batch.whole_buf, batch.positions, batch.sizes, found)
+        batch.transient = dict(zip(found, at, strict=True))
+        qoffs: list[int] = []
+        record_codec.assign_offsets(
+            batch.buf,
+            batch.positions,
+            batch.store_ts_positions,
+            batch.queue_keys,
+            {},
+            0,
+            len(msgs),
+            base,
+            7,
+            qoffs,
+        )
+        held = durability.hold_entries(batch, 1, len(msgs), base)
+    assert bytes(batch.whole_buf) == whole  # the encoded records are left as they were
+    return bytes(batch.buf), batch.positions, batch.sizes, held
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_good_message, min_size=1, max_size=10), st.data(), st.integers(0, 2**40))
+def test_stubs_and_held_records_match_the_python_reference(msgs, data, base):
+    found = sorted(data.draw(st.sets(st.integers(0, len(msgs) - 1))))
+    c_out = _stubbed(msgs, found, False, base)
+    assert c_out == _stubbed(msgs, found, True, base)
+    buf, positions, sizes, (keys, records) = c_out
+    for i in found:
+        stub = buf[positions[i] : positions[i] + sizes[i]]
+        assert durability.is_stub(stub) and record_codec.check_record(stub, 0, len(stub)).success
+    assert keys == [positions[i] + base for i in found if i >= 1]
+    for key, record in zip(keys, records, strict=True):
+        rec = decode_record(record)
+        assert rec.phy_offset == key and rec.store_timestamp == 7 and not durability.is_stub(record)

@@ -98,25 +98,25 @@ def test_a_new_store_deletes_what_an_earlier_run_paged_out(tmp_path: Path) -> No
 def test_a_failed_page_out_keeps_the_records_in_memory_and_the_counts_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The scratch disk fails (ENOSPC) in the middle of a page-out: what was written counts as
-    paged out, the rest stays in memory, a put that still fits is held and one that does not
-    is refused; once the disk is back, paging goes on."""
+    """The scratch disk writes short, then fails (ENOSPC), in the middle of a page-out: what was
+    wholly written counts as paged out, the rest stays in memory, a put that still fits is held
+    and one that does not is refused; once the disk is back, paging goes on."""
     import errno
 
     import libstore.transient_messages as module
 
     store = _store(tmp_path)
-    real_pwrite = module.os.pwrite
+    real_pwritev = module.os.pwritev
     writes = 0
 
-    def failing_pwrite(fd: int, data: memoryview, offset: int) -> int:
+    def failing_pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
         nonlocal writes
         writes += 1
         if writes >= 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_pwrite(fd, data, offset)
+        return real_pwritev(fd, buffers[:1], offset)  # a short write: the first record only
 
-    monkeypatch.setattr(module.os, "pwrite", failing_pwrite)
+    monkeypatch.setattr(module.os, "pwritev", failing_pwritev)
     for key in range(8):  # the eighth crosses the high-water mark: one record gets out
         store.put(key, _record(key))
     assert store.paged_out == 1 and store.memory_bytes == 700 and store.scratch_bytes == 100
@@ -125,7 +125,7 @@ def test_a_failed_page_out_keeps_the_records_in_memory_and_the_counts_exact(
     with pytest.raises(SystemBusyError):
         store.put(10, _record(10, 200))
     assert store.get_many(range(11)) == [_record(k) for k in range(10)] + [None]
-    monkeypatch.setattr(module.os, "pwrite", real_pwrite)
+    monkeypatch.setattr(module.os, "pwritev", real_pwritev)
     store.put(10, _record(10))
     assert store.memory_bytes <= 500 and store.get_many(range(11)) == [_record(k) for k in range(11)]
 
