@@ -78,6 +78,13 @@ def test_topic_retention_update_and_delete(embedded: Suite) -> None:
     assert any("Keep3d" in line and "1.5 h" in line for line in listed.stdout.splitlines())
     back = mqstore("topic", "update", "Keep3d", "--retention-hours", "0", "-a", gw)
     assert back.returncode == 0 and "store retention" in back.stdout
+    volatile = mqstore("topic", "update", "Keep3d", "--durability", "transient", "-a", gw)
+    assert volatile.returncode == 0 and "2 queues" in volatile.stdout and "transient" in volatile.stdout
+    rows = mqstore("topic", "list", "-a", gw).stdout.splitlines()
+    assert any("Keep3d" in line and "transient" in line for line in rows)
+    assert "durability must be persistent or transient" in _one_line_error(
+        mqstore("topic", "create", "Odd", "--durability", "fleeting", "-a", gw)
+    )
     assert "retention_hours must be within" in _one_line_error(
         mqstore("topic", "create", "Forever", "--retention-hours", "1e9", "-a", gw)
     )

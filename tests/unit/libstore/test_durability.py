@@ -198,3 +198,16 @@ def test_a_demoted_master_drops_its_transient_messages(open_log):
     res = cl.put_messages([_transient(0)])
     cl.set_broker_role(BrokerRole.SLAVE)
     assert len(cl.transient) == 0 and cl.read_many([(res[0].phy_offset, res[0].size)]) == [None]
+
+
+def test_a_slave_holds_only_stubs_and_a_promoted_one_reads_transient_messages_as_removed(open_log, tmp_path):
+    master: CommitLog = open_log()
+    slave: CommitLog = open_log(store_path_root_dir=str(tmp_path / "slave"), broker_role=BrokerRole.SLAVE)
+    res = master.put_messages([_transient(0), _persistent(1), _transient(2)])
+    data, _ = master.read_chunk(0, master.max_offset, 1 << 20)  # what the HA stream sends
+    assert b"secret" not in data and b"blue" not in data  # never replicated
+    slave.append_replica(0, data)
+    slave.set_broker_role(BrokerRole.ASYNC_MASTER)  # a failover
+    got = slave.read_many([(r.phy_offset, r.size) for r in res])
+    assert got[0] is None and got[2] is None and decode_record(got[1]).body == _persistent(1).body
+    assert slave.put_messages([_persistent(4)])[0].queue_offset == 2  # queue 0 goes on after the stubs
