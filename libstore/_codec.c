@@ -76,6 +76,14 @@ static inline void wr64(unsigned char *p, int64_t v) {
     wr32(p + 4, (int32_t)(uint64_t)v);
 }
 
+/* list.append(index) for a list of record indexes; 0, or -1 with an exception set. */
+static int append_index(PyObject *list, Py_ssize_t index) {
+    PyObject *i_obj = PyLong_FromSsize_t(index);
+    int rc = (i_obj != NULL && PyList_Append(list, i_obj) == 0) ? 0 : -1;
+    Py_XDECREF(i_obj);
+    return rc;
+}
+
 static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
     uLong crc = crc32(0L, Z_NULL, 0);
     while (n > 0) { /* zlib takes an unsigned int length */
@@ -805,16 +813,8 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                   && PyList_Append(uniq_keys, uniq) == 0 && PyList_Append(requests, req) == 0)
                      ? 0
                      : -1;
-        if (rc == 0 && c.no_wait) {
-            PyObject *i_obj = PyLong_FromSsize_t(index);
-            rc = (i_obj != NULL && PyList_Append(no_wait, i_obj) == 0) ? 0 : -1;
-            Py_XDECREF(i_obj);
-        }
-        if (rc == 0 && c.durability) {
-            PyObject *i_obj = PyLong_FromSsize_t(index);
-            rc = (i_obj != NULL && PyList_Append(marked, i_obj) == 0) ? 0 : -1;
-            Py_XDECREF(i_obj);
-        }
+        if (rc == 0 && c.no_wait) rc = append_index(no_wait, index);
+        if (rc == 0 && c.durability) rc = append_index(marked, index);
         if (c.scheduled) scheduled = 1;
         Py_XDECREF(pos_obj);
         Py_XDECREF(size_o);
@@ -1442,32 +1442,10 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
                 break;
             }
             Py_DECREF(size_obj);
-            if (born_v6) {
-                PyObject *i_obj = PyLong_FromSsize_t(index);
-                if (i_obj == NULL || PyList_Append(wide_born, i_obj) < 0) {
-                    Py_XDECREF(i_obj);
-                    stop = -1;
-                    break;
-                }
-                Py_DECREF(i_obj);
-            }
-            if (!waits) {
-                PyObject *i_obj = PyLong_FromSsize_t(index);
-                if (i_obj == NULL || PyList_Append(no_wait, i_obj) < 0) {
-                    Py_XDECREF(i_obj);
-                    stop = -1;
-                    break;
-                }
-                Py_DECREF(i_obj);
-            }
-            if (durability) {
-                PyObject *i_obj = PyLong_FromSsize_t(index);
-                if (i_obj == NULL || PyList_Append(marked, i_obj) < 0) {
-                    Py_XDECREF(i_obj);
-                    stop = -1;
-                    break;
-                }
-                Py_DECREF(i_obj);
+            if ((born_v6 && append_index(wide_born, index) < 0) || (!waits && append_index(no_wait, index) < 0)
+                || (durability && append_index(marked, index) < 0)) {
+                stop = -1;
+                break;
             }
             stop = 0;
             Py_CLEAR(chosen_obj);

@@ -30,14 +30,13 @@ from typing import Final
 from libstore.errors import MessageIllegalError
 from libstore.message import MessageConst, MessageSysFlag
 from libstore.record_codec import (
-    MESSAGE_MAGIC_CODE_V2,
     PHY_OFFSET_POSITION,
     QUEUE_OFFSET_POSITION,
     SYS_FLAG_POSITION,
     EncodedBatch,
     bytes_to_properties,
-    header_size_for,
     native,
+    record_parts,
     record_size_of,
 )
 from libstore.system_topics import is_system_topic
@@ -59,7 +58,6 @@ _STUB_KEPT_FLAGS: Final = (
     | MessageSysFlag.TRANSACTION_TYPE_MASK
     | MessageSysFlag.MULTI_TAGS_FLAG
 )
-_INT_SIZE = 4
 
 
 class Durability(enum.Enum):
@@ -99,51 +97,29 @@ def is_stub(record: bytes | bytearray | memoryview) -> bool:
     return bool(record[STUB_FLAG_BYTE] & STUB_FLAG_BIT)
 
 
-def _sys_flag(buf: bytes | bytearray, pos: int) -> int:
-    return int.from_bytes(buf[pos + SYS_FLAG_POSITION : pos + SYS_FLAG_POSITION + 4], "big", signed=True)
+def _sys_flag(record: bytes | bytearray) -> int:
+    return int.from_bytes(record[SYS_FLAG_POSITION : SYS_FLAG_POSITION + 4], "big", signed=True)
 
 
-def _layout(buf: bytearray, pos: int) -> tuple[int, int, int, int]:
-    """(header size up to BODYLEN, BODYLEN, topic field size, PROPERTIESLENGTH position) of
-    the encoded record at ``pos`` (already validated by the encoder)."""
-    header = header_size_for(_sys_flag(buf, pos))
-    body_len = int.from_bytes(buf[pos + header - _INT_SIZE : pos + header], "big")
-    topic_at = pos + header + body_len
-    magic = int.from_bytes(buf[pos + 4 : pos + 8], "big", signed=True)
-    if magic == MESSAGE_MAGIC_CODE_V2:
-        topic_field = 2 + int.from_bytes(buf[topic_at : topic_at + 2], "big")
-    else:
-        topic_field = 1 + buf[topic_at]
-    return header, body_len, topic_field, topic_at + topic_field
-
-
-def _properties_at(buf: bytearray, props_len_at: int) -> bytes:
-    size = int.from_bytes(buf[props_len_at : props_len_at + 2], "big")
-    return bytes(buf[props_len_at + 2 : props_len_at + 2 + size])
-
-
-def stub_properties(raw: bytes) -> bytes:
+def stub_properties(raw: bytes | bytearray) -> bytes:
     """The entries of serialized properties ``raw`` that a stub keeps (TAGS, KEYS, UNIQ_KEY),
     as they are, in their order."""
-    return b"".join([e + b"\x02" for e in raw.split(b"\x02") if e.startswith(_STUB_PREFIXES)])
+    return b"".join([e + b"\x02" for e in bytes(raw).split(b"\x02") if e.startswith(_STUB_PREFIXES)])
 
 
 def stub_of(buf: bytearray, pos: int) -> bytes:
     """The stub record (module doc) of the encoded record at ``pos``."""
-    header, body_len, topic_field, props_len_at = _layout(buf, pos)
-    kept = stub_properties(_properties_at(buf, props_len_at))
-    total = header + topic_field + 2 + len(kept)
-    stub = bytearray(buf[pos : pos + header])
-    stub[0:4] = total.to_bytes(4, "big")
+    body_at, body_len, props_at, end = record_parts(buf, pos)
+    kept = stub_properties(buf[props_at:end])
+    stub = bytearray(buf[pos:body_at])  # the fixed header, BODYLEN last
     stub[8:12] = b"\0\0\0\0"  # BODYCRC of the empty body
-    sys_flag = (_sys_flag(stub, 0) & _STUB_KEPT_FLAGS) | MessageSysFlag.TRANSIENT_STUB_FLAG
+    sys_flag = (_sys_flag(stub) & _STUB_KEPT_FLAGS) | MessageSysFlag.TRANSIENT_STUB_FLAG
     stub[SYS_FLAG_POSITION : SYS_FLAG_POSITION + 4] = sys_flag.to_bytes(4, "big", signed=True)
-    stub[header - _INT_SIZE : header] = b"\0\0\0\0"  # BODYLEN
-    topic_at = pos + header + body_len
-    stub += buf[topic_at : topic_at + topic_field]
+    stub[-4:] = b"\0\0\0\0"  # BODYLEN
+    stub += buf[body_at + body_len : props_at - 2]  # TOPICLEN, TOPIC
     stub += len(kept).to_bytes(2, "big")
     stub += kept
-    assert len(stub) == total
+    stub[0:4] = len(stub).to_bytes(4, "big")
     return bytes(stub)
 
 
@@ -212,9 +188,10 @@ def hold_entries(batch: EncodedBatch, start: int, stop: int, delta: int) -> tupl
 
 def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
     """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
-    each one's whole record moves to ``batch.transient`` (record index -> record) and its
-    place in ``batch.buf`` is taken by its stub; the index joins ``batch.no_wait`` (a transient
-    message is never waited for). Only records the encoder marked as carrying a DURABILITY
+    ``batch.buf`` becomes a new buffer in which each one's stub takes its place, the records
+    as encoded stay in ``batch.whole_buf``, ``batch.transient`` maps each one's index to where
+    its whole record starts there, and the index joins ``batch.no_wait`` (a transient message
+    is never waited for). Only records the encoder marked as carrying a DURABILITY
     property (``batch.durability_marked``) have their properties read. Raises
     MessageIllegalError (naming the record) for a DURABILITY value that is neither 1 nor 2;
     the batch is unchanged then."""
@@ -231,9 +208,10 @@ def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> Non
             key = keys[i]
             if key is None or i in by_topic or is_system_topic(key[0]):
                 continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
-            raw = _properties_at(buf, _layout(buf, batch.positions[i])[3])
+            _, _, props_at, end = record_parts(buf, batch.positions[i])
             try:
-                transient = is_transient_value(bytes_to_properties(raw).get(MessageConst.DURABILITY))
+                value = bytes_to_properties(buf[props_at:end]).get(MessageConst.DURABILITY)
+                transient = is_transient_value(value)
             except MessageIllegalError as exc:
                 raise MessageIllegalError(f"message {i}: {exc}") from None
             if transient:

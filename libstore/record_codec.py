@@ -131,11 +131,6 @@ def _header_for(sys_flag: int) -> struct.Struct:
     ]
 
 
-def header_size_for(sys_flag: int) -> int:
-    """Bytes of a record's fixed header (TOTALSIZE .. BODYLEN) with this SYSFLAG."""
-    return _header_for(sys_flag).size
-
-
 def encode_blank(max_blank: int) -> bytes:
     """The 8-byte end-of-file blank record: int32 ``max_blank`` (free bytes), int32 BLANK_MAGIC_CODE."""
     return _TOTAL_MAGIC.pack(max_blank, BLANK_MAGIC_CODE)
@@ -759,18 +754,13 @@ class RecordEncoder:
         out.requests.append(req)
         if req.scheduled:
             out.scheduled = True
-        if (
-            props_at < pos
-            and _WAIT_ENTRY in buf[props_at:pos]
-            and not waits_for_store(bytes_to_properties(buf[props_at:pos]).get(MessageConst.WAIT))
-        ):
-            out.no_wait.append(index)
-        if (
-            props_at < pos
-            and _DURABILITY_ENTRY in buf[props_at:pos]
-            and MessageConst.DURABILITY in bytes_to_properties(buf[props_at:pos])
-        ):
-            out.durability_marked.append(index)
+        raw = buf[props_at:pos] if props_at < pos else b""
+        if _WAIT_ENTRY in raw or _DURABILITY_ENTRY in raw:  # parsed only when one may be there
+            props = bytes_to_properties(raw)
+            if not waits_for_store(props.get(MessageConst.WAIT)):
+                out.no_wait.append(index)
+            if MessageConst.DURABILITY in props:
+                out.durability_marked.append(index)
         return pos
 
 
@@ -989,6 +979,17 @@ def check_record(
     return _check_record(
         buf, pos, limit, check_crc, expected_phy_offset, decode_properties, check_crc, False
     )[0]
+
+
+def record_parts(buf: Any, pos: int) -> tuple[int, int, int, int]:
+    """Where the parts of the record at ``buf[pos:]`` lie, as :func:`check_record` finds them
+    (no CRC check): (body start, BODYLEN, properties start, record end), positions in ``buf``;
+    the TOPICLEN field and topic run from body start + BODYLEN to properties start - 2. Raises
+    CorruptRecordError when no record is there."""
+    req, fields, body_at, props_at = _check_record(buf, pos, len(buf), False, -1, False)
+    if not req.success or req.msg_size == 0:
+        raise CorruptRecordError(f"no record at position {pos}")
+    return body_at, fields[-1], props_at, pos + req.msg_size
 
 
 _NO_FIELDS: tuple[Any, ...] = ()

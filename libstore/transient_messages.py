@@ -136,12 +136,12 @@ class TransientMessageStore:
         self.put_many([key], [record])
 
     def put_many(self, keys: Sequence[int], records: Sequence[bytes]) -> None:
-        """:meth:`put` of each key with its record (two lists of one length), all or none."""
+        """:meth:`put` of each key with its record (two lists of one length; the records are
+        held as given, so bytes, never a buffer that may change), all or none."""
         if not keys:
             return
         if len(keys) != len(records):
             raise InvalidArgumentError(f"{len(keys)} transient keys for {len(records)} records")
-        records = [r if type(r) is bytes else bytes(r) for r in records]
         size = sum(map(len, records))
         with self._lock:
             last = self._last_key

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from services.serve import ServeOptions, Suite
 from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites, SplitCluster, poll_until, wait_derived_caught_up
@@ -51,6 +52,19 @@ def _produce_mixed(address: str) -> dict[str, list[bytes]]:
     return sent
 
 
+def _start(suites: InProcessSuites, options: ServeOptions) -> Suite:
+    suite = suites.start(options)
+    suites.wait_ready(suite)
+    return suite
+
+
+def _restart(suites: InProcessSuites, suite: Suite, options: ServeOptions) -> Suite:
+    """Stop ``suite`` once dispatch and index hold what it confirmed; start it again on its data."""
+    wait_derived_caught_up(suite)
+    suites.stop(suite)
+    return _start(suites, options)
+
+
 def _pull(address: str, group: str, topic: str, tags: str = "*", want: int | None = None) -> list:
     with PullConsumer(address, group, topic, tag_expression=tags) as consumer:
         return poll_until(consumer, want, 20, idle_s=None if want else 1.5)
@@ -61,8 +75,7 @@ def test_transient_messages_are_consumed_like_any_other_and_never_reach_the_disk
     topology: str, suites: InProcessSuites, tmp_path: Path
 ) -> None:
     if topology == "embedded":
-        suite = suites.start(embedded_options(tmp_path / "data"))
-        suites.wait_ready(suite)
+        suite = _start(suites, embedded_options(tmp_path / "data"))
         address, data, cluster = suite.address, tmp_path / "data", None
     else:
         cluster = SplitCluster(tmp_path / "split")
@@ -96,17 +109,12 @@ def test_after_a_restart_transient_messages_are_gone_and_consumers_go_on(
     suites: InProcessSuites, tmp_path: Path
 ) -> None:
     options = embedded_options(tmp_path / "data")
-    suite = suites.start(options)
-    suites.wait_ready(suite)
+    suite = _start(suites, options)
     sent = _produce_mixed(suite.address)
     with PullConsumer(suite.address, "early", "Volatile") as consumer:  # a group that read it all
         assert len(poll_until(consumer, 16, 20)) == 16
         consumer.commit()
-    wait_derived_caught_up(suite)
-    suites.stop(suite)
-
-    suite = suites.start(options)
-    suites.wait_ready(suite)
+    suite = _restart(suites, suite, options)
     with Producer(suite.address) as producer:
         assert producer.send_batch(_bodies("Mixed", "a", "AFTER", 2)).all_ok
         assert producer.send_batch(_bodies("Volatile", "a", "AFTERV", 2)).all_ok
@@ -127,8 +135,7 @@ def test_official_client_sends_transient_messages_with_a_user_property(
     suites: InProcessSuites, tmp_path: Path
 ) -> None:
     options = embedded_options(tmp_path / "data")
-    suite = suites.start(options)
-    suites.wait_ready(suite)
+    suite = _start(suites, options)
     address = suite.address
     with Admin(address) as admin:
         admin.create_topic("Official", 2)
@@ -149,10 +156,7 @@ def test_official_client_sends_transient_messages_with_a_user_property(
     assert not refused["ids"] and "DURABILITY" in refused["errors"][0]
     # Sent again after a restart: the transient ones are gone, the receive gets the rest.
     run_driver("send", args, tmp_path / "s2")
-    wait_derived_caught_up(suite)
-    suites.stop(suite)
-    suite = suites.start(options)
-    suites.wait_ready(suite)
+    suite = _restart(suites, suite, options)
     with Admin(suite.address) as admin:
         admin.upsert_group("og2", consume_from="earliest")
     again = run_driver(

@@ -18,7 +18,7 @@ from libstore import (
 )
 from libstore.config import BrokerRole, FlushDiskType
 from libstore.durability import Durability, is_stub, is_transient_value
-from libstore.errors import SystemBusyError
+from libstore.errors import InvalidArgumentError, SystemBusyError
 from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, check_record, decode_record
 from libstore.topic_config import TopicConfigManager
 
@@ -96,7 +96,7 @@ def test_a_transient_topic_makes_every_message_transient_and_the_property_cannot
 
 def test_system_topics_cannot_be_transient(store_config):
     topics = TopicConfigManager(store_config.root_dir / "topics.json")
-    with pytest.raises(Exception, match="always persistent"):
+    with pytest.raises(InvalidArgumentError, match="always persistent"):
         topics.create_or_update(TopicConfig("rmq_sys_wheel_timer", 1, 1, durability=Durability.TRANSIENT))
 
 
