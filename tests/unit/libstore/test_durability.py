@@ -211,3 +211,20 @@ def test_a_slave_holds_only_stubs_and_a_promoted_one_reads_transient_messages_as
     got = slave.read_many([(r.phy_offset, r.size) for r in res])
     assert got[0] is None and got[2] is None and decode_record(got[1]).body == _persistent(1).body
     assert slave.put_messages([_persistent(4)])[0].queue_offset == 2  # queue 0 goes on after the stubs
+
+
+def test_the_spark_commitlog_source_skips_stubs_in_its_messages_view_and_keeps_them_for_dispatch(
+    store_config,
+):
+    from services.spark.commitlog_source import _records, commitlog_files, walk
+
+    cl = CommitLog.open(store_config)
+    try:
+        cl.put_messages([_transient(0), _persistent(1), _transient(2)])
+    finally:
+        cl.shutdown()
+    (segment,) = commitlog_files(store_config.commit_log_dir)
+    messages = [rec for _, rec, ok in _records(segment.path, segment.base_offset) if ok]
+    assert [rec.body for rec in messages] == [_persistent(1).body]
+    dispatch = [req for _, req, _ in walk(segment.path, segment.base_offset)]
+    assert [bool(req.sys_flag & STUB) for req in dispatch] == [True, False, True]
