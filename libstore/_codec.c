@@ -76,7 +76,7 @@ static inline void wr64(unsigned char *p, int64_t v) {
     wr32(p + 4, (int32_t)(uint64_t)v);
 }
 
-/* list.append(index) for a list of record indexes; 0, or -1 with an exception set. */
+/* list.append(index) for a list of indexes or offsets; 0, or -1 with an exception set. */
 static int append_index(PyObject *list, Py_ssize_t index) {
     PyObject *i_obj = PyLong_FromSsize_t(index);
     int rc = (i_obj != NULL && PyList_Append(list, i_obj) == 0) ? 0 : -1;
@@ -1834,11 +1834,17 @@ done:
 
 PyDoc_STRVAR(hold_entries_doc,
 "hold_entries(buf, positions, ts_positions, whole_buf, transient, start, stop, delta)\n"
-"    -> (keys, records)\n\n"
-"libstore.durability._hold_entries_py: the stub offsets and whole records (bytes) of the\n"
-"records of ``transient`` (record index -> position in ``whole_buf``, ascending) within\n"
-"[start, stop), each whole record with the QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of\n"
-"its stub in ``buf`` (at ``positions[index]``, CommitLog offset position + ``delta``).");
+"    -> (keys, ends, data)\n\n"
+"libstore.durability._hold_entries_py: the stub offsets of the records of ``transient`` (record\n"
+"index -> position in ``whole_buf``, ascending) within [start, stop), and their whole records\n"
+"one after another in ``data`` (bytes; record i ends at ``ends[i]``), each with the\n"
+"QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of its stub in ``buf`` (at ``positions[index]``,\n"
+"CommitLog offset position + ``delta``).");
+
+/* One record of hold_entries: where its whole record and its stub are. */
+typedef struct {
+    Py_ssize_t at, size, pos, ts_at;
+} Held;
 
 static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
@@ -1850,9 +1856,17 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t start = PyLong_AsSsize_t(args[5]), stop = PyLong_AsSsize_t(args[6]);
     long long delta = PyLong_AsLongLong(args[7]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *keys = PyList_New(0), *records = PyList_New(0);
-    if (keys == NULL || records == NULL) goto error;
-    Py_ssize_t it = 0;
+    const unsigned char *whole = (const unsigned char *)PyByteArray_AS_STRING(args[3]);
+    Py_ssize_t whole_len = PyByteArray_GET_SIZE(args[3]), buf_len = PyByteArray_GET_SIZE(args[0]);
+    Held *held = PyMem_Malloc(sizeof(Held) * (size_t)(PyDict_GET_SIZE(transient) + 1));
+    PyObject *keys = PyList_New(0), *ends = PyList_New(0), *data = NULL;
+    if (held == NULL || keys == NULL || ends == NULL) {
+        if (held == NULL) PyErr_NoMemory();
+        goto error;
+    }
+    /* First pass: check every record and add up the sizes; the dict keeps insertion order,
+       which is ascending record order. */
+    Py_ssize_t n = 0, total = 0, it = 0;
     PyObject *key, *value;
     while (PyDict_Next(transient, &it, &key, &value)) {
         Py_ssize_t k = PyLong_AsSsize_t(key);
@@ -1863,40 +1877,52 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
             PyErr_SetString(PyExc_IndexError, "hold_entries: a record index outside the batch");
             goto error;
         }
-        Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, k));
-        Py_ssize_t ts_at = PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
+        Held *h = &held[n];
+        h->at = at;
+        h->pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, k));
+        h->ts_at = PyLong_AsSsize_t(PyList_GET_ITEM(ts_positions, k));
         if (PyErr_Occurred()) goto error;
-        const unsigned char *whole = (const unsigned char *)PyByteArray_AS_STRING(args[3]);
-        Py_ssize_t whole_len = PyByteArray_GET_SIZE(args[3]);
         if (at < 0 || at + 8 > whole_len) goto outside;
-        Py_ssize_t size = rd32(whole + at);
-        if (pos < 0 || ts_at < 36 || pos + ts_at + 8 > PyByteArray_GET_SIZE(args[0]) || size < ts_at + 8
-            || at + size > whole_len)
+        h->size = rd32(whole + at);
+        if (h->pos < 0 || h->ts_at < 36 || h->pos + h->ts_at + 8 > buf_len || h->size < h->ts_at + 8
+            || at + h->size > whole_len)
             goto outside;
-        const unsigned char *stub = (const unsigned char *)PyByteArray_AS_STRING(args[0]) + pos;
-        PyObject *record = PyBytes_FromStringAndSize((const char *)whole + at, size);
-        if (record == NULL) goto error;
-        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(record);
-        memcpy(w + 20, stub + 20, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
-        memcpy(w + ts_at, stub + ts_at, 8); /* STORETIMESTAMP */
-        PyObject *offset = PyLong_FromLongLong((long long)pos + delta);
-        int rc = offset == NULL ? -1 : PyList_Append(keys, offset);
-        Py_XDECREF(offset);
-        if (rc == 0) rc = PyList_Append(records, record);
-        Py_DECREF(record);
-        if (rc < 0) goto error;
+        total += h->size;
+        n++;
     }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (data == NULL) goto error;
     {
-        PyObject *result = PyTuple_Pack(2, keys, records);
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
+        const unsigned char *stubs = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
+        Py_ssize_t end = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const Held *h = &held[i];
+            const unsigned char *stub = stubs + h->pos;
+            memcpy(w, whole + h->at, (size_t)h->size);
+            memcpy(w + 20, stub + 20, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
+            memcpy(w + h->ts_at, stub + h->ts_at, 8); /* STORETIMESTAMP */
+            w += h->size;
+            end += h->size;
+            if (append_index(keys, (Py_ssize_t)(h->pos + delta)) < 0 || append_index(ends, end) < 0)
+                goto error;
+        }
+    }
+    PyMem_Free(held);
+    {
+        PyObject *result = PyTuple_Pack(3, keys, ends, data);
         Py_DECREF(keys);
-        Py_DECREF(records);
+        Py_DECREF(ends);
+        Py_DECREF(data);
         return result;
     }
 outside:
     PyErr_SetString(PyExc_ValueError, "hold_entries: a record lies outside its buffer");
 error:
+    PyMem_Free(held);
     Py_XDECREF(keys);
-    Py_XDECREF(records);
+    Py_XDECREF(ends);
+    Py_XDECREF(data);
     return NULL;
 }
 

@@ -726,7 +726,7 @@ class CommitLog:
         of ``batch`` into :attr:`transient`, under their stubs' offsets, with the offsets and
         store time just assigned to the stubs (put lock held; the room was made for them)."""
         assert self.transient is not None
-        self.transient.put_many(*hold_entries(batch, start, stop, delta))
+        self.transient.put_run(*hold_entries(batch, start, stop, delta))
 
     def _rollback_queue_offsets(
         self, qoffs: list[int], keys: list[QueueKey | None], start: int, stop: int

@@ -157,12 +157,16 @@ def _make_stubs_py(buf: bytearray, positions: list[int], sizes: list[int], found
     return out
 
 
-def hold_entries(batch: EncodedBatch, start: int, stop: int, delta: int) -> tuple[list[int], list[bytes]]:
-    """The stub offsets and whole records of ``batch``'s transient messages among records
-    ``start``..``stop``-1, whose stubs just took their offsets (the put lock's loop,
-    CommitLog._append_locked: the stub at position p of ``batch.buf`` is at CommitLog offset
-    p + ``delta``). Each whole record gets its stub's QUEUEOFFSET, PHYSICALOFFSET and
-    STORETIMESTAMP. In C when the extension is built (libstore._codec.hold_entries)."""
+def hold_entries(
+    batch: EncodedBatch, start: int, stop: int, delta: int
+) -> tuple[list[int], list[int], bytes]:
+    """The stub offsets of ``batch``'s transient messages among records ``start``..``stop``-1,
+    whose stubs just took their offsets (the put lock's loop, CommitLog._append_locked: the stub
+    at position p of ``batch.buf`` is at CommitLog offset p + ``delta``), and their whole
+    records one after another in one buffer, as ``(keys, ends, data)`` (record i of ``data``
+    ends at ``ends[i]``: TransientMessageStore.put_run). Each whole record gets its stub's
+    QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP. In C when the extension is built
+    (libstore._codec.hold_entries)."""
     buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
     ext = native()
     if ext is not None:
@@ -170,7 +174,8 @@ def hold_entries(batch: EncodedBatch, start: int, stop: int, delta: int) -> tupl
             buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta
         )
     keys: list[int] = []
-    records: list[bytes] = []
+    ends: list[int] = []
+    data = bytearray()
     whole = batch.whole_buf
     for k, at in batch.transient.items():
         if not start <= k < stop:
@@ -182,8 +187,9 @@ def hold_entries(batch: EncodedBatch, start: int, stop: int, delta: int) -> tupl
         ]
         record[ts : ts + 8] = buf[pos + ts : pos + ts + 8]
         keys.append(pos + delta)
-        records.append(bytes(record))
-    return keys, records
+        data += record
+        ends.append(len(data))
+    return keys, ends, bytes(data)
 
 
 def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:

@@ -33,8 +33,9 @@ import operator
 import os
 import threading
 import time
+from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 from libstore.errors import InvalidArgumentError, StoreIOError, SystemBusyError
@@ -44,16 +45,31 @@ log = logging.getLogger(__name__)
 DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
 PAGE_OUT_CHUNK_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
 PAGE_OUT_PAUSE_S = 0.0005  # the pager's pause between steps: puts and reads get the lock
-_MAX_RUN = 512  # records per pwritev (under IOV_MAX, 1024 on Linux)
+_MAX_RUN = 512  # chunks per pwritev (under IOV_MAX, 1024 on Linux)
 
 
-@dataclass
-class _Paged:
-    """Where a paged-out record is: scratch segment ``segment``, ``position``, ``size`` bytes."""
+class _Chunk:
+    """Records put together (one :meth:`TransientMessageStore.put_run`): ``keys`` ascending;
+    record ``i`` is bytes ``ends[i-1]`` (0 for the first) up to ``ends[i]`` of ``data`` while the
+    chunk is in memory, of scratch segment ``segment`` from ``position`` once it is paged out
+    (``data`` None then). Records ``lo``..``hi``-1 are held; a chunk with none is dead."""
 
-    segment: int
-    position: int
-    size: int
+    __slots__ = ("data", "ends", "hi", "keys", "lo", "position", "segment")
+
+    def __init__(self, keys: array[int], ends: array[int], data: bytes) -> None:
+        self.keys = keys
+        self.ends = ends
+        self.lo = 0
+        self.hi = len(keys)
+        self.data: bytes | None = data
+        self.segment = -1
+        self.position = 0
+
+    def start_of(self, i: int) -> int:
+        return self.ends[i - 1] if i else 0
+
+    def held(self) -> int:
+        return self.hi - self.lo
 
 
 class _Segment:
@@ -64,7 +80,7 @@ class _Segment:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         self.written = 0
-        self.live = 0  # records of this segment still held
+        self.live = 0  # chunks of this segment still held
 
     def close_and_delete(self) -> None:
         os.close(self.fd)
@@ -74,7 +90,10 @@ class _Segment:
 class TransientMessageStore:
     """Transient records by key (module doc). Sizes in bytes; ``high_water`` and ``low_water``
     are fractions of ``max_bytes``; ``background`` pages out on a thread of its own (module
-    doc; :meth:`close` stops it). Raises InvalidArgumentError for bounds that do not fit."""
+    doc; :meth:`close` stops it). Raises InvalidArgumentError for bounds that do not fit.
+
+    Records are kept in *chunks*, the records of one put in one buffer, and paged out a chunk
+    at a time: the cost of holding and paging is per put, not per record."""
 
     def __init__(
         self,
@@ -98,13 +117,15 @@ class TransientMessageStore:
         self.scratch_segment_bytes = scratch_segment_bytes
         self.scratch_dir = Path(scratch_dir)
         self._lock = threading.Lock()
-        self._keys: list[int] = []  # ascending; index i holds self._records[i]
-        self._records: list[bytes | _Paged | None] = []  # None: released
-        self._first = 0  # index of the oldest held record (released ones stay until compaction)
-        self._first_in_memory = 0  # index of the oldest record not paged out
+        self._chunks: list[_Chunk] = []  # in key order; dead ones stay until compaction
+        self._firsts: list[int] = []  # the first key of each chunk, for bisection
+        self._first = 0  # index of the oldest chunk that holds records
+        self._first_in_memory = 0  # index of the oldest chunk not paged out
         self._last_key = -1  # keys put must be above it (it goes back only with truncate_from)
         self._segments: dict[int, _Segment] = {}
         self._writing: _Segment | None = None
+        self._count = 0  # records held
+        self._paged_count = 0  # of them, in scratch files
         self.memory_bytes = 0
         self.scratch_bytes = 0  # bytes of scratch files not deleted yet
         self.refused = 0  # puts refused with SystemBusyError
@@ -133,16 +154,27 @@ class TransientMessageStore:
         last :meth:`truncate_from` below it). Raises
         SystemBusyError when neither memory nor scratch has room (nothing is held then),
         InvalidArgumentError for a key out of order."""
-        self.put_many([key], [record])
+        self.put_run([key], [len(record)], bytes(record))
 
     def put_many(self, keys: Sequence[int], records: Sequence[bytes]) -> None:
-        """:meth:`put` of each key with its record (two lists of one length; the records are
-        held as given, so bytes, never a buffer that may change), all or none."""
-        if not keys:
-            return
+        """:meth:`put` of each key with its record (two lists of one length), all or none."""
         if len(keys) != len(records):
             raise InvalidArgumentError(f"{len(keys)} transient keys for {len(records)} records")
-        size = sum(map(len, records))
+        ends = list(accumulate(map(len, records)))
+        self.put_run(keys, ends, b"".join(records))
+
+    def put_run(self, keys: Sequence[int], ends: Sequence[int], data: bytes) -> None:
+        """Hold the records of ``data`` (record ``i`` is bytes ``ends[i-1]``, 0 for the first,
+        up to ``ends[i]``; the last end is ``len(data)``) under ``keys`` (ascending, above every
+        key put before), all or none; ``data`` is held as it is (bytes: never a buffer that may
+        change). Raises SystemBusyError when neither memory nor scratch has room,
+        InvalidArgumentError for keys out of order or ends that do not cut ``data``."""
+        if not keys:
+            return
+        n = len(keys)
+        if len(ends) != n or ends[-1] != len(data) or ends[0] < 0 or any(map(operator.gt, ends, ends[1:])):
+            raise InvalidArgumentError(f"{n} transient keys for records ending at {list(ends[:8])}")
+        size = len(data)
         with self._lock:
             last = self._last_key
             if keys[0] <= last or any(map(operator.ge, keys, keys[1:])):
@@ -150,9 +182,10 @@ class TransientMessageStore:
                     f"transient keys must ascend, above the last one put ({last}): {list(keys[:8])}"
                 )
             self._make_room_locked(size)
-            self._keys.extend(keys)
-            self._records.extend(records)
+            self._chunks.append(_Chunk(array("q", keys), array("q", ends), data))
+            self._firsts.append(keys[0])
             self._last_key = keys[-1]
+            self._count += n
             self.memory_bytes += size
             if self.memory_bytes > self.high_water_bytes:
                 if self._pager is not None:
@@ -182,7 +215,7 @@ class TransientMessageStore:
             )
 
     def _page_out_loop(self) -> None:
-        """The pager (``background``): page out a chunk at a time while memory is above the
+        """The pager (``background``): page out a step at a time while memory is above the
         low-water mark; stop early when scratch is full or a write fails (a put wakes it again)."""
         while True:
             self._pager_wake.wait()
@@ -197,17 +230,17 @@ class TransientMessageStore:
                 time.sleep(PAGE_OUT_PAUSE_S)  # a lock let go and taken straight back starves waiters
 
     def _page_out_locked(self, wanted: int) -> int:
-        """Write the oldest in-memory records to scratch, a run of them per system call, until
+        """Write the oldest in-memory chunks to scratch, a run of them per system call, until
         ``wanted`` bytes of memory are freed, the scratch bound would be passed, or a write
         fails (logged: the records stay in memory, and a put that still does not fit is
         refused). Returns the bytes freed; the bookkeeping is exact after each run, a short
-        write included (the next run starts at the first record not wholly written)."""
+        write included (the next run starts at the first chunk not wholly written)."""
         freed = 0
         i = max(self._first_in_memory, self._first)
-        records = self._records
-        while freed < wanted and i < len(records):
-            first = records[i]
-            assert isinstance(first, bytes)
+        chunks = self._chunks
+        while freed < wanted and i < len(chunks):
+            first = chunks[i].data
+            assert first is not None, "chunks from _first_in_memory on are in memory"
             if self.scratch_bytes + len(first) > self.scratch_max_bytes:
                 break
             try:
@@ -218,14 +251,15 @@ class TransientMessageStore:
             run: list[bytes] = []
             size = 0
             j = i
-            while j < len(records) and freed + size < wanted and len(run) < _MAX_RUN:
-                rec = records[j]
-                assert isinstance(rec, bytes)
+            while j < len(chunks) and freed + size < wanted and len(run) < _MAX_RUN:
+                data = chunks[j].data
+                assert data is not None
                 room = self.scratch_segment_bytes - seg.written - size
-                if (run and len(rec) > room) or self.scratch_bytes + size + len(rec) > self.scratch_max_bytes:
+                full = self.scratch_bytes + size + len(data) > self.scratch_max_bytes
+                if (run and len(data) > room) or full:
                     break
-                run.append(rec)
-                size += len(rec)
+                run.append(data)
+                size += len(data)
                 j += 1
             try:
                 written = os.pwritev(seg.fd, run, seg.written)
@@ -233,11 +267,14 @@ class TransientMessageStore:
                 log.warning("cannot page transient records out to %s: %s", self.scratch_dir, exc)
                 break
             done = 0
-            for rec in run:
-                if done + len(rec) > written:
-                    break  # a short write: this record goes again, from its start
-                records[i] = _Paged(seg.number, seg.written + done, len(rec))
-                done += len(rec)
+            for data in run:
+                if done + len(data) > written:
+                    break  # a short write: this chunk goes again, from its start
+                chunk = chunks[i]
+                chunk.data = None
+                chunk.segment, chunk.position = seg.number, seg.written + done
+                self._paged_count += chunk.held()
+                done += len(data)
                 seg.live += 1
                 i += 1
             seg.written += done
@@ -269,23 +306,29 @@ class TransientMessageStore:
         """:meth:`get` of each key."""
         out: list[bytes | None] = []
         with self._lock:
+            firsts, chunks, oldest = self._firsts, self._chunks, self._first
             for key in keys:
-                i = bisect.bisect_left(self._keys, key, self._first)
-                if i == len(self._keys) or self._keys[i] != key:
+                c = bisect.bisect_right(firsts, key, oldest) - 1
+                if c < oldest:
                     out.append(None)
                     continue
-                rec = self._records[i]
-                assert rec is not None, "a held slot"
-                out.append(rec if isinstance(rec, bytes) else self._read_scratch(rec))
+                chunk = chunks[c]
+                i = bisect.bisect_left(chunk.keys, key, chunk.lo, chunk.hi)
+                if i == chunk.hi or chunk.keys[i] != key:
+                    out.append(None)
+                    continue
+                start, end = chunk.start_of(i), chunk.ends[i]
+                data = chunk.data
+                out.append(data[start:end] if data is not None else self._read_scratch(chunk, start, end))
         return out
 
-    def _read_scratch(self, where: _Paged) -> bytes:
-        seg = self._segments[where.segment]
+    def _read_scratch(self, chunk: _Chunk, start: int, end: int) -> bytes:
+        seg = self._segments[chunk.segment]
         try:
-            data = os.pread(seg.fd, where.size, where.position)
+            data = os.pread(seg.fd, end - start, chunk.position + start)
         except OSError as exc:
             raise StoreIOError(f"cannot read a paged-out transient record from {seg.path}: {exc}") from exc
-        if len(data) != where.size:
+        if len(data) != end - start:
             raise StoreIOError(f"{seg.path} ends inside a paged-out transient record")
         return data
 
@@ -294,10 +337,16 @@ class TransientMessageStore:
         """Drop every record whose key is below ``key`` (their stubs' CommitLog segment was
         deleted); returns how many. Scratch segments left without records are deleted."""
         with self._lock:
-            end = bisect.bisect_left(self._keys, key, self._first)
-            released = self._drop_locked(range(self._first, end))
-            self._first = end
-            self._first_in_memory = max(self._first_in_memory, end)
+            released = 0
+            end = bisect.bisect_left(self._firsts, key, self._first)  # chunks starting below key
+            for c in range(self._first, end):
+                chunk = self._chunks[c]
+                cut = bisect.bisect_left(chunk.keys, key, chunk.lo, chunk.hi)
+                released += self._keep_locked(chunk, cut, chunk.hi)
+            while self._first < len(self._chunks) and not self._chunks[self._first].held():
+                self._first += 1
+            self._first_in_memory = max(self._first_in_memory, self._first)
+            self._close_emptied_segment_locked()
             self._compact_locked()
             return released
 
@@ -305,31 +354,60 @@ class TransientMessageStore:
         """Drop every record whose key is ``key`` or above (the CommitLog was cut there: a
         failover's truncation); returns how many."""
         with self._lock:
-            start = bisect.bisect_left(self._keys, key, self._first)
-            released = self._drop_locked(range(start, len(self._keys)))
-            del self._keys[start:]
-            del self._records[start:]
-            self._first_in_memory = min(self._first_in_memory, start)
+            released = 0
+            start = max(self._first, bisect.bisect_left(self._firsts, key, self._first) - 1)
+            for c in range(start, len(self._chunks)):
+                chunk = self._chunks[c]
+                cut = bisect.bisect_left(chunk.keys, key, chunk.lo, chunk.hi)
+                released += self._keep_locked(chunk, chunk.lo, cut)
+            keep = len(self._chunks)
+            while keep > self._first and not self._chunks[keep - 1].held():
+                keep -= 1
+            del self._chunks[keep:]
+            del self._firsts[keep:]
+            self._first_in_memory = min(self._first_in_memory, keep)
             self._last_key = min(self._last_key, key - 1)  # the log goes on from the cut
+            self._close_emptied_segment_locked()
             return released
 
-    def _drop_locked(self, indexes: range) -> int:
-        for i in indexes:
-            rec = self._records[i]
-            self._records[i] = None  # the bytes go now, the slot at the next compaction
-            if rec is None:
-                continue
-            if isinstance(rec, bytes):
-                self.memory_bytes -= len(rec)
-                continue
-            seg = self._segments[rec.segment]
-            seg.live -= 1
-            if seg.live == 0 and seg is not self._writing:
-                self._delete_segment(seg)
+    def _keep_locked(self, chunk: _Chunk, lo: int, hi: int) -> int:
+        """Keep only records ``lo``..``hi``-1 of ``chunk`` (within what it holds); returns how
+        many were dropped. An in-memory chunk is cut to what it keeps, so that memory counts
+        only held records; a paged-out one frees its scratch with its segment."""
+        dropped = chunk.held() - max(0, hi - lo)
+        if not dropped:
+            return 0
+        self._count -= dropped
+        if chunk.data is None:  # paged out
+            self._paged_count -= dropped
+            if hi <= lo:
+                seg = self._segments[chunk.segment]
+                seg.live -= 1
+                if seg.live == 0 and seg is not self._writing:
+                    self._delete_segment(seg)
+                chunk.lo = chunk.hi = 0
+            else:
+                chunk.lo, chunk.hi = lo, hi
+            return dropped
+        before = len(chunk.data)
+        if hi <= lo:
+            chunk.data = None
+            chunk.lo = chunk.hi = 0
+            self.memory_bytes -= before
+            return dropped
+        base = chunk.start_of(lo)
+        with memoryview(chunk.data) as view:
+            chunk.data = bytes(view[base : chunk.ends[hi - 1]])
+        chunk.keys = chunk.keys[lo:hi]
+        chunk.ends = array("q", [end - base for end in chunk.ends[lo:hi]])
+        chunk.lo, chunk.hi = 0, hi - lo
+        self.memory_bytes -= before - len(chunk.data)
+        return dropped
+
+    def _close_emptied_segment_locked(self) -> None:
         if self._writing is not None and self._writing.live == 0:
             self._delete_segment(self._writing)
             self._writing = None
-        return len(indexes)
 
     def _delete_segment(self, seg: _Segment) -> None:
         del self._segments[seg.number]
@@ -337,23 +415,23 @@ class TransientMessageStore:
         seg.close_and_delete()
 
     def _compact_locked(self) -> None:
-        """Forget released slots once they are half the lists (amortized O(1) per record)."""
-        if self._first > 1024 and self._first * 2 > len(self._keys):
-            del self._keys[: self._first]
-            del self._records[: self._first]
+        """Forget dead chunks once they are half the lists (amortized O(1) per chunk)."""
+        if self._first > 1024 and self._first * 2 > len(self._chunks):
+            del self._chunks[: self._first]
+            del self._firsts[: self._first]
             self._first_in_memory -= self._first
             self._first = 0
 
     # -- state ---------------------------------------------------------------------------------------
     def __len__(self) -> int:
         with self._lock:
-            return len(self._keys) - self._first
+            return self._count
 
     @property
     def paged_out(self) -> int:
         """How many held records are in scratch files."""
         with self._lock:
-            return max(0, self._first_in_memory - self._first)
+            return self._paged_count
 
     def close(self) -> None:
         """Drop everything and delete the scratch files (a transient record never outlives
@@ -364,10 +442,11 @@ class TransientMessageStore:
             for seg in list(self._segments.values()):
                 self._delete_segment(seg)
             self._writing = None
-            self._keys.clear()
-            self._records.clear()
+            self._chunks.clear()
+            self._firsts.clear()
             self._first = self._first_in_memory = 0
             self._last_key = -1
+            self._count = self._paged_count = 0
             self.memory_bytes = 0
         if self._pager is not None and self._pager is not threading.current_thread():
             self._pager.join(10)

@@ -570,7 +570,9 @@ def test_stubs_and_held_records_match_the_python_reference(msgs, data, base):
     found = sorted(data.draw(st.sets(st.integers(0, len(msgs) - 1))))
     c_out = _stubbed(msgs, found, False, base)
     assert c_out == _stubbed(msgs, found, True, base)
-    buf, positions, sizes, (keys, records) = c_out
+    buf, positions, sizes, (keys, ends, data) = c_out
+    records = [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+    assert ends[-1:] == [len(data)] if keys else data == b""
     for i in found:
         stub = buf[positions[i] : positions[i] + sizes[i]]
         assert durability.is_stub(stub) and record_codec.check_record(stub, 0, len(stub)).success

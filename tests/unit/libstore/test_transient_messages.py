@@ -194,6 +194,7 @@ def test_the_store_reads_back_what_a_plain_dict_would(tmp_path_factory: pytest.T
             model = {k: v for k, v in model.items() if k < max(a, 1)}
             next_key = max([next_key, *model]) if model else next_key
         assert store.memory_bytes <= store.max_bytes
+        assert store.memory_bytes <= sum(map(len, model.values())), "memory counts only held records"
         assert len(store) == len(model)
         keys = range(0, next_key + 2)
         assert store.get_many(keys) == [model.get(k) for k in keys]
