@@ -1729,107 +1729,187 @@ static int stub_layout(const unsigned char *r, Py_ssize_t size, StubLayout *s) {
     return 0;
 }
 
-PyDoc_STRVAR(make_stubs_doc,
-"make_stubs(buf, positions, sizes, found, stub_flag, kept_flags) -> bytearray\n\n"
-"libstore.durability._make_stubs_py: a new batch buffer with each record of ``found`` (ascending\n"
-"indexes) replaced by its stub, ``positions`` and ``sizes`` updated in place (``buf`` is left as\n"
-"it is). NotImplemented when a record does not parse.");
+/* Writes at ``w`` the stub (libstore.durability) of the record at ``r``, laid out as ``s`` says. */
+static void write_stub(unsigned char *w, const unsigned char *r, const StubLayout *s, long stub_flag, long kept_flags) {
+    memcpy(w, r, (size_t)s->header);
+    wr32(w, (int32_t)s->stub_size);
+    wr32(w + 8, 0); /* BODYCRC of the empty body */
+    wr32(w + SYS_FLAG_POSITION, (int32_t)((rd32(r + SYS_FLAG_POSITION) & kept_flags) | stub_flag));
+    wr32(w + s->header - 4, 0); /* BODYLEN */
+    memcpy(w + s->header, r + s->topic_at, (size_t)s->topic_field);
+    Py_ssize_t kept = s->stub_size - s->header - s->topic_field - 2;
+    w[s->header + s->topic_field] = (unsigned char)(kept >> 8);
+    w[s->header + s->topic_field + 1] = (unsigned char)kept;
+    stub_properties(r + s->props_at, s->props_len, w + s->header + s->topic_field + 2);
+}
 
-static PyObject *py_make_stubs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
-        || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "make_stubs(bytearray, list, list, list, int, int)");
+/* The DURABILITY value of properties [p, p + n) (the last entry, as a dict of them keeps it):
+ * 1 transient, 0 persistent or absent, -1 any other value. */
+static int durability_of(const unsigned char *p, Py_ssize_t n) {
+    int found = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        const unsigned char *stop = memchr(p + i, 0x02, (size_t)(n - i));
+        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
+        const unsigned char *sep = memchr(p + i, 0x01, (size_t)(e - i));
+        if (sep != NULL && name_is(p + i, sep - (p + i), "DURABILITY")) {
+            const unsigned char *value = sep + 1;
+            Py_ssize_t len = (p + e) - value;
+            found = (len == 1 && value[0] == '1') ? 1 : (len == 1 && value[0] == '2') ? 0 : -1;
+        }
+        i = e + 1;
+    }
+    return found;
+}
+
+PyDoc_STRVAR(split_transient_doc,
+"split_transient(buf, positions, sizes, queue_keys, transient_topics, marked, system_topics,\n"
+"                requests, stub_flag, kept_flags)\n"
+"    -> None | index | (stub_buf, found, whole_at, whole_bytes)\n\n"
+"libstore.durability._split_py: which records of a batch are transient (their topic is in\n"
+"``transient_topics``, or, for records of ``marked`` whose topic is not in ``system_topics``,\n"
+"their DURABILITY property is 1). None when none is; the index of the first marked record whose\n"
+"DURABILITY value is neither 1 nor 2 (nothing is changed then); else a new batch buffer with\n"
+"each transient record replaced by its stub (their whole records stay where they are in\n"
+"``buf``: record ``found[k]`` at ``whole_at[k]``, ``whole_bytes`` in all), and ``positions``,\n"
+"``sizes`` and the ``requests`` (when there is one per record: msg_size and sys_flag) updated\n"
+"in place.\n"
+"NotImplemented when a record does not parse.");
+
+static PyObject *py_split_transient(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (need_configured() < 0) return NULL;
+    if (nargs != 10 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
+        || !PyList_Check(args[3]) || !PyAnySet_Check(args[4]) || !PyList_Check(args[5]) || !PyAnySet_Check(args[6])
+        || !PyList_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "split_transient(bytearray, list, list, list, frozenset, list, frozenset, list, int, int)");
         return NULL;
     }
-    PyObject *positions = args[1], *sizes = args[2], *found = args[3];
-    long stub_flag = PyLong_AsLong(args[4]), kept_flags = PyLong_AsLong(args[5]);
+    PyObject *positions = args[1], *sizes = args[2], *queue_keys = args[3], *topics = args[4];
+    PyObject *marked = args[5], *system_topics = args[6], *requests = args[7];
+    long stub_flag = PyLong_AsLong(args[8]), kept_flags = PyLong_AsLong(args[9]);
     if (PyErr_Occurred()) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(sizes), nf = PyList_GET_SIZE(found);
-    if (PyList_GET_SIZE(positions) != n + 1) {
-        PyErr_SetString(PyExc_ValueError, "make_stubs: positions must have one entry more than sizes");
+    Py_ssize_t n = PyList_GET_SIZE(sizes), nm = PyList_GET_SIZE(marked);
+    if (PyList_GET_SIZE(positions) != n + 1 || PyList_GET_SIZE(queue_keys) != n) {
+        PyErr_SetString(PyExc_ValueError, "split_transient: positions, sizes and queue_keys do not match");
         return NULL;
     }
     const unsigned char *buf = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
     Py_ssize_t buf_len = PyByteArray_GET_SIZE(args[0]);
-    StubLayout *lay = PyMem_Malloc(sizeof(StubLayout) * (size_t)(nf ? nf : 1));
-    Py_ssize_t *idx = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nf ? nf : 1));
-    PyObject *out = NULL;
-    if (lay == NULL || idx == NULL) {
+    int with_requests = PyList_GET_SIZE(requests) == n;
+    char *is_transient = PyMem_Calloc((size_t)(n ? n : 1), 1);
+    StubLayout *lay = PyMem_Malloc(sizeof(StubLayout) * (size_t)(n ? n : 1));
+    PyObject *out = NULL, *found = NULL, *whole_at = NULL, *result = NULL;
+    if (is_transient == NULL || lay == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t total = buf_len;
-    for (Py_ssize_t f = 0; f < nf; f++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(found, f));
+    Py_ssize_t count = 0;
+    if (PySet_GET_SIZE(topics)) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *key = PyList_GET_ITEM(queue_keys, i);
+            if (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 1) continue; /* no queue: persistent */
+            int in = PySet_Contains(topics, PyTuple_GET_ITEM(key, 0));
+            if (in < 0) goto done;
+            is_transient[i] = (char)in;
+        }
+    }
+    for (Py_ssize_t m = 0; m < nm; m++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(marked, m));
         if (i == -1 && PyErr_Occurred()) goto done;
-        if (i < 0 || i >= n || (f && i <= idx[f - 1])) {
-            PyErr_SetString(PyExc_ValueError, "make_stubs: found must be ascending record indexes");
+        if (i < 0 || i >= n) {
+            PyErr_SetString(PyExc_IndexError, "split_transient: a marked record outside the batch");
             goto done;
         }
-        idx[f] = i;
+        PyObject *key = PyList_GET_ITEM(queue_keys, i);
+        if (is_transient[i] || !PyTuple_Check(key) || PyTuple_GET_SIZE(key) < 1) continue;
+        int system = PySet_Contains(system_topics, PyTuple_GET_ITEM(key, 0));
+        if (system < 0) goto done;
+        if (system) continue; /* the store's own records are persistent */
         Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
         Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
         if (PyErr_Occurred()) goto done;
-        if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &lay[f]) < 0
-            || lay[f].stub_size > size) {
-            PyMem_Free(lay);
-            PyMem_Free(idx);
-            Py_RETURN_NOTIMPLEMENTED;
+        StubLayout probe;
+        if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &probe) < 0) goto cannot;
+        int value = durability_of(buf + pos + probe.props_at, probe.props_len);
+        if (value < 0) {
+            result = PyLong_FromSsize_t(i);
+            goto done;
         }
-        total -= size - lay[f].stub_size;
+        is_transient[i] = (char)value;
     }
-    out = PyByteArray_FromStringAndSize(NULL, total);
-    if (out == NULL) goto done;
-    unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
-    /* written: where record i starts in ``out``; [done_to, pos) of ``buf`` (records kept as they
-     * are) is copied to out_done when the next stub comes, and after the loop. */
-    Py_ssize_t done_to = 0, out_done = 0, written = 0, f = 0;
+    Py_ssize_t stub_total = buf_len, whole_total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (!is_transient[i]) continue;
         Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
         Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
-        PyObject *new_pos = PyLong_FromSsize_t(written);
-        if (new_pos == NULL) goto done;
-        PyList_SetItem(positions, i, new_pos);
-        if (f < nf && idx[f] == i) {
-            const unsigned char *r = buf + pos;
-            StubLayout *s = &lay[f];
+        if (PyErr_Occurred()) goto done;
+        if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &lay[i]) < 0
+            || lay[i].stub_size > size)
+            goto cannot;
+        stub_total -= size - lay[i].stub_size;
+        whole_total += size;
+        count++;
+    }
+    if (count == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    out = PyByteArray_FromStringAndSize(NULL, stub_total);
+    found = PyList_New(0);
+    whole_at = PyList_New(0);
+    if (out == NULL || found == NULL || whole_at == NULL) goto done;
+    {
+        unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
+        /* written: where record i starts in ``out``; [done_to, pos) of ``buf`` (records kept as
+         * they are) is copied to out_done when the next stub comes, and after the loop. */
+        Py_ssize_t done_to = 0, out_done = 0, written = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+            Py_ssize_t size = PyLong_AsSsize_t(PyList_GET_ITEM(sizes, i));
+            if (written != pos) {
+                PyObject *new_pos = PyLong_FromSsize_t(written);
+                if (new_pos == NULL) goto done;
+                PyList_SetItem(positions, i, new_pos);
+            }
+            if (!is_transient[i]) {
+                written += size;
+                continue;
+            }
+            const StubLayout *st = &lay[i];
             memcpy(dst + out_done, buf + done_to, (size_t)(pos - done_to));
-            unsigned char *w = dst + written;
-            memcpy(w, r, (size_t)s->header);
-            wr32(w, (int32_t)s->stub_size);
-            wr32(w + 8, 0); /* BODYCRC of the empty body */
-            wr32(w + SYS_FLAG_POSITION, (int32_t)((rd32(r + SYS_FLAG_POSITION) & kept_flags) | stub_flag));
-            wr32(w + s->header - 4, 0); /* BODYLEN */
-            memcpy(w + s->header, r + s->topic_at, (size_t)s->topic_field);
-            Py_ssize_t kept = s->stub_size - s->header - s->topic_field - 2;
-            w[s->header + s->topic_field] = (unsigned char)(kept >> 8);
-            w[s->header + s->topic_field + 1] = (unsigned char)kept;
-            stub_properties(r + s->props_at, s->props_len, w + s->header + s->topic_field + 2);
-            PyObject *new_size = PyLong_FromSsize_t(s->stub_size);
+            write_stub(dst + written, buf + pos, st, stub_flag, kept_flags);
+            if (append_index(found, i) < 0 || append_index(whole_at, pos) < 0) goto done;
+            PyObject *new_size = PyLong_FromSsize_t(st->stub_size);
             if (new_size == NULL) goto done;
             PyList_SetItem(sizes, i, new_size);
-            written += s->stub_size;
+            if (with_requests) {
+                PyObject *req = PyList_GET_ITEM(requests, i);
+                int32_t flag = (int32_t)((rd32(buf + pos + SYS_FLAG_POSITION) & kept_flags) | stub_flag);
+                if (set_field(req, F_MSG_SIZE, PyLong_FromSsize_t(st->stub_size)) < 0
+                    || set_field(req, F_SYS_FLAG, PyLong_FromLong(flag)) < 0)
+                    goto done;
+            }
+            written += st->stub_size;
             out_done = written;
             done_to = pos + size;
-            f++;
-        } else {
-            written += size;
         }
-    }
-    memcpy(dst + out_done, buf + done_to, (size_t)(buf_len - done_to));
-    {
-        PyObject *end = PyLong_FromSsize_t(total);
+        memcpy(dst + out_done, buf + done_to, (size_t)(buf_len - done_to));
+        PyObject *end = PyLong_FromSsize_t(stub_total);
         if (end == NULL) goto done;
         PyList_SetItem(positions, n, end);
     }
-    PyMem_Free(lay);
-    PyMem_Free(idx);
-    return out;
+    result = Py_BuildValue("(OOOn)", out, found, whole_at, whole_total);
+    goto done;
+cannot:
+    result = Py_NewRef(Py_NotImplemented);
 done:
+    PyMem_Free(is_transient);
     PyMem_Free(lay);
-    PyMem_Free(idx);
     Py_XDECREF(out);
-    return NULL;
+    Py_XDECREF(found);
+    Py_XDECREF(whole_at);
+    return result;
 }
 
 PyDoc_STRVAR(hold_entries_doc,
@@ -1837,9 +1917,10 @@ PyDoc_STRVAR(hold_entries_doc,
 "    -> (keys, ends, data)\n\n"
 "libstore.durability._hold_entries_py: the stub offsets of the records of ``transient`` (record\n"
 "index -> position in ``whole_buf``, ascending) within [start, stop), and their whole records\n"
-"one after another in ``data`` (bytes; record i ends at ``ends[i]``), each with the\n"
-"QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP of its stub in ``buf`` (at ``positions[index]``,\n"
-"CommitLog offset position + ``delta``).");
+"one after another in ``data`` (record i ends at ``ends[i]``), each with the QUEUEOFFSET,\n"
+"PHYSICALOFFSET and STORETIMESTAMP of its stub in ``buf`` (at ``positions[index]``, CommitLog\n"
+"offset position + ``delta``). When the records lie back to back in ``whole_buf`` they are\n"
+"patched there and ``data`` is a read-only view of them; else ``data`` is new bytes.");
 
 /* One record of hold_entries: where its whole record and its stub are. */
 typedef struct {
@@ -1890,16 +1971,23 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
         total += h->size;
         n++;
     }
-    data = PyBytes_FromStringAndSize(NULL, total);
-    if (data == NULL) goto error;
+    int in_place = n > 0;
+    for (Py_ssize_t i = 1; i < n && in_place; i++) in_place = held[i].at == held[i - 1].at + held[i - 1].size;
+    unsigned char *w;
+    if (in_place) {
+        w = (unsigned char *)PyByteArray_AS_STRING(args[3]) + held[0].at;
+    } else {
+        data = PyBytes_FromStringAndSize(NULL, total);
+        if (data == NULL) goto error;
+        w = (unsigned char *)PyBytes_AS_STRING(data);
+    }
     {
-        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(data);
         const unsigned char *stubs = (const unsigned char *)PyByteArray_AS_STRING(args[0]);
         Py_ssize_t end = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             const Held *h = &held[i];
             const unsigned char *stub = stubs + h->pos;
-            memcpy(w, whole + h->at, (size_t)h->size);
+            if (!in_place) memcpy(w, whole + h->at, (size_t)h->size);
             memcpy(w + 20, stub + 20, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
             memcpy(w + h->ts_at, stub + h->ts_at, 8); /* STORETIMESTAMP */
             w += h->size;
@@ -1907,6 +1995,14 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
             if (append_index(keys, (Py_ssize_t)(h->pos + delta)) < 0 || append_index(ends, end) < 0)
                 goto error;
         }
+    }
+    if (in_place) {
+        PyObject *view = PyMemoryView_FromObject(args[3]);
+        PyObject *part = view == NULL ? NULL : PySequence_GetSlice(view, held[0].at, held[0].at + total);
+        Py_XDECREF(view);
+        data = part == NULL ? NULL : PyObject_CallMethod(part, "toreadonly", NULL);
+        Py_XDECREF(part);
+        if (data == NULL) goto error;
     }
     PyMem_Free(held);
     {
@@ -1938,7 +2034,7 @@ static PyMethodDef methods[] = {
      configure_record_doc},
     {"index_hashes", (PyCFunction)(void (*)(void))py_index_hashes, METH_FASTCALL, index_hashes_doc},
     {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
-    {"make_stubs", (PyCFunction)(void (*)(void))py_make_stubs, METH_FASTCALL, make_stubs_doc},
+    {"split_transient", (PyCFunction)(void (*)(void))py_split_transient, METH_FASTCALL, split_transient_doc},
     {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},
     {NULL, NULL, 0, NULL},
 };

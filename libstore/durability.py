@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Final
 
 from libstore.errors import MessageIllegalError
@@ -39,7 +40,7 @@ from libstore.record_codec import (
     record_parts,
     record_size_of,
 )
-from libstore.system_topics import is_system_topic
+from libstore.system_topics import SYSTEM_TOPICS, is_system_topic
 
 TRANSIENT = "1"  # DURABILITY values: RabbitMQ's delivery modes
 PERSISTENT = "2"
@@ -58,6 +59,11 @@ _STUB_KEPT_FLAGS: Final = (
     | MessageSysFlag.TRANSACTION_TYPE_MASK
     | MessageSysFlag.MULTI_TAGS_FLAG
 )
+
+
+# What splitting a batch gives: the stub buffer, the transient messages' indexes, where each
+# one's whole record starts in the batch's buffer as it was, and their bytes (mark_transient).
+_Split = tuple[bytearray, list[int], list[int], int]
 
 
 class Durability(enum.Enum):
@@ -123,21 +129,124 @@ def stub_of(buf: bytearray, pos: int) -> bytes:
     return bytes(stub)
 
 
-def make_stubs(buf: bytearray, positions: list[int], sizes: list[int], found: list[int]) -> bytearray:
-    """A new buffer of ``buf``'s records (a batch's) with each record of ``found`` (ascending
-    indexes) replaced by its stub; ``positions`` and ``sizes`` are updated in place, ``buf`` is
-    left as it is. In C when the extension is built (libstore._codec.make_stubs)."""
+def hold_entries(
+    batch: EncodedBatch, start: int, stop: int, delta: int
+) -> tuple[list[int], list[int], bytes | memoryview]:
+    """The stub offsets of ``batch``'s transient messages among records ``start``..``stop``-1,
+    whose stubs just took their offsets (the put lock's loop, CommitLog._append_locked: the stub
+    at position p of ``batch.buf`` is at CommitLog offset p + ``delta``), and their whole
+    records one after another, as ``(keys, ends, data)`` (record i of ``data`` ends at
+    ``ends[i]``: TransientMessageStore.put_run). Each whole record gets its stub's QUEUEOFFSET,
+    PHYSICALOFFSET and STORETIMESTAMP. When the records lie back to back in
+    ``batch.whole_buf`` (a batch or a run of transient messages only) they are patched there and
+    ``data`` is a read-only view of them (no copy); else ``data`` is new bytes. In C when the
+    extension is built (libstore._codec.hold_entries)."""
+    buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
     ext = native()
     if ext is not None:
-        flag = MessageSysFlag.TRANSIENT_STUB_FLAG
-        out = ext.make_stubs(buf, positions, sizes, found, flag, _STUB_KEPT_FLAGS)
-        if out is not NotImplemented:
-            return out  # type: ignore[no-any-return]
-    return _make_stubs_py(buf, positions, sizes, found)
+        return ext.hold_entries(  # type: ignore[no-any-return]
+            buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta
+        )
+    whole = batch.whole_buf
+    held = [(k, at, record_size_of(whole, at)) for k, at in batch.transient.items() if start <= k < stop]
+    in_place = bool(held) and all(a[1] + a[2] == b[1] for a, b in pairwise(held))
+    keys: list[int] = []
+    ends: list[int] = []
+    copied = bytearray()
+    end = 0
+    for k, at, size in held:
+        record = whole if in_place else bytearray(whole[at : at + size])
+        base = at if in_place else 0
+        pos, ts = positions[k], ts_positions[k]
+        record[base + QUEUE_OFFSET_POSITION : base + PHY_OFFSET_POSITION + 8] = buf[
+            pos + QUEUE_OFFSET_POSITION : pos + PHY_OFFSET_POSITION + 8
+        ]
+        record[base + ts : base + ts + 8] = buf[pos + ts : pos + ts + 8]
+        if not in_place:
+            copied += record
+        keys.append(pos + delta)
+        end += size
+        ends.append(end)
+    if in_place:
+        first = held[0][1]
+        return keys, ends, memoryview(whole)[first : first + end].toreadonly()
+    return keys, ends, bytes(copied)
 
 
-def _make_stubs_py(buf: bytearray, positions: list[int], sizes: list[int], found: list[int]) -> bytearray:
+def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
+    """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
+    ``batch.buf`` becomes a new buffer in which each one's stub takes its place, the buffer as
+    it was becomes ``batch.whole_buf`` (the transient records' bytes: ``batch.transient_bytes``),
+    ``batch.transient`` maps each one's index to where its whole record starts there, and the
+    index joins ``batch.no_wait`` (a transient message is never waited for). Only records the
+    encoder marked as carrying a DURABILITY property (``batch.durability_marked``) have their
+    properties read. Raises MessageIllegalError (naming the record) for a DURABILITY value that
+    is neither 1 nor 2; the batch is unchanged then. One pass in C when the extension is built
+    (libstore._codec.split_transient)."""
+    if not batch.durability_marked and not transient_topics:
+        return
+    ext = native()
+    split = NotImplemented
+    if ext is not None:
+        split = ext.split_transient(
+            batch.buf,
+            batch.positions,
+            batch.sizes,
+            batch.queue_keys,
+            transient_topics,
+            batch.durability_marked,
+            SYSTEM_TOPICS,
+            batch.requests,
+            MessageSysFlag.TRANSIENT_STUB_FLAG,
+            _STUB_KEPT_FLAGS,
+        )
+        if isinstance(split, int):  # a bad DURABILITY value: the Python code words the refusal
+            split = NotImplemented
+    if split is NotImplemented:
+        split = _split_py(batch, _find_transient(batch, transient_topics))
+    if split is None:
+        return
+    batch.whole_buf = batch.buf
+    batch.buf, found, whole_at, batch.transient_bytes = split
+    batch.transient = dict(zip(found, whole_at, strict=True))
+    if batch.no_wait:
+        batch.no_wait = sorted(set(batch.no_wait).union(found))
+    else:
+        batch.no_wait = found
+
+
+def _find_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> list[int]:
+    """The indexes of ``batch``'s transient messages, ascending (mark_transient's rules);
+    raises MessageIllegalError for a bad DURABILITY value."""
+    keys = batch.queue_keys
+    # The store's own topics are never in transient_topics (TopicConfigManager refuses that).
+    found = [i for i, key in enumerate(keys) if key is not None and key[0] in transient_topics]
+    by_topic = set(found)
+    for i in batch.durability_marked:
+        key = keys[i]
+        if key is None or i in by_topic or is_system_topic(key[0]):
+            continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
+        _, _, props_at, end = record_parts(batch.buf, batch.positions[i])
+        try:
+            value = bytes_to_properties(batch.buf[props_at:end]).get(MessageConst.DURABILITY)
+            transient = is_transient_value(value)
+        except MessageIllegalError as exc:
+            raise MessageIllegalError(f"message {i}: {exc}") from None
+        if transient:
+            found.append(i)
+    return sorted(found)
+
+
+def _split_py(batch: EncodedBatch, found: list[int]) -> _Split | None:
+    """libstore._codec.split_transient's work for the records ``found``: the stub buffer,
+    ``found``, where each whole record starts in ``batch.buf`` and their bytes; ``positions``,
+    ``sizes`` and the requests are updated in place. None when ``found`` is empty."""
+    if not found:
+        return None
+    buf, positions, sizes = batch.buf, batch.positions, batch.sizes
     parts: list[bytes | memoryview] = []
+    whole_at = [positions[i] for i in found]
+    whole_bytes = sum(sizes[i] for i in found)
     done = 0
     with memoryview(buf) as view:
         for i in found:
@@ -154,91 +263,10 @@ def _make_stubs_py(buf: bytearray, positions: list[int], sizes: list[int], found
         positions[i] = pos
         pos += size
     positions[len(sizes)] = pos
-    return out
-
-
-def hold_entries(
-    batch: EncodedBatch, start: int, stop: int, delta: int
-) -> tuple[list[int], list[int], bytes]:
-    """The stub offsets of ``batch``'s transient messages among records ``start``..``stop``-1,
-    whose stubs just took their offsets (the put lock's loop, CommitLog._append_locked: the stub
-    at position p of ``batch.buf`` is at CommitLog offset p + ``delta``), and their whole
-    records one after another in one buffer, as ``(keys, ends, data)`` (record i of ``data``
-    ends at ``ends[i]``: TransientMessageStore.put_run). Each whole record gets its stub's
-    QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP. In C when the extension is built
-    (libstore._codec.hold_entries)."""
-    buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
-    ext = native()
-    if ext is not None:
-        return ext.hold_entries(  # type: ignore[no-any-return]
-            buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta
-        )
-    keys: list[int] = []
-    ends: list[int] = []
-    data = bytearray()
-    whole = batch.whole_buf
-    for k, at in batch.transient.items():
-        if not start <= k < stop:
-            continue
-        record = bytearray(whole[at : at + record_size_of(whole, at)])
-        pos, ts = positions[k], ts_positions[k]
-        record[QUEUE_OFFSET_POSITION : PHY_OFFSET_POSITION + 8] = buf[
-            pos + QUEUE_OFFSET_POSITION : pos + PHY_OFFSET_POSITION + 8
-        ]
-        record[ts : ts + 8] = buf[pos + ts : pos + ts + 8]
-        keys.append(pos + delta)
-        data += record
-        ends.append(len(data))
-    return keys, ends, bytes(data)
-
-
-def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> None:
-    """Find the transient messages of ``batch`` (module doc) and make them stubs, in place:
-    ``batch.buf`` becomes a new buffer in which each one's stub takes its place, the records
-    as encoded stay in ``batch.whole_buf``, ``batch.transient`` maps each one's index to where
-    its whole record starts there, and the index joins ``batch.no_wait`` (a transient message
-    is never waited for). Only records the encoder marked as carrying a DURABILITY
-    property (``batch.durability_marked``) have their properties read. Raises
-    MessageIllegalError (naming the record) for a DURABILITY value that is neither 1 nor 2;
-    the batch is unchanged then."""
-    buf = batch.buf
-    marked = batch.durability_marked
-    if not marked and not transient_topics:
-        return
-    keys = batch.queue_keys
-    # The store's own topics are never in transient_topics (TopicConfigManager refuses that).
-    found = [i for i, key in enumerate(keys) if key is not None and key[0] in transient_topics]
-    if marked:
-        by_topic = set(found)
-        for i in marked:
-            key = keys[i]
-            if key is None or i in by_topic or is_system_topic(key[0]):
-                continue  # tx PREPARED/ROLLBACK, the store's own topics: persistent
-            _, _, props_at, end = record_parts(buf, batch.positions[i])
-            try:
-                value = bytes_to_properties(buf[props_at:end]).get(MessageConst.DURABILITY)
-                transient = is_transient_value(value)
-            except MessageIllegalError as exc:
-                raise MessageIllegalError(f"message {i}: {exc}") from None
-            if transient:
-                found.append(i)
-        found.sort()
-    if not found:
-        return
-    positions = batch.positions
-    whole_at = [positions[i] for i in found]
-    batch.whole_buf = buf
-    batch.buf = make_stubs(buf, positions, batch.sizes, found)
-    batch.transient = dict(zip(found, whole_at, strict=True))
-    stubs = sum(batch.sizes[i] for i in found)
-    batch.transient_bytes = len(buf) - len(batch.buf) + stubs
     if batch.requests:  # adopted records: dispatch takes the stubs' sizes and flags
-        sizes, requests = batch.sizes, batch.requests
+        requests = batch.requests
         for i in found:
             req = requests[i]
             req.msg_size = sizes[i]
             req.sys_flag = (req.sys_flag & _STUB_KEPT_FLAGS) | MessageSysFlag.TRANSIENT_STUB_FLAG
-    if batch.no_wait:
-        batch.no_wait = sorted(set(batch.no_wait).union(found))
-    else:
-        batch.no_wait = found
+    return out, found, whole_at, whole_bytes

@@ -56,12 +56,12 @@ class _Chunk:
 
     __slots__ = ("data", "ends", "hi", "keys", "lo", "position", "segment")
 
-    def __init__(self, keys: array[int], ends: array[int], data: bytes) -> None:
+    def __init__(self, keys: array[int], ends: array[int], data: bytes | memoryview) -> None:
         self.keys = keys
         self.ends = ends
         self.lo = 0
         self.hi = len(keys)
-        self.data: bytes | None = data
+        self.data: bytes | memoryview | None = data
         self.segment = -1
         self.position = 0
 
@@ -163,12 +163,13 @@ class TransientMessageStore:
         ends = list(accumulate(map(len, records)))
         self.put_run(keys, ends, b"".join(records))
 
-    def put_run(self, keys: Sequence[int], ends: Sequence[int], data: bytes) -> None:
+    def put_run(self, keys: Sequence[int], ends: Sequence[int], data: bytes | memoryview) -> None:
         """Hold the records of ``data`` (record ``i`` is bytes ``ends[i-1]``, 0 for the first,
         up to ``ends[i]``; the last end is ``len(data)``) under ``keys`` (ascending, above every
-        key put before), all or none; ``data`` is held as it is (bytes: never a buffer that may
-        change). Raises SystemBusyError when neither memory nor scratch has room,
-        InvalidArgumentError for keys out of order or ends that do not cut ``data``."""
+        key put before), all or none; ``data`` is held as it is, without a copy (bytes, or a
+        read-only view of bytes its owner no longer changes). Raises SystemBusyError when
+        neither memory nor scratch has room, InvalidArgumentError for keys out of order or ends
+        that do not cut ``data``."""
         if not keys:
             return
         n = len(keys)
@@ -248,7 +249,7 @@ class TransientMessageStore:
             except OSError as exc:
                 log.warning("cannot create a transient scratch file in %s: %s", self.scratch_dir, exc)
                 break
-            run: list[bytes] = []
+            run: list[bytes | memoryview] = []
             size = 0
             j = i
             while j < len(chunks) and freed + size < wanted and len(run) < _MAX_RUN:
@@ -319,7 +320,9 @@ class TransientMessageStore:
                     continue
                 start, end = chunk.start_of(i), chunk.ends[i]
                 data = chunk.data
-                out.append(data[start:end] if data is not None else self._read_scratch(chunk, start, end))
+                out.append(
+                    bytes(data[start:end]) if data is not None else self._read_scratch(chunk, start, end)
+                )
         return out
 
     def _read_scratch(self, chunk: _Chunk, start: int, end: int) -> bytes:

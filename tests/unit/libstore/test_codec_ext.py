@@ -537,15 +537,23 @@ def test_a_chooser_is_asked_once_per_message_whatever_it_answers():
     assert calls == ["T", "T"] and adopted.queue_keys == [("T", 1), ("T", 0)]
 
 
-def _stubbed(msgs: list, found: list[int], pure: bool, base: int) -> tuple:
-    """Stubs cut and whole records held (libstore.durability) by one implementation."""
+def _split(msgs: list, transient_topics: frozenset[str], adopted: bool, pure: bool, base: int) -> tuple:
+    """A batch of ``msgs`` (encoded, or ``adopted`` from client records) split into stubs and
+    whole records (libstore.durability.mark_transient) and held after its offsets are
+    assigned, by one implementation."""
     with _implementation(pure):
-        batch = RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, choose_queue=lambda t: 0)
-        whole = bytes(batch.buf)
-        at = [batch.positions[i] for i in found]
-        batch.whole_buf = bytearray(whole)
-        batch.buf = durability.make_stubs(batch.whole_buf, batch.positions, batch.sizes, found)
-        batch.transient = dict(zip(found, at, strict=True))
+        if adopted:
+            batch = RecordEncoder(STORE_HOST, 4096).adopt_records(
+                _client_records(msgs), BORN_TS, lambda t: 4, choose_queue=lambda t: 1
+            )
+        else:
+            batch = RecordEncoder(STORE_HOST, 4096).encode_batch(msgs, BORN_TS, choose_queue=lambda t: 0)
+        before = bytes(batch.buf)
+        try:
+            durability.mark_transient(batch, transient_topics)
+        except MessageIllegalError as exc:
+            assert bytes(batch.buf) == before and not batch.transient, "a refused batch is unchanged"
+            return ("refused", str(exc))
         qoffs: list[int] = []
         record_codec.assign_offsets(
             batch.buf,
@@ -560,22 +568,48 @@ def _stubbed(msgs: list, found: list[int], pure: bool, base: int) -> tuple:
             qoffs,
         )
         held = durability.hold_entries(batch, 1, len(msgs), base)
-    assert bytes(batch.whole_buf) == whole  # the encoded records are left as they were
-    return bytes(batch.buf), batch.positions, batch.sizes, held
+    return (
+        bytes(batch.buf),
+        batch.positions,
+        batch.sizes,
+        bytes(batch.whole_buf),
+        batch.transient,
+        batch.transient_bytes,
+        batch.no_wait,
+        batch.queue_keys,
+        [_slots(r) for r in batch.requests],
+        held,
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_good_message, min_size=1, max_size=10), st.data(), st.integers(0, 2**40))
-def test_stubs_and_held_records_match_the_python_reference(msgs, data, base):
-    found = sorted(data.draw(st.sets(st.integers(0, len(msgs) - 1))))
-    c_out = _stubbed(msgs, found, False, base)
-    assert c_out == _stubbed(msgs, found, True, base)
-    buf, positions, sizes, (keys, ends, data) = c_out
-    records = [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
-    assert ends[-1:] == [len(data)] if keys else data == b""
+@given(
+    st.lists(_good_message, min_size=1, max_size=10),
+    st.sampled_from([frozenset(), frozenset({"T"}), frozenset({"Other", "T"})]),
+    st.booleans(),
+    st.integers(0, 2**40),
+)
+def test_stubs_and_held_records_match_the_python_reference(msgs, transient_topics, adopted, base):
+    """Which messages are transient (topic, DURABILITY 1 or 2, any other value refused), their
+    stubs, whole records, requests and held records: the C pass and the Python reference agree."""
+    c_out = _split(msgs, transient_topics, adopted, False, base)
+    assert c_out == _split(msgs, transient_topics, adopted, True, base)
+    if c_out[0] == "refused":
+        assert "DURABILITY" in c_out[1]
+        return
+    buf, positions, sizes, whole, transient, _, no_wait, queue_keys, _, (keys, ends, data) = c_out
+    found = sorted(transient)
+    assert set(found) <= set(no_wait)
+    for i, msg in enumerate(msgs):
+        value = (msg.properties or {}).get("DURABILITY")
+        expected = queue_keys[i] is not None and (msg.topic in transient_topics or value == "1")
+        assert (i in transient) == expected, (i, msg.topic, value)  # tx PREPARED/ROLLBACK: no queue
     for i in found:
         stub = buf[positions[i] : positions[i] + sizes[i]]
         assert durability.is_stub(stub) and record_codec.check_record(stub, 0, len(stub)).success
+        assert decode_record(whole, transient[i]).body == msgs[i].body
+    records = [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+    assert ends[-1:] == [len(data)] if keys else data == b""
     assert keys == [positions[i] + base for i in found if i >= 1]
     for key, record in zip(keys, records, strict=True):
         rec = decode_record(record)
