@@ -1919,8 +1919,8 @@ PyDoc_STRVAR(hold_entries_doc,
 "index -> position in ``whole_buf``, ascending) within [start, stop), and their whole records\n"
 "one after another in ``data`` (record i ends at ``ends[i]``), each with the QUEUEOFFSET,\n"
 "PHYSICALOFFSET and STORETIMESTAMP of its stub in ``buf`` (at ``positions[index]``, CommitLog\n"
-"offset position + ``delta``). When the records lie back to back in ``whole_buf`` they are\n"
-"patched there and ``data`` is a read-only view of them; else ``data`` is new bytes.");
+"offset position + ``delta``). When the records are all of ``whole_buf``, back to back, they\n"
+"are patched there and ``data`` is a read-only view of it; else ``data`` is new bytes.");
 
 /* One record of hold_entries: where its whole record and its stub are. */
 typedef struct {
@@ -1971,7 +1971,9 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
         total += h->size;
         n++;
     }
-    int in_place = n > 0;
+    /* In place only when the records are all of whole_buf: a view keeps the whole buffer alive,
+     * and the store counts only the bytes it holds. */
+    int in_place = n > 0 && held[0].at == 0 && total == whole_len;
     for (Py_ssize_t i = 1; i < n && in_place; i++) in_place = held[i].at == held[i - 1].at + held[i - 1].size;
     unsigned char *w;
     if (in_place) {

@@ -137,9 +137,10 @@ def hold_entries(
     at position p of ``batch.buf`` is at CommitLog offset p + ``delta``), and their whole
     records one after another, as ``(keys, ends, data)`` (record i of ``data`` ends at
     ``ends[i]``: TransientMessageStore.put_run). Each whole record gets its stub's QUEUEOFFSET,
-    PHYSICALOFFSET and STORETIMESTAMP. When the records lie back to back in
-    ``batch.whole_buf`` (a batch or a run of transient messages only) they are patched there and
-    ``data`` is a read-only view of them (no copy); else ``data`` is new bytes. In C when the
+    PHYSICALOFFSET and STORETIMESTAMP. When the records are all of ``batch.whole_buf`` (a batch
+    of transient messages only, in one run) they are patched there and ``data`` is a read-only
+    view of it (no copy: the store's count of held bytes is then all the view keeps alive);
+    else ``data`` is new bytes. In C when the
     extension is built (libstore._codec.hold_entries)."""
     buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
     ext = native()
@@ -149,7 +150,14 @@ def hold_entries(
         )
     whole = batch.whole_buf
     held = [(k, at, record_size_of(whole, at)) for k, at in batch.transient.items() if start <= k < stop]
-    in_place = bool(held) and all(a[1] + a[2] == b[1] for a, b in pairwise(held))
+    # A view keeps all of whole_buf alive and the store counts only what it holds: in place
+    # only when the records are the whole buffer.
+    in_place = (
+        bool(held)
+        and held[0][1] == 0
+        and sum(size for _, _, size in held) == len(whole)
+        and all(a[1] + a[2] == b[1] for a, b in pairwise(held))
+    )
     keys: list[int] = []
     ends: list[int] = []
     copied = bytearray()

@@ -228,3 +228,22 @@ def test_the_spark_commitlog_source_skips_stubs_in_its_messages_view_and_keeps_t
     assert [rec.body for rec in messages] == [_persistent(1).body]
     dispatch = [req for _, req, _ in walk(segment.path, segment.base_offset)]
     assert [bool(req.sys_flag & STUB) for req in dispatch] == [True, False, True]
+
+
+def test_the_store_counts_every_byte_a_held_record_keeps_alive(open_log):
+    """A batch of transient messages only is held without a copy (a view of the batch's
+    buffer, all of it counted); a transient message among persistent ones is copied, so that
+    the persistent records' bytes are not kept alive uncounted by the view."""
+    cl: CommitLog = open_log()
+    assert cl.transient is not None
+    only = cl.adopt_records(encode_records([_transient(i) for i in range(4)]))
+    held_before = cl.transient.memory_bytes
+    cl.append_batch(only)
+    assert cl.transient.memory_bytes - held_before == len(only.whole_buf) == only.transient_bytes
+    mixed = cl.adopt_records(encode_records([_persistent(5), _transient(6), _persistent(7)]))
+    held_before = cl.transient.memory_bytes
+    cl.append_batch(mixed)
+    assert cl.transient.memory_bytes - held_before == mixed.transient_bytes < len(mixed.whole_buf)
+    with pytest.raises(BufferError):  # the view pins the all-transient batch's buffer ...
+        only.whole_buf.extend(b"x")
+    mixed.whole_buf.extend(b"x")  # ... the mixed batch's buffer is not held at all
