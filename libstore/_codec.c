@@ -182,6 +182,8 @@ typedef struct {
     int scheduled;
     int no_wait;
     int durability; /* a DURABILITY entry is there (libstore.durability reads its value) */
+    const unsigned char *durability_value; /* the last one's */
+    Py_ssize_t durability_len;
 } Found;
 
 static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
@@ -230,6 +232,8 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
                 f->no_wait = !is_true_text(value, value_len);
             } else if (name_is(start, name_len, "DURABILITY") && value_len > 0) { /* as WAIT */
                 f->durability = 1;
+                f->durability_value = value;
+                f->durability_len = value_len;
             } else if (name_is(start, name_len, "traceparent")) {
                 f->trace = value; f->trace_len = value_len;
             }
@@ -1743,25 +1747,6 @@ static void write_stub(unsigned char *w, const unsigned char *r, const StubLayou
     stub_properties(r + s->props_at, s->props_len, w + s->header + s->topic_field + 2);
 }
 
-/* The DURABILITY value of properties [p, p + n) (the last entry, as a dict of them keeps it):
- * 1 transient, 0 persistent or absent, -1 any other value. */
-static int durability_of(const unsigned char *p, Py_ssize_t n) {
-    int found = 0;
-    Py_ssize_t i = 0;
-    while (i < n) {
-        const unsigned char *stop = memchr(p + i, 0x02, (size_t)(n - i));
-        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
-        const unsigned char *sep = memchr(p + i, 0x01, (size_t)(e - i));
-        if (sep != NULL && name_is(p + i, sep - (p + i), "DURABILITY")) {
-            const unsigned char *value = sep + 1;
-            Py_ssize_t len = (p + e) - value;
-            found = (len == 1 && value[0] == '1') ? 1 : (len == 1 && value[0] == '2') ? 0 : -1;
-        }
-        i = e + 1;
-    }
-    return found;
-}
-
 PyDoc_STRVAR(split_transient_doc,
 "split_transient(buf, positions, sizes, queue_keys, transient_topics, marked, system_topics,\n"
 "                requests, stub_flag, kept_flags)\n"
@@ -1831,12 +1816,15 @@ static PyObject *py_split_transient(PyObject *self, PyObject *const *args, Py_ss
         if (PyErr_Occurred()) goto done;
         StubLayout probe;
         if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &probe) < 0) goto cannot;
-        int value = durability_of(buf + pos + probe.props_at, probe.props_len);
-        if (value < 0) {
+        Found f;
+        find_properties(buf + pos + probe.props_at, probe.props_len, &f);
+        if (!f.durability) continue; /* absent, or only empty values: persistent */
+        const unsigned char *v = f.durability_value;
+        if (f.durability_len != 1 || (v[0] != '1' && v[0] != '2')) { /* refused, in Python's words */
             result = PyLong_FromSsize_t(i);
             goto done;
         }
-        is_transient[i] = (char)value;
+        is_transient[i] = v[0] == '1';
     }
     Py_ssize_t stub_total = buf_len, whole_total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {

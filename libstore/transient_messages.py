@@ -17,12 +17,13 @@ retention deletes the segment their stubs were in (:meth:`release_below`), and c
 is truncated under them (:meth:`truncate_from`).
 
 With ``background`` (the CommitLog's store), the page-out down to ``low_water`` runs on a
-thread of its own, ``PAGE_OUT_CHUNK_BYTES`` at a time, so a put never waits for more than one
-chunk's write; a put itself pages out only what it needs to stay within ``max_bytes``. Without
-it, the put that crosses the high-water mark pages out down to ``low_water`` itself.
+thread of its own, about ``PAGE_OUT_STEP_BYTES`` at a time (whole chunks: the records of one
+put, so at least one put's), so a put never waits for more than one step's write; a put itself
+pages out only what it needs to stay within ``max_bytes``. Without it, the put that crosses the
+high-water mark pages out down to ``low_water`` itself.
 
 Thread-safety: every method may be called from any thread (one lock; page-out writes happen
-under it, a chunk at a time).
+under it, a step at a time).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from libstore.errors import InvalidArgumentError, StoreIOError, SystemBusyError
 log = logging.getLogger(__name__)
 
 DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
-PAGE_OUT_CHUNK_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
+PAGE_OUT_STEP_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
 PAGE_OUT_PAUSE_S = 0.0005  # the pager's pause between steps: puts and reads get the lock
 _MAX_RUN = 512  # chunks per pwritev (under IOV_MAX, 1024 on Linux)
 
@@ -226,7 +227,7 @@ class TransientMessageStore:
                     if self._closed:
                         return
                     excess = self.memory_bytes - self.low_water_bytes
-                    if excess <= 0 or not self._page_out_locked(min(excess, PAGE_OUT_CHUNK_BYTES)):
+                    if excess <= 0 or not self._page_out_locked(min(excess, PAGE_OUT_STEP_BYTES)):
                         break
                 time.sleep(PAGE_OUT_PAUSE_S)  # a lock let go and taken straight back starves waiters
 
