@@ -353,7 +353,7 @@ static PyObject *build_request(PyObject *values[F_COUNT]) {
             case F_TOPIC: v = Py_NewRef(S.empty_str); break;
             case F_COMMIT_LOG_OFFSET: v = PyLong_FromLong(-1); break;
             case F_TAGS: case F_UNIQ_KEY: case F_TRACE_CONTEXT: v = Py_NewRef(Py_None); break;
-            case F_KEYS: v = PyList_New(0); break;
+            case F_KEYS: v = PyTuple_New(0); break;  /* the shared empty tuple */
             case F_SUCCESS: case F_SCHEDULED: v = Py_NewRef(Py_False); break;
             default: v = PyLong_FromLong(0); break;
             }
@@ -525,23 +525,28 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
         if (f.keys_len > 0) {
             PyObject *text = PyUnicode_DecodeUTF8((const char *)f.keys, f.keys_len, "replace");
             if (text == NULL) goto error;
+            /* A tuple: a tuple of strings leaves the garbage collector's lists (a list would
+               be one more tracked object per record in every young collection). */
             PyObject *keys;
             if (memchr(f.keys, ' ', (size_t)f.keys_len) == NULL) {
-                keys = PyList_New(1);
+                keys = PyTuple_New(1);
                 if (keys == NULL) {
                     Py_DECREF(text);
                     goto error;
                 }
-                PyList_SET_ITEM(keys, 0, text);
+                PyTuple_SET_ITEM(keys, 0, text);
             } else {
                 PyObject *parts = PyUnicode_Split(text, S.space, -1);
                 Py_DECREF(text);
                 if (parts == NULL) goto error;
-                keys = PyList_New(0);
-                for (Py_ssize_t k = 0; keys != NULL && k < PyList_GET_SIZE(parts); k++) {
+                Py_ssize_t kept = 0;
+                for (Py_ssize_t k = 0; k < PyList_GET_SIZE(parts); k++) {
                     PyObject *part = PyList_GET_ITEM(parts, k);
-                    if (PyUnicode_GET_LENGTH(part) && PyList_Append(keys, part) < 0) Py_CLEAR(keys);
+                    if (PyUnicode_GET_LENGTH(part)) PyList_SET_ITEM(parts, kept++, part);
+                    else Py_DECREF(part);
                 }
+                Py_SET_SIZE(parts, kept);  /* the empty parts dropped, the others moved up */
+                keys = PyList_AsTuple(parts);
                 Py_DECREF(parts);
                 if (keys == NULL) goto error;
             }

@@ -251,7 +251,7 @@ def _dispatch_batches(partition: CommitLogFile) -> Iterator[Any]:
                 req.prepared_transaction_offset,
                 req.tags,
                 req.tags_code,
-                req.keys or [],
+                list(req.keys),
                 req.uniq_key,
                 crc_ok,
                 name,

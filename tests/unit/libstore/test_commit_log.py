@@ -260,7 +260,7 @@ def test_iter_records_yields_dispatch_fields(open_log):
     res = cl.put_messages(_msgs(5))
     reqs = list(cl.iter_records(res[1].phy_offset))
     assert [r.commit_log_offset for r in reqs] == [r.phy_offset for r in res[1:]]
-    assert reqs[0].keys == ["k1"] and reqs[0].tags_code == 116  # "t".hashCode()
+    assert reqs[0].keys == ("k1",) and reqs[0].tags_code == 116  # "t".hashCode()
     assert list(cl.iter_records(res[1].phy_offset, res[3].phy_offset)) != []
     assert len(list(cl.iter_records(res[1].phy_offset, res[3].phy_offset))) == 2
 

@@ -268,7 +268,7 @@ def test_check_record_reports_dispatch_fields():
         1000,
     )
     assert req.tags_code == 2598919  # Java "TagA".hashCode()
-    assert req.keys == ["k1", "k2"] and req.store_timestamp == STORE_TS
+    assert req.keys == ("k1", "k2") and req.store_timestamp == STORE_TS
 
 
 @pytest.mark.parametrize(
@@ -383,7 +383,7 @@ def test_adopted_records_are_placed_and_get_the_store_host_and_a_born_time():
         and batch.uniq_keys == ["U1", None]
         and batch.topics == ["T", "T"]
     )
-    assert [r.queue_id for r in batch.requests] == [1, 3] and batch.requests[0].keys == ["k1"]
+    assert [r.queue_id for r in batch.requests] == [1, 3] and batch.requests[0].keys == ("k1",)
     batch.patch(0, 7, 1000, STORE_TS)
     first = decode_record(batch.buf, 0, batch.positions[1])
     second = decode_record(batch.buf, batch.positions[1], batch.positions[2])
