@@ -92,6 +92,17 @@ class DecodedBatches:
             following = self._batches.get(end)
         return end, joined
 
+    def drop_before(self, offset: int) -> None:
+        """Drop the batches that end at or before ``offset`` (every reader has taken them)."""
+        batches, starts = self._batches, self._starts
+        while starts:
+            end, requests = batches[starts[0]]
+            if end > offset:
+                return
+            batches.popitem(last=False)
+            del starts[0]
+            self._records -= len(requests)
+
     def next_start(self, offset: int) -> int | None:
         """The start of the first kept batch past ``offset``, or None."""
         i = bisect.bisect_right(self._starts, offset)

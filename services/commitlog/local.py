@@ -80,6 +80,11 @@ class LocalCommitLog:
         # Chunks read back from the log and decoded for a follower: start -> (end, requests).
         self._chunks: OrderedDict[int, tuple[int, list[DispatchRequest]]] = OrderedDict()
         self._decoding: dict[int, asyncio.Future[None]] = {}  # chunks being decoded, by start
+        # Where each in-process follower's stream stands (its next offset): what all of them
+        # have passed leaves the caches above at once. Kept until the cache bounds drop them,
+        # the requests were young objects that every young garbage collection walked (tens of
+        # thousands at 20,000 msgs/s: ~20 ms pauses, the produce p99).
+        self._readers: dict[object, int] = {}
         self.put_metrics = metrics.track(self)
         # With an election (services.commitlog.election): True while this store may take and
         # acknowledge puts (it leads its group and its lease surely holds). None: always.
@@ -420,9 +425,25 @@ class LocalCommitLog:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
                 loop.call_soon_threadsafe(moved.set)
 
+        # The heartbeat: one timer per idle period, not one per wait. It is armed for
+        # ``beat_at`` (``heartbeat_s`` after the stream last yielded) and, when it fires while
+        # chunks kept the stream busy, re-armed for the new ``beat_at``. Arming a timeout around
+        # every wait cost two timer-heap operations per append and follower.
+        beat_at = loop.time() + heartbeat_s
+        beat_fired = False
+
+        def on_beat() -> None:
+            nonlocal beat_fired
+            beat_fired = True
+            moved.set()
+
+        beat = loop.call_at(beat_at, on_beat)
         log.add_confirm_listener(on_confirm)
+        reader = object()
         try:
             offset = max(from_offset, log.min_offset)
+            if decoded:
+                self._readers[reader] = offset
             lid = gens.log_id
             while True:
                 moved.clear()
@@ -439,8 +460,10 @@ class LocalCommitLog:
                         else None
                     )
                     if hit is not None and hit[0] <= confirm:
+                        beat_at = loop.time() + heartbeat_s
                         yield TailChunk(offset, b"", hit[0], confirm, log.min_offset, hit[1], lid, stream_gen)
                         offset = hit[0]
+                        self._passed(reader, offset)
                         continue
                     pending = self._decoding.get(offset) if decoded else None
                     if pending is not None:  # another follower is decoding this chunk: share it
@@ -460,18 +483,42 @@ class LocalCommitLog:
                         continue
                     records = await self._decode_chunk(data, offset, next_offset) if decoded else None
                     raw = data if records is None else b""
+                    beat_at = loop.time() + heartbeat_s
                     yield TailChunk(
                         offset, raw, next_offset, confirm, log.min_offset, records, lid, stream_gen
                     )
                     offset = next_offset
+                    if decoded:
+                        self._passed(reader, offset)
                     continue
-                try:
-                    async with asyncio.timeout(heartbeat_s):  # no extra task, unlike wait_for
-                        await moved.wait()
-                except TimeoutError:
-                    yield TailChunk(offset, b"", offset, confirm, log.min_offset, None, lid, stream_gen)
+                if beat_fired:
+                    beat_fired = False
+                    now = loop.time()
+                    if now >= beat_at:  # idle for heartbeat_s: say where the log stands
+                        beat_at = now + heartbeat_s
+                        beat = loop.call_at(beat_at, on_beat)
+                        yield TailChunk(offset, b"", offset, confirm, log.min_offset, None, lid, stream_gen)
+                        continue
+                    beat = loop.call_at(beat_at, on_beat)
+                await moved.wait()
         finally:
+            beat.cancel()
             log.remove_confirm_listener(on_confirm)
+            self._readers.pop(reader, None)
+
+    def _passed(self, reader: object, offset: int) -> None:
+        """``reader`` (an in-process follower's stream) now stands at ``offset``: drop the
+        decoded batches and chunks that every such reader has passed."""
+        readers = self._readers
+        readers[reader] = offset
+        low = min(readers.values())
+        self._decoded.drop_before(low)
+        chunks = self._chunks
+        while chunks:
+            start = next(iter(chunks))
+            if chunks[start][0] > low:
+                break
+            del chunks[start]
 
     # -- offsets and topics ---------------------------------------------------------------------
     async def offsets(self) -> LogOffsets:

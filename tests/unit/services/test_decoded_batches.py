@@ -53,3 +53,19 @@ def test_eviction_by_batches_and_records_and_a_rewritten_log() -> None:
     assert _offsets(kept.find(1200))[:1] == [1200]
     kept.keep(*_batch(600, 2))  # before the last one's end: the log was cut and written again
     assert len(kept) == 1 and kept.find(1200) is None and _offsets(kept.find(600)) == [600, 700]
+
+
+def test_drop_before_removes_the_batches_every_reader_has_passed() -> None:
+    kept = DecodedBatches(max_batches=10, max_records=100)
+    for start in (0, 400, 800):
+        kept.keep(*_batch(start, 4))
+    kept.drop_before(300)  # inside the first batch: a reader still needs its last record
+    assert len(kept) == 3 and kept.records == 12
+    kept.drop_before(800)  # the first two end at or before 800
+    assert len(kept) == 1 and kept.records == 4
+    assert kept.find(400) is None and _offsets(kept.find(800)) == [800, 900, 1000, 1100]
+    assert kept.next_start(0) == 800
+    kept.drop_before(10_000)
+    assert len(kept) == 0 and kept.records == 0 and kept.next_start(0) is None
+    kept.keep(*_batch(1200, 2))  # keeping goes on after the cache emptied
+    assert _offsets(kept.find(1200)) == [1200, 1300]

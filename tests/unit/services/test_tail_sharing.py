@@ -115,3 +115,73 @@ def test_a_chunk_read_stops_at_the_next_kept_batch(
         assert scans == [(batches[0][10], batches[3][0])]
     finally:
         log.shutdown()
+
+
+def test_what_every_in_process_follower_has_taken_leaves_the_caches(
+    store_config: StoreConfig, scans: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept batches and chunks read back stay only until every decoded tail has passed them:
+    held longer, their requests are young objects each garbage collection walks."""
+    log = CommitLog.open(store_config.replace(default_topic_queue_nums=2))
+    monkeypatch.setattr(local, "DECODED_BATCHES_KEPT", 3)
+    try:
+        port = LocalCommitLog(log)
+        batches = _append_batches(port, 6, 20)  # the first three fell out: read back as a chunk
+        flat = [o for b in batches for o in b]
+
+        async def run() -> None:
+            a, b = port.tail(0, decoded=True), port.tail(0, decoded=True)
+            got: dict[str, list[int]] = {"a": [], "b": []}
+
+            async def step(name: str) -> None:  # take the next chunk (the one before is passed)
+                chunk = await (a if name == "a" else b).__anext__()
+                got[name] += [r.commit_log_offset for r in chunk.records or ()]
+
+            await step("a")
+            await step("b")  # both took the chunk read back (bytes of batches 0..2)
+            await step("a")  # a passed it and took the kept batches 3..5; b has not passed it
+            assert len(port._chunks) == 1 and len(port._decoded) == 3
+            await step("b")  # now both have: the chunk leaves
+            assert len(port._chunks) == 0 and len(port._decoded) == 3
+            waiting = [asyncio.create_task(step(name)) for name in ("a", "b")]
+            await asyncio.sleep(0.05)  # both passed the kept batches and wait for the log to grow
+            assert len(port._decoded) == 0 and port._decoded.records == 0
+            assert got["a"] == got["b"] == flat
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            await a.aclose()
+            await b.aclose()
+            assert port._readers == {}
+
+        asyncio.run(run())
+        assert scans == [(0, batches[3][0])]  # read back once, shared
+    finally:
+        log.shutdown()
+
+
+def test_an_idle_tail_reports_where_the_log_stands_every_heartbeat(store_config: StoreConfig) -> None:
+    """A tail with nothing to send yields an empty chunk each heartbeat (the follower learns
+    the confirm offset); an append in between is sent at once and the heartbeats go on."""
+    log = CommitLog.open(store_config.replace(default_topic_queue_nums=2))
+    try:
+        port = LocalCommitLog(log)
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            stream = port.tail(0, heartbeat_ms=40, decoded=True)
+            started = loop.time()
+            beats = [await stream.__anext__() for _ in range(3)]
+            assert all(c.records is None and c.next_offset == c.offset == 0 for c in beats)
+            assert loop.time() - started >= 3 * 0.04 * 0.9  # one per heartbeat, not sooner
+            request = Producer("127.0.0.1:1")._request([OutgoingMessage("T", b"x")])
+            results = await port.append_records(request.records)
+            data = await asyncio.wait_for(stream.__anext__(), 5)
+            assert [r.commit_log_offset for r in data.records or ()] == results.phy_offsets
+            beat = await asyncio.wait_for(stream.__anext__(), 5)
+            assert beat.records is None and beat.offset == beat.next_offset == log.max_offset
+            await stream.aclose()
+
+        asyncio.run(run())
+    finally:
+        log.shutdown()
