@@ -279,6 +279,6 @@ def dispatch_request(row: Any) -> DispatchRequest:
         row["prepared_offset"],
         row["tags"],
         row["tags_code"],
-        list(row["keys"] or []) or None,
+        tuple(row["keys"] or ()),
         row["uniq_key"],
     )
