@@ -539,14 +539,13 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
                 PyObject *parts = PyUnicode_Split(text, S.space, -1);
                 Py_DECREF(text);
                 if (parts == NULL) goto error;
-                Py_ssize_t kept = 0;
-                for (Py_ssize_t k = 0; k < PyList_GET_SIZE(parts); k++) {
+                Py_ssize_t n = PyList_GET_SIZE(parts), kept = 0;
+                for (Py_ssize_t k = 0; k < n; k++) kept += PyUnicode_GET_LENGTH(PyList_GET_ITEM(parts, k)) > 0;
+                keys = PyTuple_New(kept);  /* the non-empty parts, in order */
+                for (Py_ssize_t k = 0, t = 0; keys != NULL && k < n; k++) {
                     PyObject *part = PyList_GET_ITEM(parts, k);
-                    if (PyUnicode_GET_LENGTH(part)) PyList_SET_ITEM(parts, kept++, part);
-                    else Py_DECREF(part);
+                    if (PyUnicode_GET_LENGTH(part)) PyTuple_SET_ITEM(keys, t++, Py_NewRef(part));
                 }
-                Py_SET_SIZE(parts, kept);  /* the empty parts dropped, the others moved up */
-                keys = PyList_AsTuple(parts);
                 Py_DECREF(parts);
                 if (keys == NULL) goto error;
             }
