@@ -191,6 +191,7 @@ class CommitLog:
         self._commit_service: CommitRealTimeService | None = None
         self._snapshot_service: _SnapshotService | None = None
         self._listeners: list[Callable[[int], None]] = []
+        self._io_error_listeners: list[Callable[[StoreIOError], None]] = []
         self._append_listeners: list[Callable[[int], None]] = []
         self._confirm_cond = threading.Condition()
         self._role = config.broker_role
@@ -498,6 +499,16 @@ class CommitLog:
         except FutureTimeout:
             return PutMessageStatus.FLUSH_DISK_TIMEOUT
 
+    def request_flush(self, next_offset: int) -> bool:
+        """SYNC_FLUSH: have the group commit flush at least up to ``next_offset`` (bytes) in its
+        next round, with no waiter; the confirm listeners tell when it did. False (nothing
+        done) under ASYNC_FLUSH."""
+        gc = self._group_commit
+        if gc is None:
+            return False
+        gc.request_flush(next_offset)
+        return True
+
     def submit_flush_request(
         self, next_offset: int, wait_store: bool = True
     ) -> Future[PutMessageStatus] | None:
@@ -778,6 +789,11 @@ class CommitLog:
         if self._writeable:
             log.error("store at %s is no longer writeable: %s", self.root, exc)
         self._writeable = False
+        for listener in self._io_error_listeners:
+            try:
+                listener(exc)
+            except Exception:
+                log.exception("I/O error listener failed")
 
     def _notify_confirm(self, offset: int) -> None:
         with self._confirm_cond:
@@ -814,6 +830,15 @@ class CommitLog:
     def remove_confirm_listener(self, listener: Callable[[int], None]) -> None:
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
+
+    def add_io_error_listener(self, listener: Callable[[StoreIOError], None]) -> None:
+        """Call ``listener(exc)`` (on the failing thread; must not block) when a write or an
+        fdatasync fails and the store stops taking writes."""
+        self._io_error_listeners.append(listener)
+
+    def remove_io_error_listener(self, listener: Callable[[StoreIOError], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._io_error_listeners.remove(listener)
 
     @property
     def group_commit_flushes(self) -> int:

@@ -88,11 +88,19 @@ class GroupCommitService(_FlushServiceBase):
         self._requests_write: list[GroupCommitRequest] = []
         self._requests_read: list[GroupCommitRequest] = []
         self._pending: list[GroupCommitRequest] = []
+        self._target = 0  # the highest offset asked for through request_flush
         self.flush_rounds = 0
 
     def put_request(self, request: GroupCommitRequest) -> None:
         with self._lock:
             self._requests_write.append(request)
+        self.wakeup()
+
+    def request_flush(self, next_offset: int) -> None:
+        """Flush at least up to ``next_offset`` (bytes) in the next round, with no waiter here:
+        the caller learns of it from ``on_flushed`` (e.g. through the log's confirm listeners)."""
+        if next_offset > self._target:  # a plain int store: atomic under the GIL
+            self._target = next_offset
         self.wakeup()
 
     def on_wait_end(self) -> None:
@@ -107,7 +115,9 @@ class GroupCommitService(_FlushServiceBase):
         requests = self._pending + self._requests_read
         self._pending = []
         self._requests_read = []
-        target = max((r.next_offset for r in requests), default=self.queue.get_max_offset())
+        target = max(max((r.next_offset for r in requests), default=0), self._target)
+        if not requests and target <= self.queue.flushed_where:
+            target = self.queue.get_max_offset()  # nobody waits: flush what was written
         moved = False
         if not self.io_failed:
             try:

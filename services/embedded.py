@@ -129,6 +129,7 @@ class CommitLogNode:
         await self.ha.stop()
         await asyncio.to_thread(self._persist_dedup)
         await asyncio.to_thread(self.commit_log.shutdown)
+        self.port.close()
 
     def _persist_dedup(self) -> None:
         """Keep the retry de-duplication window across a clean restart (no log scan at start)."""

@@ -5,9 +5,9 @@ no await in between, so de-duplication needs no lock of its own), then awaits, w
 the loop, the group commit (SYNC_FLUSH) and the slaves' acknowledgement (SYNC_MASTER) together;
 the first non-OK status wins (FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE).
 The tail stream reads whole records up to the confirm offset (flushed under SYNC_FLUSH, held by
-the slaves under SYNC_MASTER) and sleeps on the CommitLog's confirm listener, so consumers never
-see bytes a crash or a master loss could erase; it fails with LogDivergedError when the log
-was cut under a follower (libstore.log_generation).
+the slaves under SYNC_MASTER) and sleeps until that offset moves (ConfirmRelay), so consumers
+never see bytes a crash or a master loss could erase; it fails with LogDivergedError when the
+log was cut under a follower (libstore.log_generation).
 
 Bounds (the store's config): client-encoded record batches carry at most
 ``maxMessagesPerRequest`` records in at most ``maxRequestBytes``, and are validated on a worker
@@ -19,10 +19,8 @@ at most ``maxReadRangesPerCall`` ranges and returns at most ``maxReadBytesPerCal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import shutil
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -50,6 +48,7 @@ from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_all_scheduled
 from services._common.telemetry import tracer
 from services.commitlog import metrics
+from services.commitlog.confirm_relay import ConfirmRelay
 from services.commitlog.decoded_batches import DecodedBatches
 from services.commitlog.dedup_window import DedupWindow, Placed
 from services.ports import LogOffsets, TailChunk
@@ -85,10 +84,25 @@ class LocalCommitLog:
         # them, the requests were young objects that every young garbage collection walked
         # (tens of thousands at 20,000 msgs/s: ~20 ms pauses, the produce p99).
         self._readers: dict[object, int] = {}
+        self._relay: ConfirmRelay | None = None
         self.put_metrics = metrics.track(self)
         # With an election (services.commitlog.election): True while this store may take and
         # acknowledge puts (it leads its group and its lease surely holds). None: always.
         self.fence: Callable[[], bool] | None = None
+
+    @property
+    def relay(self) -> ConfirmRelay:
+        """The log's confirm-offset moves on this event loop (created on first use, on the loop)."""
+        relay = self._relay
+        if relay is None:
+            relay = self._relay = ConfirmRelay(self.log)
+        return relay
+
+    def close(self) -> None:
+        """Stop listening to the log (puts still waiting for the flush get FLUSH_DISK_TIMEOUT)."""
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
 
     def forget_recent(self) -> None:
         """Drop the de-duplication window and decoded batches (the log was cut, or this store
@@ -312,11 +326,11 @@ class LocalCommitLog:
         log = self.log
         if end is None:
             if results.appended:
-                log.submit_flush_request(results.next_offset, wait_store=False)
+                log.request_flush(results.next_offset)
             return
         target = max(end, 0)
-        flush = log.submit_flush_request(target)
         replica = log.submit_replica_request(target)
+        flush = self.relay.flushed(target) if log.request_flush(target) else None
         if flush is None and replica is None:
             return
         if replica is None:
@@ -329,14 +343,18 @@ class LocalCommitLog:
                 (s for s in statuses if s is not PutMessageStatus.PUT_OK), PutMessageStatus.PUT_OK
             )
 
-    async def _wait_flush(self, future: Future[PutMessageStatus]) -> PutMessageStatus:
+    async def _wait_flush(self, flushed: asyncio.Future[PutMessageStatus]) -> PutMessageStatus:
+        """Await ``flushed`` (ConfirmRelay.flushed) for at most ``syncFlushTimeout``."""
         with self._tracer.start_as_current_span("commitlog.flush_wait"):
             started = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.log.config.sync_flush_timeout / 1000.0):
-                    status = await asyncio.wrap_future(future)
-            except TimeoutError:
-                status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+            if flushed.done():
+                status = flushed.result()
+            else:
+                try:
+                    async with asyncio.timeout(self.log.config.sync_flush_timeout / 1000.0):
+                        status = await flushed
+                except TimeoutError:
+                    status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             waited = (time.perf_counter() - started) * 1000.0
             self.put_metrics.flush_wait.record(waited, (status.name,))
             return status
@@ -416,14 +434,7 @@ class LocalCommitLog:
             )
         loop = asyncio.get_running_loop()
         moved = asyncio.Event()
-        loop_thread = threading.get_ident()
-
-        def on_confirm(_offset: int) -> None:
-            if threading.get_ident() == loop_thread:  # an append on this loop (ASYNC_FLUSH)
-                moved.set()  # no wake-up pipe write and read to pay for
-                return
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
-                loop.call_soon_threadsafe(moved.set)
+        relay = self.relay
 
         # The heartbeat: one timer per idle period, not one per wait. It is armed for
         # ``beat_at`` (``heartbeat_s`` after the stream last yielded) and, when it fires while
@@ -438,7 +449,7 @@ class LocalCommitLog:
             moved.set()
 
         beat = loop.call_at(beat_at, on_beat)
-        log.add_confirm_listener(on_confirm)
+        relay.subscribe(moved.set)
         reader = object()
         try:
             offset = max(from_offset, log.min_offset)
@@ -503,7 +514,7 @@ class LocalCommitLog:
                 await moved.wait()
         finally:
             beat.cancel()
-            log.remove_confirm_listener(on_confirm)
+            relay.unsubscribe(moved.set)
             self._readers.pop(reader, None)
 
     def _passed(self, reader: object, offset: int) -> None:

@@ -1,0 +1,122 @@
+"""ConfirmRelay: the CommitLog's confirm-offset moves, brought onto the event loop once each.
+
+The log calls its confirm listeners on whichever thread moved the offset: the event loop itself
+(an ASYNC_FLUSH append), the group-commit thread (SYNC_FLUSH) or the thread that took a slave's
+acknowledgement (SYNC_MASTER). Two kinds of code on the loop wait for those moves:
+
+* tails (in-process followers, Tail streams): woken to read what became visible;
+* puts under SYNC_FLUSH: answered once the flushed offset covers their records.
+
+Each of them crossing from the flush thread on its own cost a wake-up of the loop per waiter
+(a concurrent future per put wrapped into an asyncio one, a ``call_soon_threadsafe`` per tail)
+and held the flush thread on the GIL for all of it while the loop waited to take it back. The
+relay crosses once per move, however many wait: one callback scheduled on the loop (none while
+one is already pending), which there answers the puts the new flushed offset covers, oldest
+first, and then wakes every tail, so acknowledgements go out before followers take the loop.
+A move made on the loop itself is delivered at once, without crossing.
+
+An fdatasync failure (the store stops taking writes) answers every waiting put with
+FLUSH_DISK_TIMEOUT: not confirmed durable. Create the relay on the loop it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+
+from libstore import CommitLog, PutMessageStatus, StoreIOError
+
+
+class ConfirmRelay:
+    """Confirm-offset moves of ``log`` delivered on the running event loop (module docstring)."""
+
+    def __init__(self, log: CommitLog) -> None:
+        self._log = log
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._wakers: list[Callable[[], None]] = []
+        # Puts waiting for the flushed offset: (offset to cover, arrival order, future).
+        self._waiters: list[tuple[int, int, asyncio.Future[PutMessageStatus]]] = []
+        self._arrivals = itertools.count()
+        self._crossing = False  # a delivery is scheduled on the loop and has not run yet
+        self.failed = False  # an fdatasync failed: no put waiting here will be confirmed
+        log.add_confirm_listener(self._on_confirm)
+        log.add_io_error_listener(self._on_io_error)
+
+    def close(self) -> None:
+        """Stop listening to the log; puts still waiting get FLUSH_DISK_TIMEOUT."""
+        self._log.remove_confirm_listener(self._on_confirm)
+        self._log.remove_io_error_listener(self._on_io_error)
+        self._fail_waiters()
+
+    # -- tails ------------------------------------------------------------------------------------
+    def subscribe(self, wake: Callable[[], None]) -> None:
+        """Call ``wake()`` on the loop after every confirm-offset move (it must not block)."""
+        self._wakers.append(wake)
+
+    def unsubscribe(self, wake: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._wakers.remove(wake)
+
+    # -- SYNC_FLUSH puts -----------------------------------------------------------------------
+    def flushed(self, offset: int) -> asyncio.Future[PutMessageStatus]:
+        """A future resolved with PUT_OK once the log's flushed offset reaches ``offset``
+        (bytes), or FLUSH_DISK_TIMEOUT when an fdatasync fails first. Already resolved when
+        the offset is covered (or the flush failed). The caller wakes the group commit after
+        this and bounds the wait (``syncFlushTimeout``); a cancelled future is dropped when the
+        flushed offset passes it."""
+        future: asyncio.Future[PutMessageStatus] = self._loop.create_future()
+        if self._log.flushed_offset >= offset:
+            future.set_result(PutMessageStatus.PUT_OK)
+        elif self.failed:
+            future.set_result(PutMessageStatus.FLUSH_DISK_TIMEOUT)
+        else:
+            heapq.heappush(self._waiters, (offset, next(self._arrivals), future))
+        return future
+
+    @property
+    def waiting(self) -> int:
+        """Puts waiting for the flush (cancelled ones not yet dropped included)."""
+        return len(self._waiters)
+
+    # -- delivery ---------------------------------------------------------------------------------
+    def _on_confirm(self, _offset: int) -> None:
+        if threading.get_ident() == self._loop_thread:
+            self._deliver()
+            return
+        if self._crossing:  # the pending delivery reads the offsets when it runs
+            return
+        self._crossing = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        # Cleared before the offsets are read: a move after this point schedules another run.
+        self._crossing = False
+        waiters = self._waiters
+        if waiters:
+            flushed = self._log.flushed_offset
+            while waiters and waiters[0][0] <= flushed:
+                future = heapq.heappop(waiters)[2]
+                if not future.done():
+                    future.set_result(PutMessageStatus.PUT_OK)
+        for wake in self._wakers:
+            wake()
+
+    def _on_io_error(self, _exc: StoreIOError) -> None:
+        if threading.get_ident() == self._loop_thread:
+            self._fail_waiters()
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._fail_waiters)
+
+    def _fail_waiters(self) -> None:
+        self.failed = True
+        waiters, self._waiters = self._waiters, []
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_result(PutMessageStatus.FLUSH_DISK_TIMEOUT)
