@@ -293,6 +293,27 @@ class ConsumeQueue:
         self.max_physic_offset = phy_offset + size
         return True
 
+    def put_units(
+        self, phy_offsets: list[int], sizes: list[int], tags_codes: list[int], queue_offset: int
+    ) -> None:
+        """:meth:`put_message_position_info` for records at consecutive queue offsets from
+        ``queue_offset``, physical offsets increasing. When they continue the queue inside its
+        current segment (the common case) their units are packed and copied at once; else
+        record by record, with its replay, gap and roll handling. Raises StoreIOError."""
+        n = len(phy_offsets)
+        files = self.queue.mapped_files
+        if n and files and phy_offsets[0] + sizes[0] > self.max_physic_offset:
+            mf = files[-1]
+            pos = mf.wrote_position
+            end = pos + n * CQ_STORE_UNIT_SIZE
+            if queue_offset * CQ_STORE_UNIT_SIZE == mf.file_from_offset + pos and end <= mf.file_size:
+                mf.buffer[pos:end] = b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes))
+                mf.wrote_position = end
+                self.max_physic_offset = phy_offsets[-1] + sizes[-1]
+                return
+        for i in range(n):
+            self.put_message_position_info(phy_offsets[i], sizes[i], tags_codes[i], queue_offset + i)
+
     def _append(self, unit: bytes, logic_offset: int) -> None:
         mf = self.queue.get_last_mapped_file()
         if mf is None or mf.is_full():

@@ -140,16 +140,40 @@ class ConsumeQueueStore:
         queues = self._queues
         no_unit = _NO_UNIT
         mask = MessageSysFlag.TRANSACTION_TYPE_MASK
+        if len(requests) == 1:
+            req = requests[0]
+            if req.sys_flag & mask not in no_unit:
+                cq = queues.get((req.topic, req.queue_id)) or self.find_or_create(req.topic, req.queue_id)
+                cq.put_message_position_info(
+                    req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
+                )
+            return
+        # Each queue's records, in log order: its units are then written as runs (put_units).
+        runs: dict[tuple[str, int], list[DispatchRequest]] = {}
         for req in requests:
             if req.sys_flag & mask in no_unit:
                 continue
-            cq = queues.get((req.topic, req.queue_id))
-            if cq is None:
-                cq = self.find_or_create(req.topic, req.queue_id)
-                queues = self._queues
-            cq.put_message_position_info(
-                req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
-            )
+            key = (req.topic, req.queue_id)
+            run = runs.get(key)
+            if run is None:
+                runs[key] = [req]
+            else:
+                run.append(req)
+        for key, run in runs.items():
+            cq = queues.get(key) or self.find_or_create(*key)
+            first = run[0].consume_queue_offset
+            if len(run) > 1 and run[-1].consume_queue_offset - first == len(run) - 1:
+                cq.put_units(
+                    [r.commit_log_offset for r in run],
+                    [r.msg_size for r in run],
+                    [r.tags_code for r in run],
+                    first,
+                )
+                continue
+            for req in run:  # one record, or queue offsets with a hole: record by record
+                cq.put_message_position_info(
+                    req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
+                )
 
     def truncate_dirty(self, phy_offset: int) -> int:
         """Cut units pointing at or past CommitLog offset ``phy_offset``; returns how many."""

@@ -188,3 +188,75 @@ def test_after_a_crash_units_past_the_checkpoint_are_rebuilt(tmp_path: Path):
         assert cq.put_message_position_info(1000 + 100 * i, 100, 0x1_0000_0000 + i, i)
     assert [u.tags_code for u in cq.read_units(0, 10)] == [0x1_0000_0000 + i for i in range(10)]
     store.shutdown()
+
+
+def _queue_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_dispatched_chunk_writes_what_record_by_record_puts_write(tmp_path: Path):
+    """ConsumeQueueStore.dispatch_batch writes each queue's units of a chunk as runs
+    (ConsumeQueue.put_units): the files must equal what one put_message_position_info per record
+    writes, across segment rolls, replays of dispatched records, a hole in a queue's offsets
+    and records that take no unit (PREPARED, ROLLBACK)."""
+    import random
+
+    from libstore.consume_queue_store import ConsumeQueueStore
+    from libstore.message import MessageSysFlag
+    from libstore.record_codec import DispatchRequest
+
+    rng = random.Random(7)
+    prepared = MessageSysFlag.TRANSACTION_PREPARED_TYPE
+    rollback = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+    next_qoff: dict[tuple[str, int], int] = {}
+    records: list[DispatchRequest] = []
+    phy = 0
+    for i in range(600):
+        topic, qid = rng.choice([("TopicA", 0), ("TopicA", 1), ("TopicB", 0)])
+        flag = rng.choices([0, prepared, rollback], weights=[20, 1, 1])[0]
+        size = rng.randrange(50, 300)
+        qoff = next_qoff.get((topic, qid), 0)
+        if i == 300 and topic == "TopicB":
+            qoff += 3  # a hole: three queue offsets that never got a record
+        records.append(
+            DispatchRequest(True, size, topic, qid, phy, qoff, flag, tags_code=rng.randrange(-(2**40), 2**40))
+        )
+        if not flag:
+            next_qoff[(topic, qid)] = qoff + 1
+        phy += size
+
+    def store_at(root: Path) -> ConsumeQueueStore:
+        store = ConsumeQueueStore(root, 40 * CQ_STORE_UNIT_SIZE)
+        store.load()
+        return store
+
+    one_by_one = store_at(tmp_path / "one")
+    for req in records:
+        one_by_one.dispatch_batch([req])
+    chunked = store_at(tmp_path / "chunked")
+    i = 0
+    while i < len(records):
+        n = rng.choice([1, 2, 5, 16, 64])
+        chunked.dispatch_batch(records[i : i + n])
+        if rng.random() < 0.2:  # a replay of what was just dispatched (a follower resuming)
+            chunked.dispatch_batch(records[max(0, i - 10) : i + n])
+        i += n
+    for store in (one_by_one, chunked):
+        store.flush_all()
+        store.shutdown()
+    files = _queue_files(tmp_path / "one")
+    assert len(files) > 10  # several segments per queue
+    assert _queue_files(tmp_path / "chunked") == files
+
+
+def test_put_units_packs_a_run_or_falls_back_to_record_by_record(tmp_path: Path):
+    cq = _cq(tmp_path)
+    cq.put_units([1000, 1100, 1200], [100, 100, 100], [1, 2, 3], 0)  # fits segment 0: one copy
+    cq.put_units([1300, 1400, 1500, 1600], [100, 100, 100, 100], [4, 5, 6, 7], 3)  # rolls: by record
+    cq.put_units([1000, 1100], [100, 100], [9, 9], 0)  # a replay: skipped
+    units = cq.read_units(0, 10)
+    assert [(u.queue_offset, u.phy_offset, u.tags_code) for u in units] == [
+        (i, 1000 + 100 * i, i + 1) for i in range(7)
+    ]
+    assert cq.max_physic_offset == 1700
+    cq.shutdown()
