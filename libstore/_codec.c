@@ -1601,6 +1601,42 @@ static PyObject *py_index_hashes(PyObject *self, PyObject *const *args, Py_ssize
     return out;
 }
 
+PyDoc_STRVAR(message_ids_doc,
+"message_ids(store_host: bytes, phy_offsets: list[int]) -> list[str]\n\n"
+"libstore.message_id.create_message_id for each offset: (store host + >q offset) as\n"
+"uppercase hex. The host is 8 or 20 bytes.");
+
+static PyObject *py_message_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "message_ids(store_host: bytes, phy_offsets: list[int])");
+        return NULL;
+    }
+    Py_ssize_t host_len = PyBytes_GET_SIZE(args[0]);
+    if (host_len != 8 && host_len != 20) {
+        PyErr_SetString(PyExc_ValueError, "message_ids: the store host is 8 or 20 bytes");
+        return NULL;
+    }
+    const unsigned char *host = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    PyObject *offsets = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(offsets);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long offset = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
+        if (offset == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *id = hex_id(host, host_len, (int64_t)offset);
+        if (id == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, id);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(index_put_run_doc,
 "index_put_run(mm, key_hashes, offsets, timestamps, start, stop, count, slot_num, entries_at,\n"
 "              begin_timestamp) -> new_slots\n\n"
@@ -2027,6 +2063,7 @@ static PyMethodDef methods[] = {
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,
      configure_record_doc},
     {"index_hashes", (PyCFunction)(void (*)(void))py_index_hashes, METH_FASTCALL, index_hashes_doc},
+    {"message_ids", (PyCFunction)(void (*)(void))py_message_ids, METH_FASTCALL, message_ids_doc},
     {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
     {"split_transient", (PyCFunction)(void (*)(void))py_split_transient, METH_FASTCALL, split_transient_doc},
     {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},

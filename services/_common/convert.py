@@ -22,7 +22,7 @@ from libstore import (
     TopicMessageType,
 )
 from libstore.durability import Durability
-from libstore.message_id import create_message_id
+from libstore.message_id import create_message_ids
 from services.proto import common_pb, gateway_pb
 
 _PUT_STATUS_TO_PB = {s: common_pb.PutStatus.Value(s.name) for s in PutMessageStatus}
@@ -81,7 +81,7 @@ def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
         queue_offsets=results.queue_offsets,
         store_timestamp=results.store_timestamp,
         store_host=host,
-        msg_ids=[create_message_id(host, p) for p in phys] if host else [],
+        msg_ids=create_message_ids(host, phys) if host else [],
     )
     if results.unwaited:  # messages that said WAIT=false (most batches have none)
         out.unwaited.extend(sorted(results.unwaited))

@@ -10,6 +10,7 @@ from libstore.errors import InvalidArgumentError
 from libstore.message_id import (
     UniqKeyGenerator,
     create_message_id,
+    create_message_ids,
     decode_host,
     decode_message_id,
     encode_host,
@@ -45,6 +46,22 @@ def test_offset_message_id_round_trip_ipv4_and_ipv6():
     v6 = create_message_id(encode_host("2001:db8::1", 8081), 77)
     assert len(v6) == 56 and decode_message_id(v6) == ("2001:db8::1", 8081, 77)
     assert decode_message_id(v4.lower()).phy_offset == 1 << 40
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+def test_a_replys_message_ids_are_each_offsets_id(native, monkeypatch):
+    from libstore import record_codec
+
+    if not native:
+        monkeypatch.setattr(record_codec, "_ext", None)
+    elif record_codec.native() is None:
+        pytest.fail("libstore._codec is not built: make install builds it")
+    offsets = [0, 1, 255, 1 << 40, (1 << 63) - 1, 123_456_789]
+    for host in (encode_host("10.1.2.3", 10911), encode_host("2001:db8::1", 8081)):
+        assert create_message_ids(host, offsets) == [create_message_id(host, o) for o in offsets]
+        assert create_message_ids(host, []) == []
+    with pytest.raises(ValueError):
+        create_message_ids(b"short", [1])
 
 
 @pytest.mark.parametrize("bad", ["", "XYZ", "0A01020300002A9F000001000000000", "G" * 32])
