@@ -98,12 +98,15 @@ class DispatchCheckpoint:
 
 
 def apply_chunk(
-    dispatchers: Sequence[CommitLogDispatcher], chunk: Sequence[DispatchRequest]
+    dispatchers: Sequence[CommitLogDispatcher], chunk: Sequence[DispatchRequest], *, arrivals: bool = True
 ) -> dict[QueueKey, int]:
     """Hand consecutive records to every dispatcher; return {(topic, queue id): new max queue
-    offset} of the queues they reached (for long polling). Raises what a dispatcher raises."""
+    offset} of the queues they reached (for long polling; {} without ``arrivals``, for a caller
+    that wakes no consumers). Raises what a dispatcher raises."""
     for dispatcher in dispatchers:
         dispatcher.dispatch_batch(chunk)
+    if not arrivals:
+        return {}
     no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
     return {
         (req.topic, req.queue_id): req.consume_queue_offset + 1

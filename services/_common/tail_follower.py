@@ -193,7 +193,9 @@ class TailFollower:
                 raise OffsetOutOfRangeError(
                     f"the tail chunk at {chunk.offset} holds bytes that are not records"
                 )
-        arrived = apply_chunk(self.dispatchers, records) if records else {}
+        arrived = (
+            apply_chunk(self.dispatchers, records, arrivals=self.on_arrival is not None) if records else {}
+        )
         if records:
             self.applied_store_ms = records[-1].store_timestamp
         return records, arrived
