@@ -70,12 +70,16 @@ class CommitLogNode:
             dedup, gen = self.port.dedup, log_.generation
             if dedup is None or gen is None or log_.broker_role is BrokerRole.SLAVE:
                 continue
-            # Taken together on the loop, where appends run: every keyed record before ``end``
-            # is in ``entries`` (as far as the window holds keys).
-            entries, end = dedup.snapshot(), log_.max_offset
+            # ``end`` is read on the loop, where appends run, before the copy starts: every
+            # keyed record before it is in ``entries`` (as far as the window holds keys).
+            log_id, generation, end = gen.log_id, gen.generation, log_.max_offset
+            entries = await dedup.snapshot_async()
+            now = log_.generation
+            if entries is None or now is None or (now.log_id, now.generation) != (log_id, generation):
+                continue  # the log was cut meanwhile: the next round saves
             try:
                 await asyncio.to_thread(
-                    write_window, window_path(log_.root), entries, gen.log_id, gen.generation, end
+                    write_window, window_path(log_.root), entries, log_id, generation, end
                 )
             except OSError as exc:
                 log.warning("commitlog: the de-duplication window was not saved (%s)", exc)

@@ -251,3 +251,45 @@ def _holds_what_the_model_holds(capacity: int, batches, extra_keys: list[str] | 
     hits = window.get_many([t for t, _ in everything], [u for _, u in everything])
     assert {f"{everything[i][0]}#{everything[i][1]}": p for i, p in hits.items()} == expected
     assert len(window) == len(expected)
+
+
+def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """snapshot_async copies a slice per turn of the loop while puts run between the turns:
+    every copied slot's key goes with its own offsets, the keys of the records before the copy
+    began are all there but the ones overwritten meanwhile (the oldest), and a clear() (a cut
+    of the log) while copying discards the copy."""
+    from services.commitlog import dedup_window
+
+    monkeypatch.setattr(dedup_window, "_COPY_SLICE", 4)
+    now = time.time_ns() // 1_000_000
+    window = DedupWindow(capacity=20, ttl_ms=60_000)
+
+    def put(i: int) -> None:  # record i's key, offset and queue offset all derive from i
+        window.put("T", f"k{i}", Placed(i * 100, 100, i, now))
+
+    for i in range(26):  # wrapped: slots hold k6 .. k25
+        put(i)
+
+    async def copy_with_puts(clear_at: int = -1) -> dedup_window.WindowCopy | None:
+        copying = asyncio.ensure_future(window.snapshot_async())
+        await asyncio.sleep(0)  # its first slice
+        i = 26
+        while not copying.done():
+            put(i)  # between the copy's turns
+            if i == clear_at:
+                window.clear()
+            i += 1
+            await asyncio.sleep(0)
+        return copying.result()
+
+    copy = asyncio.run(copy_with_puts())
+    assert copy is not None and copy.head == 26
+    keys, phys, _, qoffs, _ = copy.columns()
+    assert len(keys) == 20
+    for key, phy, qoff in zip(keys, phys, qoffs, strict=True):
+        assert key is not None and phy == int(key[3:]) * 100 and qoff == int(key[3:])  # each slot whole
+    before = {f"T#k{i}" for i in range(6, 26)}
+    overwritten = before - set(keys)
+    assert overwritten and all(int(k[3:]) < 6 + len(overwritten) for k in overwritten)  # the oldest
+    assert {k for k in keys if k not in before}  # and some put meanwhile
+    assert asyncio.run(copy_with_puts(clear_at=27)) is None
