@@ -841,6 +841,12 @@ class CommitLog:
             self._io_error_listeners.remove(listener)
 
     @property
+    def flush_failed(self) -> bool:
+        """True once a SYNC_FLUSH group-commit fdatasync failed: nothing past the flushed offset
+        will be confirmed durable (other I/O errors leave the group commit flushing)."""
+        return self._group_commit is not None and self._group_commit.io_failed
+
+    @property
     def group_commit_flushes(self) -> int:
         """fdatasync rounds the SYNC_FLUSH group commit has made since start (0 under ASYNC_FLUSH);
         messages acknowledged divided by this is the group-commit batching factor."""

@@ -99,7 +99,7 @@ class GroupCommitService(_FlushServiceBase):
     def request_flush(self, next_offset: int) -> None:
         """Flush at least up to ``next_offset`` (bytes) in the next round, with no waiter here:
         the caller learns of it from ``on_flushed`` (e.g. through the log's confirm listeners)."""
-        if next_offset > self._target:  # a plain int store: atomic under the GIL
+        if next_offset > self._target:  # one caller thread (the event loop): no lock needed
             self._target = next_offset
         self.wakeup()
 

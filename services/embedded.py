@@ -132,8 +132,10 @@ class CommitLogNode:
         await self.stop_saving_window()
         await self.ha.stop()
         await asyncio.to_thread(self._persist_dedup)
-        await asyncio.to_thread(self.commit_log.shutdown)
-        self.port.close()
+        try:
+            await asyncio.to_thread(self.commit_log.shutdown)
+        finally:
+            self.port.close()  # puts still waiting for the flush are answered, not left hanging
 
     def _persist_dedup(self) -> None:
         """Keep the retry de-duplication window across a clean restart (no log scan at start)."""

@@ -15,8 +15,10 @@ one is already pending), which there answers the puts the new flushed offset cov
 first, and then wakes every tail, so acknowledgements go out before followers take the loop.
 A move made on the loop itself is delivered at once, without crossing.
 
-An fdatasync failure (the store stops taking writes) answers every waiting put with
-FLUSH_DISK_TIMEOUT: not confirmed durable. Create the relay on the loop it serves.
+A failed group-commit fdatasync (the store stops taking writes) answers every waiting put the
+flushed offset does not cover with FLUSH_DISK_TIMEOUT: not confirmed durable. Other I/O errors
+(an append, a checkpoint write) leave the group commit flushing and the puts waiting for it.
+Create the relay on the loop it serves.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ class ConfirmRelay:
         self._waiters: list[tuple[int, int, asyncio.Future[PutMessageStatus]]] = []
         self._arrivals = itertools.count()
         self._crossing = False  # a delivery is scheduled on the loop and has not run yet
-        self.failed = False  # an fdatasync failed: no put waiting here will be confirmed
+        self.failed = False  # a group-commit fdatasync failed: no put waiting here will be confirmed
         log.add_confirm_listener(self._on_confirm)
         log.add_io_error_listener(self._on_io_error)
 
     def close(self) -> None:
-        """Stop listening to the log; puts still waiting get FLUSH_DISK_TIMEOUT."""
+        """Stop listening to the log; puts still waiting get PUT_OK when the flushed offset
+        covers them, else FLUSH_DISK_TIMEOUT."""
         self._log.remove_confirm_listener(self._on_confirm)
         self._log.remove_io_error_listener(self._on_io_error)
         self._fail_waiters()
@@ -65,10 +68,11 @@ class ConfirmRelay:
     # -- SYNC_FLUSH puts -----------------------------------------------------------------------
     def flushed(self, offset: int) -> asyncio.Future[PutMessageStatus]:
         """A future resolved with PUT_OK once the log's flushed offset reaches ``offset``
-        (bytes), or FLUSH_DISK_TIMEOUT when an fdatasync fails first. Already resolved when
-        the offset is covered (or the flush failed). The caller wakes the group commit after
-        this and bounds the wait (``syncFlushTimeout``); a cancelled future is dropped when the
-        flushed offset passes it."""
+        (bytes), or FLUSH_DISK_TIMEOUT when a group-commit fdatasync fails first. Already
+        resolved when the offset is covered (or the flush failed). The caller has the group
+        commit flush that far (CommitLog.request_flush, before or after this: the answer comes
+        on the loop either way) and bounds the wait (``syncFlushTimeout``); a cancelled future
+        is dropped when the flushed offset passes it."""
         future: asyncio.Future[PutMessageStatus] = self._loop.create_future()
         if self._log.flushed_offset >= offset:
             future.set_result(PutMessageStatus.PUT_OK)
@@ -109,14 +113,22 @@ class ConfirmRelay:
 
     def _on_io_error(self, _exc: StoreIOError) -> None:
         if threading.get_ident() == self._loop_thread:
-            self._fail_waiters()
+            self._on_failure()
             return
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._fail_waiters)
+            self._loop.call_soon_threadsafe(self._on_failure)
+
+    def _on_failure(self) -> None:
+        if self._log.flush_failed:  # else (an append or a checkpoint failed) the flush goes on
+            self._fail_waiters()
 
     def _fail_waiters(self) -> None:
+        """Answer every waiting put: PUT_OK where the flushed offset covers it (a delivery may
+        still be on its way), FLUSH_DISK_TIMEOUT for the rest; later puts fail at once."""
         self.failed = True
         waiters, self._waiters = self._waiters, []
-        for _, _, future in waiters:
+        flushed = self._log.flushed_offset
+        for offset, _, future in waiters:
             if not future.done():
-                future.set_result(PutMessageStatus.FLUSH_DISK_TIMEOUT)
+                covered = offset <= flushed
+                future.set_result(PutMessageStatus.PUT_OK if covered else PutMessageStatus.FLUSH_DISK_TIMEOUT)

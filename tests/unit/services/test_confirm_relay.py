@@ -112,3 +112,31 @@ def test_closing_the_relay_answers_what_still_waits(
         disk.release.set()
 
     asyncio.run(run())
+
+
+def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(
+    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed append or checkpoint write stops new puts, but the group commit still flushes
+    what was appended: the puts waiting for it get PUT_OK, as the group commit says."""
+    from libstore import StoreIOError
+
+    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
+    disk = _HeldDisk(monkeypatch)
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        disk.release.clear()
+        end = _append(log, b"kept")
+        waiting = relay.flushed(end)
+        log.request_flush(end)
+        log._on_io_error(
+            StoreIOError("cannot write checkpoint: No space left on device")
+        )  # as a checkpoint write does
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and not relay.failed and not log.writeable
+        disk.release.set()
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        relay.close()
+
+    asyncio.run(run())
