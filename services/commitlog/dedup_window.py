@@ -253,8 +253,9 @@ class DedupWindow:
         step); slots overwritten before their turn hold records put after the call began,
         replacing the oldest keys as they do in the window itself. So the copy holds the keys
         of every record before the log's end at the call (read it before awaiting this) as far
-        as the window held them then, plus possibly some later ones. None when :meth:`clear`
-        ran meanwhile (the log was cut: the copy would mix what it held before and after)."""
+        as the window held them then, plus possibly some later ones, which
+        :func:`write_window` leaves out. None when :meth:`clear` ran meanwhile (the log was
+        cut: the copy would mix what it held before and after)."""
         clears, head, cap = self._clears, self._head, self.capacity
         keys: list[str | None] = [None] * cap
         phy, size, qoff, ts = (array("q", bytes(8 * cap)) for _ in range(4))
@@ -394,7 +395,10 @@ def write_window(path: Path, window: WindowCopy, log_id: str, generation: int, e
     (id length, id padded to 32 bytes, generation, end offset, slot count n; big-endian), the
     key lengths in characters (n little-endian int32), the CommitLog offsets, sizes, queue
     offsets and store times (4 x n little-endian int64), then the keys, UTF-8, back to back.
+    Slots of records that end past ``end_offset`` are left out (a copy taken while puts went
+    on can hold some: a start that cuts the log back to that end must not take their keys).
     Returns how many slots were written. Raises OSError."""
+    window = _ending_by(window, end_offset)
     spans = window.spans()
     n = sum(b - a for a, b in spans)
     ident = log_id.encode()[:32]
@@ -421,6 +425,30 @@ def write_window(path: Path, window: WindowCopy, log_id: str, generation: int, e
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     return n
+
+
+def _ending_by(window: WindowCopy, end_offset: int) -> WindowCopy:
+    """``window`` without the slots whose record ends past ``end_offset``, oldest first (itself
+    when there are none)."""
+    spans = window.spans()
+    masks = [
+        np.frombuffer(window.phy, "=i8", b - a, 8 * a) + np.frombuffer(window.size, "=i8", b - a, 8 * a)
+        <= end_offset
+        for a, b in spans
+    ]
+    if all(mask.all() for mask in masks):
+        return window
+    keys: list[str | None] = []
+    cols: list[array[int]] = [array("q") for _ in range(4)]
+    for (a, b), mask in zip(spans, masks, strict=True):
+        keys.extend(itertools.compress(window.keys[a:b], mask.tolist()))
+        for out, col in zip(cols, (window.phy, window.size, window.qoff, window.ts), strict=True):
+            out.frombytes(np.frombuffer(col, "=i8", b - a, 8 * a)[mask].tobytes())
+    # one spare slot past the kept ones: the ring reads as not yet full, its slots from 0 on
+    keys.append(None)
+    for out in cols:
+        out.append(0)
+    return WindowCopy(len(keys) - 1, keys, *cols)
 
 
 def _first_store_timestamp(mf: MappedFile) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -253,7 +254,9 @@ def _holds_what_the_model_holds(capacity: int, batches, extra_keys: list[str] | 
     assert len(window) == len(expected)
 
 
-def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """snapshot_async copies a slice per turn of the loop while puts run between the turns:
     every copied slot's key goes with its own offsets, the keys of the records before the copy
     began are all there but the ones overwritten meanwhile (the oldest), and a clear() (a cut
@@ -291,5 +294,16 @@ def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(monkeypatch: pytes
     before = {f"T#k{i}" for i in range(6, 26)}
     overwritten = before - set(keys)
     assert overwritten and all(int(k[3:]) < 6 + len(overwritten) for k in overwritten)  # the oldest
-    assert {k for k in keys if k not in before}  # and some put meanwhile
+    later = {k for k in keys if k not in before}
+    assert later  # and some put meanwhile
+    # Saved with the log's end when the copy began (record 26 starts there), the file leaves
+    # out what was put meanwhile: a start that cuts the log back to that end must not take it.
+    path = tmp_path / "window.bin"
+    written = dedup_window.write_window(path, copy, "log", 1, 26 * 100)
+    read = window._read(path)
+    assert read is not None and read[2] == 2600
+    saved = read[3]
+    assert written == len(saved[0]) == 20 - len(later)
+    assert set(saved[0]) == set(keys) - later
+    assert saved[1] == [int(k[3:]) * 100 for k in saved[0]] and saved[1] == sorted(saved[1])  # oldest first
     assert asyncio.run(copy_with_puts(clear_at=27)) is None
