@@ -1622,7 +1622,13 @@ static PyObject *py_message_ids(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long offset = PyLong_AsLongLong(PyList_GET_ITEM(offsets, i));
+        PyObject *item = PyList_GET_ITEM(offsets, i);
+        if (!PyLong_CheckExact(item)) { /* no Python code may run (and change the list) here */
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "message_ids: offsets must be int");
+            return NULL;
+        }
+        long long offset = PyLong_AsLongLong(item);
         if (offset == -1 && PyErr_Occurred()) {
             Py_DECREF(out);
             return NULL;

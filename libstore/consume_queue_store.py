@@ -162,7 +162,7 @@ class ConsumeQueueStore:
         for key, run in runs.items():
             cq = queues.get(key) or self.find_or_create(*key)
             first = run[0].consume_queue_offset
-            if len(run) > 1 and run[-1].consume_queue_offset - first == len(run) - 1:
+            if len(run) > 1 and [r.consume_queue_offset for r in run] == list(range(first, first + len(run))):
                 cq.put_units(
                     [r.commit_log_offset for r in run],
                     [r.msg_size for r in run],

@@ -128,7 +128,10 @@ class DerivedStoreApp:
             self.commitlog,
             self._dispatchers(),
             resume,
-            on_arrival=self._on_arrival,
+            # None where nothing reads arrivals (the index): the follower then skips collecting them
+            on_arrival=self._on_arrival
+            if type(self)._on_arrival is not DerivedStoreApp._on_arrival
+            else None,
             on_ahead=self._on_ahead,
             log_id=log_id,
             generation=generation,

@@ -260,3 +260,29 @@ def test_put_units_packs_a_run_or_falls_back_to_record_by_record(tmp_path: Path)
     ]
     assert cq.max_physic_offset == 1700
     cq.shutdown()
+
+
+def test_a_chunk_repeating_a_queue_offset_is_written_record_by_record(tmp_path: Path):
+    """Queue offsets 0, 0, 2 span three units but are not a run: the repeat is skipped and 1
+    becomes a blank unit, as record-by-record dispatch does."""
+    from libstore.consume_queue_store import ConsumeQueueStore
+    from libstore.record_codec import DispatchRequest
+
+    records = [DispatchRequest(True, 100, "TopicA", 0, 100 * i, qoff) for i, qoff in enumerate([0, 0, 2])]
+    stores = []
+    for name, chunks in (("one", [[r] for r in records]), ("chunked", [records])):
+        store = ConsumeQueueStore(tmp_path / name, 40 * CQ_STORE_UNIT_SIZE)
+        store.load()
+        for chunk in chunks:
+            store.dispatch_batch(chunk)
+        store.flush_all()
+        store.shutdown()
+        stores.append(_queue_files(tmp_path / name))
+    assert stores[0] == stores[1]
+    unit = struct.Struct(">qiq")
+    raw = (tmp_path / "chunked" / "TopicA" / "0" / f"{0:020d}").read_bytes()
+    assert [unit.unpack_from(raw, 20 * i)[:2] for i in range(3)] == [
+        (0, 100),
+        (0, BLANK_UNIT_SIZE),
+        (200, 100),
+    ]
