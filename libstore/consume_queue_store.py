@@ -140,14 +140,6 @@ class ConsumeQueueStore:
         queues = self._queues
         no_unit = _NO_UNIT
         mask = MessageSysFlag.TRANSACTION_TYPE_MASK
-        if len(requests) == 1:
-            req = requests[0]
-            if req.sys_flag & mask not in no_unit:
-                cq = queues.get((req.topic, req.queue_id)) or self.find_or_create(req.topic, req.queue_id)
-                cq.put_message_position_info(
-                    req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
-                )
-            return
         # Each queue's records, in log order: its units are then written as runs (put_units).
         runs: dict[tuple[str, int], list[DispatchRequest]] = {}
         for req in requests:
@@ -162,7 +154,7 @@ class ConsumeQueueStore:
         for key, run in runs.items():
             cq = queues.get(key) or self.find_or_create(*key)
             first = run[0].consume_queue_offset
-            if len(run) > 1 and [r.consume_queue_offset for r in run] == list(range(first, first + len(run))):
+            if [r.consume_queue_offset for r in run] == list(range(first, first + len(run))):
                 cq.put_units(
                     [r.commit_log_offset for r in run],
                     [r.msg_size for r in run],
@@ -170,7 +162,7 @@ class ConsumeQueueStore:
                     first,
                 )
                 continue
-            for req in run:  # one record, or queue offsets with a hole: record by record
+            for req in run:  # queue offsets with a hole or a repeat: record by record
                 cq.put_message_position_info(
                     req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
                 )

@@ -99,7 +99,8 @@ class LocalCommitLog:
         return relay
 
     def close(self) -> None:
-        """Stop listening to the log (puts still waiting for the flush get FLUSH_DISK_TIMEOUT)."""
+        """Stop listening to the log; puts still waiting for the flush are answered (see
+        ConfirmRelay.close)."""
         if self._relay is not None:
             self._relay.close()
             self._relay = None

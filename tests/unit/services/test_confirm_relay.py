@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from libstore import CommitLog, FlushDiskType, Message, PutMessageStatus
+from libstore import CommitLog, FlushDiskType, Message, PutMessageStatus, StoreIOError
 from libstore import mapped_file as mapped_file_module
 from services.commitlog.confirm_relay import ConfirmRelay
 
@@ -34,16 +34,23 @@ class _HeldDisk:
         monkeypatch.setattr(mapped_file_module.os, "fdatasync", fdatasync)
 
 
+@pytest.fixture
+def held(open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch) -> tuple[CommitLog, _HeldDisk]:
+    """A SYNC_FLUSH CommitLog whose fdatasyncs a _HeldDisk controls (a put's own timeout,
+    syncFlushTimeout, set far beyond any wait here)."""
+    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000)
+    return log, _HeldDisk(monkeypatch)
+
+
 def _append(log: CommitLog, body: bytes) -> int:
     """Append one message without waiting; the offset just past it."""
     return log.append_messages([Message("TopicR", body, 0)]).results.next_offset
 
 
 def test_puts_are_answered_in_offset_order_once_the_flush_covers_them(
-    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
+    held: tuple[CommitLog, _HeldDisk],
 ) -> None:
-    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    disk = _HeldDisk(monkeypatch)
+    log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
@@ -76,11 +83,8 @@ def test_puts_are_answered_in_offset_order_once_the_flush_covers_them(
     asyncio.run(run())
 
 
-def test_an_fdatasync_failure_answers_every_waiting_put_at_once(
-    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000)
-    disk = _HeldDisk(monkeypatch)
+def test_an_fdatasync_failure_answers_every_waiting_put_at_once(held: tuple[CommitLog, _HeldDisk]) -> None:
+    log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
@@ -97,11 +101,8 @@ def test_an_fdatasync_failure_answers_every_waiting_put_at_once(
     asyncio.run(run())
 
 
-def test_closing_the_relay_answers_what_still_waits(
-    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    disk = _HeldDisk(monkeypatch)
+def test_closing_the_relay_answers_what_still_waits(held: tuple[CommitLog, _HeldDisk]) -> None:
+    log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
@@ -114,15 +115,10 @@ def test_closing_the_relay_answers_what_still_waits(
     asyncio.run(run())
 
 
-def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(
-    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(held: tuple[CommitLog, _HeldDisk]) -> None:
     """A failed append or checkpoint write stops new puts, but the group commit still flushes
     what was appended: the puts waiting for it get PUT_OK, as the group commit says."""
-    from libstore import StoreIOError
-
-    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH)
-    disk = _HeldDisk(monkeypatch)
+    log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
