@@ -58,7 +58,7 @@ SAVE_INTERVAL_S = 10.0  # how often a running master saves its window (services.
 _COLUMN_RUN_MIN = 16
 
 
-def _keys_of(topics: list[str], uniq_keys: list[str | None]) -> list[str | None]:
+def window_keys(topics: list[str], uniq_keys: list[str | None]) -> list[str | None]:
     """The window's keys (``topic#UNIQ_KEY``) of a batch's records, None where a record has
     no UNIQ_KEY; built in C loops when every record has one (one topic: one concatenation each)."""
     if topics and all(uniq_keys):
@@ -120,16 +120,20 @@ class DedupWindow:
             return None
         return self._placed(seq)
 
-    def get_many(self, topics: list[str], uniq_keys: list[str | None]) -> dict[int, Placed]:
+    def get_many(
+        self, topics: list[str], uniq_keys: list[str | None], keys: list[str | None] | None = None
+    ) -> dict[int, Placed]:
         """The hits of a batch: {index: where record ``index``'s key went}, for the records
-        whose UNIQ_KEY (``uniq_keys[i]``, None for none) is in the window."""
+        whose UNIQ_KEY (``uniq_keys[i]``, None for none) is in the window. ``keys``: the
+        batch's :func:`window_keys` when the caller has them already (they are not built again;
+        :meth:`put_many` takes them too)."""
         index = self._seq
         if not index:
             return {}
         since = time.time_ns() // 1_000_000 - self.ttl_ms
         ts, cap = self._ts, self.capacity
         # The keys looked up in C loops; a batch that is no retry (nearly all) ends here.
-        seqs = list(map(index.get, _keys_of(topics, uniq_keys)))
+        seqs = list(map(index.get, window_keys(topics, uniq_keys) if keys is None else keys))
         if seqs.count(None) == len(seqs):
             return {}
         return {
@@ -144,16 +148,18 @@ class DedupWindow:
         sizes: list[int],
         queue_offsets: list[int],
         store_timestamp: int,
+        keys: list[str | None] | None = None,
     ) -> None:
         """:meth:`put` for the first ``len(phy_offsets)`` records of a batch (those without a
-        UNIQ_KEY are skipped), all stored at ``store_timestamp`` (ms)."""
+        UNIQ_KEY are skipped), all stored at ``store_timestamp`` (ms). ``keys``: the batch's
+        :func:`window_keys`, when the caller has them (as for :meth:`get_many`)."""
         if self.capacity <= 0:
             return
         n = len(phy_offsets)
         start = self._head % self.capacity
         if n >= _COLUMN_RUN_MIN and start + n <= self.capacity and all(uniq_keys[:n]):
             self._put_run(
-                _keys_of(topics[:n], uniq_keys[:n]),
+                window_keys(topics[:n], uniq_keys[:n]) if keys is None else keys[:n],  # type: ignore[arg-type]
                 phy_offsets,
                 sizes[:n],
                 queue_offsets[:n],

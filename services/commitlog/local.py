@@ -50,7 +50,7 @@ from services._common.telemetry import tracer
 from services.commitlog import metrics
 from services.commitlog.confirm_relay import ConfirmRelay
 from services.commitlog.decoded_batches import DecodedBatches
-from services.commitlog.dedup_window import DedupWindow, Placed
+from services.commitlog.dedup_window import DedupWindow, Placed, window_keys
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
@@ -192,8 +192,15 @@ class LocalCommitLog:
             n = len(batch.sizes)
             span.set_attribute("mqstore.messages", n)
             dedup = self.dedup
-            placed = dedup.get_many(batch.topics, batch.uniq_keys) if dedup is not None else {}
-            fresh_batch = batch.subset([i for i in range(n) if i not in placed]) if placed else batch
+            # The window's keys are built once for the lookup and the put (a batch's n strings).
+            keys = window_keys(batch.topics, batch.uniq_keys) if dedup is not None and n > 1 else None
+            placed = dedup.get_many(batch.topics, batch.uniq_keys, keys) if dedup is not None else {}
+            if placed:
+                fresh = [i for i in range(n) if i not in placed]
+                fresh_batch = batch.subset(fresh)
+                keys = None if keys is None else [keys[i] for i in fresh]
+            else:
+                fresh_batch = batch
             appended = log.append_batch(fresh_batch) if fresh_batch.sizes else None
             if appended is not None:
                 self._keep_decoded(fresh_batch, appended.results)
@@ -206,6 +213,7 @@ class LocalCommitLog:
                     res.sizes,
                     res.queue_offsets,
                     res.store_timestamp,
+                    keys,
                 )
             results = self._merge(range(n), appended.results if appended else None, placed)
             if batch.no_wait:  # replays included: the batch's indexes are the results'

@@ -14,8 +14,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libstore import BrokerRole, CommitLog, Message, StoreConfig
-from services.commitlog.dedup_window import DedupWindow, Placed, persist_window, restore_window, window_path
+from libstore import BrokerRole, CommitLog, Message, MessageConst, StoreConfig
+from services.client import OutgoingMessage, Producer
+from services.commitlog.dedup_window import (
+    DedupWindow,
+    Placed,
+    persist_window,
+    restore_window,
+    window_keys,
+    window_path,
+)
+from services.commitlog.local import LocalCommitLog
 from tests.conftest import SEGMENT
 
 RECORD_BODY = 2000  # about 125 records per 256 KiB segment
@@ -238,18 +247,24 @@ def _holds_what_the_model_holds(capacity: int, batches, extra_keys: list[str] | 
     now = time.time_ns() // 1_000_000
     slots: list[tuple[str, Placed]] = []  # every keyed put so far, oldest first
     phy = 0
-    for batch in batches:
+    for n, batch in enumerate(batches):
         topics = [t for t, _ in batch]
         uniq = [u for _, u in batch]
         placed = [Placed(phy + 10 * i, 10, phy + i, now) for i in range(len(batch))]
         phy += 10 * len(batch)
-        window.put_many(topics, uniq, [p[0] for p in placed], [10] * len(batch), [p[2] for p in placed], now)
+        # Every other batch comes with its keys built by the caller (as the commitlog does).
+        keys = window_keys(topics, uniq) if n % 2 else None
+        window.put_many(
+            topics, uniq, [p[0] for p in placed], [10] * len(batch), [p[2] for p in placed], now, keys
+        )
         slots += [(f"{t}#{u}", p) for t, u, p in zip(topics, uniq, placed, strict=True) if u]
     kept = slots[-capacity:] if slots else []
     newest = {key: p for key, p in slots}
     expected = {key: p for key, p in newest.items() if (key, p) in kept}
     everything = [(t, u) for t in ("T", "U") for u in [*_KEYS, *extra_keys]]
-    hits = window.get_many([t for t, _ in everything], [u for _, u in everything])
+    topics, uniq = [t for t, _ in everything], [u for _, u in everything]
+    hits = window.get_many(topics, uniq)
+    assert window.get_many(topics, uniq, window_keys(topics, uniq)) == hits
     assert {f"{everything[i][0]}#{everything[i][1]}": p for i, p in hits.items()} == expected
     assert len(window) == len(expected)
 
@@ -307,3 +322,25 @@ def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(
     assert set(saved[0]) == set(keys) - later
     assert saved[1] == [int(k[3:]) * 100 for k in saved[0]] and saved[1] == sorted(saved[1])  # oldest first
     assert asyncio.run(copy_with_puts(clear_at=27)) is None
+
+
+def test_a_partly_retried_batch_gets_first_results_and_appends_only_the_rest(
+    open_log: Callable[..., CommitLog],
+) -> None:
+    """A batch of 40 whose first 20 records went before (their keys looked up and the 20 new
+    ones put with the keys built once): the 20 get their first results, the others are
+    appended; the whole batch sent again then appends nothing."""
+    log = open_log(default_topic_queue_nums=1)
+    port = LocalCommitLog(log, DedupWindow())
+    producer = Producer("127.0.0.1:1")
+    msgs = [OutgoingMessage("T", b"%03d" % i, properties={MessageConst.UNIQ_KEY: f"K{i}"}) for i in range(40)]
+    first = asyncio.run(port.append_records(producer._request(msgs[:20]).records))
+    assert first.appended == 20
+    end = log.max_offset
+    both = asyncio.run(port.append_records(producer._request(msgs).records))
+    assert both.phy_offsets[:20] == first.phy_offsets and min(both.phy_offsets[20:]) >= end
+    assert both.queue_offsets == list(range(40))
+    assert [log.read_message(phy).body for phy in both.phy_offsets] == [m.body for m in msgs]
+    end = log.max_offset
+    again = asyncio.run(port.append_records(producer._request(msgs[::-1]).records))
+    assert again.phy_offsets == both.phy_offsets[::-1] and log.max_offset == end
