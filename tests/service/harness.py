@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -46,19 +47,40 @@ SMALL_STORE = {
 
 
 _HANDED_OUT: set[int] = set()
+# free_port's ports lie below Linux's ephemeral range (32768-60999 by default), where the kernel
+# never picks one for a client's connect() or a bind to port 0, in one block per test worker
+# (pytest-xdist's PYTEST_XDIST_WORKER, gw0, gw1, ...): two workers never hand out the same port,
+# and no connection made meanwhile can take a port before the server it was meant for binds it.
+_PORT_BASE = 20_000
+_PORTS_PER_WORKER = 1_500
+
+
+def _port_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    start = _PORT_BASE + (index % 8) * _PORTS_PER_WORKER
+    return range(start, start + _PORTS_PER_WORKER)
 
 
 def free_port() -> int:
     """A loopback port nothing listens on now and that this process has not handed out before
-    (the OS may give a just-released port again, and two servers of one test must not share
-    one). For servers in other processes, whose bound port the test cannot read back."""
-    while True:
+    (two servers of one test must not share one), from this test worker's own block (see
+    _PORT_BASE). For servers in other processes, whose bound port the test cannot read back.
+    Raises RuntimeError when every port of the block is taken or handed out."""
+    block = _port_block()
+    first = random.randrange(len(block))
+    for k in range(len(block)):
+        port = block[(first + k) % len(block)]
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: by this run or by something else on the machine
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port left in {block.start}-{block.stop - 1}")
 
 
 def poll_until(
