@@ -58,7 +58,7 @@ bench-deps: install
 # The fault loop (tests/fault) for hundreds of faults; MQSTORE_FAULT_SEED=<seed> replays a run.
 SOAK_ROUNDS ?= 300
 soak: install
-	MQSTORE_FAULT_ROUNDS=$(SOAK_ROUNDS) $(BIN)/python -m pytest -q -s tests/fault/test_fault_loop.py
+	MQSTORE_FAULT_ROUNDS=$(SOAK_ROUNDS) $(BIN)/python -m pytest -q -s --timeout=0 tests/fault/test_fault_loop.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis services/pb libstore/*.so
