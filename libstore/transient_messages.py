@@ -12,9 +12,10 @@ oldest records are paged out, oldest first, to scratch files under ``scratch_dir
 ``scratch_segment_bytes``, deleted when the store opens and when their last record is
 released) until memory is back under ``low_water``. Past ``scratch_max_bytes`` of scratch too, a
 put is refused with SystemBusyError (RocketMQ's SYSTEM_BUSY, RabbitMQ's memory alarm): the
-store never queues without bound. Records are released in key order, when the CommitLog's
-retention deletes the segment their stubs were in (:meth:`release_below`), and cut when the log
-is truncated under them (:meth:`truncate_from`).
+store never queues without bound. Records are released in key order (:meth:`release_below`):
+once every consumer group reading them has consumed them (the dispatch service decides,
+services.dispatch.transient_release), else when the CommitLog's retention deletes the segment
+their stubs were in; and cut when the log is truncated under them (:meth:`truncate_from`).
 
 With ``background`` (the CommitLog's store), the page-out down to ``low_water`` runs on a
 thread of its own, about ``PAGE_OUT_STEP_BYTES`` at a time (whole chunks: the records of one
@@ -338,8 +339,9 @@ class TransientMessageStore:
 
     # -- releasing -----------------------------------------------------------------------------------
     def release_below(self, key: int) -> int:
-        """Drop every record whose key is below ``key`` (their stubs' CommitLog segment was
-        deleted); returns how many. Scratch segments left without records are deleted."""
+        """Drop every record whose key is below ``key`` (consumed by every group, or their stubs'
+        CommitLog segment was deleted); returns how many. Scratch segments left without records
+        are deleted."""
         with self._lock:
             released = 0
             end = bisect.bisect_left(self._firsts, key, self._first)  # chunks starting below key

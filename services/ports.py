@@ -189,6 +189,12 @@ class CommitLogPort(Protocol):
         when it did not exist."""
         ...
 
+    async def release_transient(self, below: int) -> int:
+        """Free the transient messages whose stubs lie before CommitLog offset ``below`` (the
+        dispatch service found every consumer group that reads them past them); returns how
+        many were freed (0 on a store holding none, a slave's)."""
+        ...
+
     async def topic_tombstones(self) -> dict[str, int]:
         """Deleted topics: name -> the CommitLog offset before which their messages are expired."""
         ...

@@ -171,6 +171,15 @@ class RemoteCommitLog:
         )
         return reply.deleted
 
+    async def release_transient(self, below: int) -> int:
+        reply = await call(
+            self.stub.ReleaseTransient,
+            commitlog_pb.ReleaseTransientRequest(below=below),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return int(reply.released)
+
     # -- HA administration (not part of CommitLogPort) ------------------------------------------------
     async def ha_state(self) -> commitlog_pb.HAState:
         return await call(

@@ -594,6 +594,13 @@ class LocalCommitLog:
     async def topic_tombstones(self) -> dict[str, int]:
         return self.log.topic_config.tombstones()
 
+    async def release_transient(self, below: int) -> int:
+        store = self.log.transient
+        if store is None:
+            return 0
+        # A worker thread: the store's lock may be held by a page-out step's write.
+        return await asyncio.to_thread(store.release_below, below)
+
 
 def _messages_of(batch: EncodedBatch) -> list[Message]:
     """The adopted records of ``batch`` as Messages (queue ids as placed, hosts as filled)."""

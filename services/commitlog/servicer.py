@@ -130,6 +130,14 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     ) -> commitlog_pb.DeleteTopicResponse:
         return commitlog_pb.DeleteTopicResponse(deleted=await self.port.delete_topic(request.topic))
 
+    async def ReleaseTransient(
+        self, request: commitlog_pb.ReleaseTransientRequest, context: grpc.aio.ServicerContext
+    ) -> commitlog_pb.ReleaseTransientResponse:
+        if request.below < 0:
+            raise InvalidArgumentError(f"release below a negative offset: {request.below}")
+        released = await self.port.release_transient(request.below)
+        return commitlog_pb.ReleaseTransientResponse(released=released)
+
     async def GetHAState(
         self, request: commitlog_pb.GetHAStateRequest, context: grpc.aio.ServicerContext
     ) -> commitlog_pb.HAState:

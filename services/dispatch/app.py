@@ -35,6 +35,7 @@ from services.dispatch.receipt_signer import ReceiptSigner
 from services.dispatch.retention import QueueRetention
 from services.dispatch.timer import TimerService
 from services.dispatch.transaction import TransactionService
+from services.dispatch.transient_release import TransientRelease
 from services.ports import CommitLogPort
 
 
@@ -87,6 +88,12 @@ class DispatchApp(DerivedStoreApp):
             max_bytes=config.max_transfer_bytes_on_message_in_memory,
         )
         self.retention = QueueRetention(self.queues, self._store_time_of)
+        self.transient_release = TransientRelease(
+            self.queues,
+            self.offsets,
+            commitlog,
+            lambda: self.follower.reput_offset if self.follower is not None else 0,
+        )
         self.units_cut = 0  # ConsumeQueue units recovery cut at start
         self._background: list[asyncio.Task[None]] = []
         self._background_stop = asyncio.Event()
@@ -126,7 +133,7 @@ class DispatchApp(DerivedStoreApp):
         return await self.retention.run_once(policy, int(time.time() * 1000))
 
     def _dispatchers(self) -> Sequence[CommitLogDispatcher]:
-        return [self.queues]
+        return [self.queues, self.transient_release]
 
     def _on_arrival(self, arrived: Mapping[QueueKey, int]) -> None:
         self.long_polling.notify_many(arrived)
@@ -172,6 +179,7 @@ class DispatchApp(DerivedStoreApp):
             asyncio.create_task(self.pop.run_revive(self._background_stop)),
             asyncio.create_task(self.timer.run(self._background_stop)),
             asyncio.create_task(self.transactions.run_orphan_sweep(self._background_stop)),
+            asyncio.create_task(self.transient_release.run(self._background_stop)),
         ]
 
     def consumer_lag(self) -> list[Observation]:

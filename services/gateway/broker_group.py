@@ -303,6 +303,10 @@ class GroupCommitLog:
     async def topic_tombstones(self) -> dict[str, int]:
         return await self.group.on_reader(lambda m: m.commitlog.topic_tombstones())
 
+    async def release_transient(self, below: int) -> int:
+        # Only the master holds transient messages (never replicated).
+        return await self.group.on_master(lambda m: m.commitlog.release_transient(below))
+
 
 class GroupDispatch:
     """DispatchPort over a BrokerGroup (reads with fallback, offsets kept on every member)."""

@@ -5,15 +5,24 @@ disk; gone after a restart, where consumers go on at the next offset."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from libstore.errors import SystemBusyError
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from services.dispatch.transient_release import RELEASE_INTERVAL_S
 from services.serve import ServeOptions, Suite
 from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, SplitCluster, poll_until, wait_derived_caught_up
+from tests.service.harness import (
+    InProcessSuites,
+    SplitCluster,
+    poll_until,
+    wait_derived_caught_up,
+    wait_until,
+)
 
 
 def _bodies(topic: str, tag: str, marker: str, n: int, **props: str) -> list[OutgoingMessage]:
@@ -165,3 +174,77 @@ def test_official_client_sends_transient_messages_with_a_user_property(
         tmp_path / "r2",
     )
     assert sorted(m["body"] for m in again["messages"]) == ["OFFICIALP-0", "OFFICIALP-0"]
+
+
+def _send_through_pushback(producer: Producer, batch: list[OutgoingMessage], deadline: float) -> None:
+    """Send ``batch``, again after a SYSTEM_BUSY push back (nothing of it was written), as a
+    client under flow control does, until ``deadline`` (time.monotonic())."""
+    while True:
+        try:
+            assert producer.send_batch(batch).all_ok
+            return
+        except SystemBusyError:
+            assert time.monotonic() < deadline, "the transient store stayed full"
+            time.sleep(0.2)
+
+
+@pytest.mark.parametrize("topology", ["embedded", "split"])
+def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept(
+    topology: str, suites: InProcessSuites, tmp_path: Path
+) -> None:
+    """Transient bounds of 512 KiB in memory and 512 KiB paged out. Messages sent before any
+    group consumed the topic are kept; a group that keeps up lets four times the bounds through
+    (they are freed as it commits); messages a second group has not consumed yet are kept for it
+    while the first group has read them; once both have, they are freed."""
+    store = {"transientStoreMaxBytes": 512 * 1024, "transientScratchMaxBytes": 512 * 1024}
+    if topology == "embedded":
+        suite = _start(suites, embedded_options(tmp_path / "data", **store))
+        address, cluster = suite.address, None
+    else:
+        suite = None
+        cluster = SplitCluster(tmp_path / "split", store=store)
+        cluster.start_all()
+        address = cluster.gateway
+    try:
+        with Admin(address) as admin:
+            admin.create_topic("Drained", 1, durability="transient")
+        body = bytes(1000)
+        deadline = time.monotonic() + 120
+        with Producer(address, retries=0) as producer:
+            early = [OutgoingMessage("Drained", b"early%04d" % i + body) for i in range(200)]
+            _send_through_pushback(producer, early, deadline)
+            time.sleep(3 * RELEASE_INTERVAL_S)  # release rounds pass: nobody consumed the topic yet
+            with PullConsumer(address, "fast", "Drained", batch_size=500, hold_ms=200) as fast:
+                got = poll_until(fast, 200, 20)
+                assert [r.body for r in got] == [m.body for m in early]
+                fast.commit()
+                n = 200
+                for start in range(0, 4096, 128):  # 4 MiB: four times the store's bounds
+                    batch = [
+                        OutgoingMessage("Drained", b"drain%04d" % i + body) for i in range(start, start + 128)
+                    ]
+                    _send_through_pushback(producer, batch, deadline)
+                    got = poll_until(fast, 128, 20)
+                    assert [r.body for r in got] == [m.body for m in batch]
+                    fast.commit()
+                    n += 128
+                with Admin(address) as admin:
+                    admin.commit_offset("slow", "Drained", 0, n)  # a second group, at the end
+                late = [OutgoingMessage("Drained", b"late%04d" % i + body) for i in range(100)]
+                _send_through_pushback(producer, late, deadline)
+                assert [r.body for r in poll_until(fast, 100, 20)] == [m.body for m in late]
+                fast.commit()
+        time.sleep(3 * RELEASE_INTERVAL_S)  # "fast" read them; "slow" has not
+        with PullConsumer(address, "slow", "Drained", batch_size=500, hold_ms=200) as slow:
+            assert [r.body for r in poll_until(slow, 100, 20)] == [m.body for m in late]
+            assert slow.skipped == {0: 0}
+            slow.commit()
+        if cluster is None:  # both groups read everything: the store holds nothing any more
+            assert suite.commit_log is not None and suite.commit_log.transient is not None
+            held = suite.commit_log.transient
+            wait_until(lambda: len(held) == 0, "the release of what both groups read")
+    finally:
+        if cluster is not None:
+            cluster.stop_all()
+        else:
+            suites.stop(suite)

@@ -117,6 +117,7 @@ def test_commitlog_refuses_demote_and_append_from_peers_without_a_ca_certificate
                 (stub.Demote, commitlog_pb.DemoteRequest(master_address=fake_master, min_epoch=0)),
                 (stub.Append, append),
                 (stub.DeleteTopic, commitlog_pb.DeleteTopicRequest(topic="T")),
+                (stub.ReleaseTransient, commitlog_pb.ReleaseTransientRequest(below=1 << 40)),
             ):
                 with pytest.raises(grpc.RpcError) as info:
                     call(request, timeout=5)

@@ -1,0 +1,151 @@
+"""TransientRelease: free the transient messages every consumer group has consumed.
+
+A transient message's record lives in the commitlog's memory (libstore.transient_messages) under
+its stub's CommitLog offset. Without this, only retention freed it (when the CommitLog segment
+holding the stub went, 72 h by default), so a transient topic that producers kept writing and
+consumers kept draining filled ``transientStoreMaxBytes`` and then ``transientScratchMaxBytes``
+and was refused with SYSTEM_BUSY until then. RabbitMQ frees a transient message once its
+queue's consumer acknowledged it; the equivalent here is a message that every consumer group
+reading its queue has consumed.
+
+This dispatch-side part notes, as records are dispatched, the last queue offset of a transient
+stub in each queue (:meth:`TransientRelease.dispatch_batch`), and every ``RELEASE_INTERVAL_S``
+computes a *release point* (:meth:`TransientRelease.release_point`): a CommitLog offset before
+which no transient message is still wanted. Stubs not yet dispatched lie past the dispatched
+offset, so that is where the point starts. Then, for each queue that has had a transient stub,
+the queue's consumed offset is the lowest committed offset of the groups that committed any
+offset for the topic (a pop group's is its oldest unacknowledged message, libstore.pop_state).
+The queue is held at its min offset when no group committed one for it. Past its last
+transient stub, a queue holds nothing back. Otherwise the point is at most the CommitLog offset
+of the first unit not consumed. The commitlog then frees the messages whose stubs lie before
+the point (CommitLogPort.release_transient); a pull or receive that asks for one later passes
+over it as removed, as after a restart.
+
+So a transient message stays while any group that has consumed its topic has not consumed it,
+and while nobody has consumed its queue yet (a producer that starts before its consumers
+loses nothing). A group that stopped for good holds its topics' transient messages until its
+offsets are removed, as an unconsumed RabbitMQ queue holds its messages. Since release is in
+CommitLog order, such a group holds back the transient messages of every topic after the
+point; the store's bounds and SYSTEM_BUSY still apply. A group moved back by an offset reset
+does not hold again what every group had consumed before.
+
+Thread-safety: ``dispatch_batch`` may run on a worker thread (a large chunk); the rest runs on
+the dispatch service's event loop; the noted stubs are shared under a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from libstore.aio_deadline import wait_within
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.errors import StoreError
+from libstore.message import MessageSysFlag
+from libstore.record_codec import DispatchRequest
+from services.ports import CommitLogPort
+
+log = logging.getLogger(__name__)
+
+RELEASE_INTERVAL_S = 1.0  # how often a release point is computed and handed to the commitlog
+_STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
+
+
+class TransientRelease:
+    """The release rounds of one dispatch service (module docstring). ``reput_offset()``: the
+    CommitLog offset up to which records are dispatched."""
+
+    def __init__(
+        self,
+        queues: ConsumeQueueStore,
+        offsets: ConsumerOffsetManager,
+        commitlog: CommitLogPort,
+        reput_offset: Callable[[], int],
+    ) -> None:
+        self.queues = queues
+        self.offsets = offsets
+        self.commitlog = commitlog
+        self._reput_offset = reput_offset
+        self._last_stub: dict[tuple[str, int], int] = {}  # (topic, queue id) -> queue offset
+        self._lock = threading.Lock()
+        self.released_below = 0  # the last release point the commitlog took
+        self.messages_released = 0  # transient messages the commitlog freed, since start
+
+    def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
+        """CommitLogDispatcher: note the transient stubs among ``requests`` (idempotent)."""
+        seen: dict[tuple[str, int], int] = {}
+        for req in requests:
+            if req.sys_flag & _STUB:
+                seen[(req.topic, req.queue_id)] = req.consume_queue_offset
+        if seen:
+            with self._lock:
+                last = self._last_stub
+                for key, offset in seen.items():
+                    if offset > last.get(key, -1):
+                        last[key] = offset
+
+    def release_point(self) -> int:
+        """The CommitLog offset before which no transient message is wanted (module docstring)."""
+        return self._survey()[0]
+
+    def _survey(self) -> tuple[int, list[tuple[tuple[str, int], int]]]:
+        """(the release point, the noted queues whose stubs every group has consumed: entries
+        that :meth:`release_once` forgets once the commitlog took the point)."""
+        point = self._reput_offset()
+        groups_of: dict[str, list[str]] = {}
+        for group, topic in self.offsets.groups():
+            groups_of.setdefault(topic, []).append(group)
+        with self._lock:
+            stubs = list(self._last_stub.items())
+        done = []
+        for (topic, queue_id), last in stubs:
+            cq = self.queues.find(topic, queue_id)
+            if cq is None:  # the topic was deleted: its messages are expired anyway
+                done.append(((topic, queue_id), last))
+                continue
+            floor = cq.min_offset_in_queue
+            committed = [self.offsets.query_offset(g, topic, queue_id) for g in groups_of.get(topic, ())]
+            # No group, or one without an offset for this queue: held from the queue's start.
+            consumed = max(min(committed), floor) if committed and min(committed) >= 0 else floor
+            if consumed > last:
+                done.append(((topic, queue_id), last))
+                continue
+            unit = cq.read_unit(consumed)
+            if unit is None:  # not readable now (being cut or cleaned): hold everything
+                return min(point, self.released_below), []
+            point = min(point, unit.phy_offset)
+        return point, done
+
+    async def release_once(self) -> int:
+        """One round: compute the point and, when it moved, hand it to the commitlog. Returns how
+        many messages the commitlog freed. Raises what the port raises."""
+        point, done = self._survey()
+        if point <= self.released_below:
+            return 0
+        freed = await self.commitlog.release_transient(point)
+        self.released_below = point
+        self.messages_released += freed
+        with self._lock:
+            for key, last in done:
+                if self._last_stub.get(key) == last:  # no later stub was noted meanwhile
+                    del self._last_stub[key]
+        return freed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds every RELEASE_INTERVAL_S until ``stop`` is set; a round that cannot reach the
+        commitlog is retried in the next."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await wait_within(stop.wait(), RELEASE_INTERVAL_S)
+            if stop.is_set():
+                return
+            try:
+                await self.release_once()
+            except (StoreError, grpc.RpcError) as exc:
+                log.info("transient release skipped this round (%s)", exc)

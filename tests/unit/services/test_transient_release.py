@@ -1,0 +1,93 @@
+"""services.dispatch.transient_release over real ConsumeQueues and consumer offsets, with a
+commitlog stand-in that records the release points: a queue nobody consumed holds its
+transient messages, the slowest group decides, queues past their last transient stub hold
+nothing, nothing past the dispatched offset is released, and only a point that moved is handed
+over."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from libstore.consume_queue import CQ_STORE_UNIT_SIZE
+from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.message import MessageSysFlag
+from libstore.record_codec import DispatchRequest
+from services.dispatch.transient_release import TransientRelease
+
+SIZE = 100  # bytes per record: record i of the log starts at CommitLog offset 100 * i
+
+
+class Port:
+    def __init__(self) -> None:
+        self.points: list[int] = []
+
+    async def release_transient(self, below: int) -> int:
+        self.points.append(below)
+        return 1
+
+
+def _records(layout: list[tuple[str, bool]]) -> list[DispatchRequest]:
+    """One record per (topic, transient) in log order, on queue 0 of each topic."""
+    next_offset: dict[str, int] = {}
+    out = []
+    for i, (topic, transient) in enumerate(layout):
+        qoff = next_offset.get(topic, 0)
+        next_offset[topic] = qoff + 1
+        flag = MessageSysFlag.TRANSIENT_STUB_FLAG if transient else 0
+        out.append(DispatchRequest(True, SIZE, topic, 0, SIZE * i, qoff, flag, tags_code=0))
+    return out
+
+
+def _release(
+    tmp_path: Path, layout: list[tuple[str, bool]]
+) -> tuple[TransientRelease, ConsumerOffsetManager]:
+    queues = ConsumeQueueStore(tmp_path / "cq", 64 * CQ_STORE_UNIT_SIZE)
+    offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+    records = _records(layout)
+    queues.dispatch_batch(records)
+    release = TransientRelease(queues, offsets, Port(), lambda: SIZE * len(records))  # type: ignore[arg-type]
+    release.dispatch_batch(records)
+    return release, offsets
+
+
+def test_nobody_consumed_then_the_slowest_group_decides(tmp_path: Path) -> None:
+    # Log: T0 T1 P0 T2 T3 (T: transient topic "T", P: persistent topic "P", never consumed)
+    release, offsets = _release(tmp_path, [("T", True), ("T", True), ("P", False), ("T", True), ("T", True)])
+    assert release.release_point() == 0  # no group consumed "T": everything is kept
+    offsets.commit_offset("fast", "T", 0, 4)
+    assert release.release_point() == SIZE * 5  # the only group read all: up to the dispatched end
+    offsets.commit_offset("slow", "T", 0, 2)
+    assert release.release_point() == SIZE * 3  # T2 (record 3) is slow's next
+    offsets.commit_offset("slow", "T", 0, 4)
+    assert release.release_point() == SIZE * 5
+
+
+def test_a_group_without_an_offset_for_the_queue_holds_it_and_a_finished_queue_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    release, offsets = _release(tmp_path, [("T", True), ("U", True), ("T", False), ("U", False)])
+    offsets.commit_offset("g", "T", 0, 2)
+    assert release.release_point() == SIZE * 1  # "U" has no group: its first unit holds
+    offsets.commit_offset("h", "U", 0, 1)  # past U's only transient stub (U1 is persistent)
+    assert release.release_point() == SIZE * 4
+    # A later transient stub in "U" holds again, from h's offset.
+    more = DispatchRequest(True, SIZE, "U", 0, SIZE * 4, 2, MessageSysFlag.TRANSIENT_STUB_FLAG)
+    release.queues.dispatch_batch([more])
+    release.dispatch_batch([more])
+    release._reput_offset = lambda: SIZE * 5
+    assert release.release_point() == SIZE * 3  # U's unit at offset 1 (h's next) is record 3
+
+
+def test_rounds_hand_the_commitlog_only_a_point_that_moved(tmp_path: Path) -> None:
+    release, offsets = _release(tmp_path, [("T", True), ("T", True)])
+    port = release.commitlog
+    assert asyncio.run(release.release_once()) == 0  # point 0: nothing to hand over
+    offsets.commit_offset("g", "T", 0, 1)
+    assert asyncio.run(release.release_once()) == 1
+    assert asyncio.run(release.release_once()) == 0  # unchanged
+    offsets.commit_offset("g", "T", 0, 2)
+    asyncio.run(release.release_once())
+    assert port.points == [SIZE * 1, SIZE * 2]  # type: ignore[attr-defined]
+    assert release.released_below == SIZE * 2 and release.messages_released == 2
