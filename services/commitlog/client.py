@@ -171,10 +171,10 @@ class RemoteCommitLog:
         )
         return reply.deleted
 
-    async def release_transient(self, below: int) -> int:
+    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
         reply = await call(
             self.stub.ReleaseTransient,
-            commitlog_pb.ReleaseTransientRequest(below=below),
+            commitlog_pb.ReleaseTransientRequest(below=below, log_id=log_id, generation=generation),
             idempotent=True,
             timeout_s=self.timeout_s,
         )

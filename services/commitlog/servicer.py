@@ -135,7 +135,7 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     ) -> commitlog_pb.ReleaseTransientResponse:
         if request.below < 0:
             raise InvalidArgumentError(f"release below a negative offset: {request.below}")
-        released = await self.port.release_transient(request.below)
+        released = await self.port.release_transient(request.below, request.log_id, request.generation)
         return commitlog_pb.ReleaseTransientResponse(released=released)
 
     async def GetHAState(

@@ -92,7 +92,7 @@ class DispatchApp(DerivedStoreApp):
             self.queues,
             self.offsets,
             commitlog,
-            lambda: self.follower.reput_offset if self.follower is not None else 0,
+            lambda: self.follower.position if self.follower is not None else (0, "", 0),
         )
         self.units_cut = 0  # ConsumeQueue units recovery cut at start
         self._background: list[asyncio.Task[None]] = []

@@ -58,23 +58,26 @@ _STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
 
 
 class TransientRelease:
-    """The release rounds of one dispatch service (module docstring). ``reput_offset()``: the
-    CommitLog offset up to which records are dispatched."""
+    """The release rounds of one dispatch service (module docstring). ``position()``: (the
+    CommitLog offset up to which records are dispatched, the log id and generation they were
+    read in: a point goes to the commitlog with them, and one computed before a cut of the log
+    frees nothing)."""
 
     def __init__(
         self,
         queues: ConsumeQueueStore,
         offsets: ConsumerOffsetManager,
         commitlog: CommitLogPort,
-        reput_offset: Callable[[], int],
+        position: Callable[[], tuple[int, str, int]],
     ) -> None:
         self.queues = queues
         self.offsets = offsets
         self.commitlog = commitlog
-        self._reput_offset = reput_offset
+        self._position = position
         self._last_stub: dict[tuple[str, int], int] = {}  # (topic, queue id) -> queue offset
         self._lock = threading.Lock()
         self.released_below = 0  # the last release point the commitlog took
+        self._released_in = ("", 0)  # the log id and generation released_below is of
         self.messages_released = 0  # transient messages the commitlog freed, since start
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
@@ -92,12 +95,11 @@ class TransientRelease:
 
     def release_point(self) -> int:
         """The CommitLog offset before which no transient message is wanted (module docstring)."""
-        return self._survey()[0]
+        return self._survey(self._position()[0])[0]
 
-    def _survey(self) -> tuple[int, list[tuple[tuple[str, int], int]]]:
-        """(the release point, the noted queues whose stubs every group has consumed: entries
-        that :meth:`release_once` forgets once the commitlog took the point)."""
-        point = self._reput_offset()
+    def _survey(self, point: int) -> tuple[int, list[tuple[tuple[str, int], int]]]:
+        """(the release point, at most ``point``; the noted queues whose stubs every group has
+        consumed: entries that :meth:`release_once` forgets once the commitlog took the point)."""
         groups_of: dict[str, list[str]] = {}
         for group, topic in self.offsets.groups():
             groups_of.setdefault(topic, []).append(group)
@@ -125,10 +127,14 @@ class TransientRelease:
     async def release_once(self) -> int:
         """One round: compute the point and, when it moved, hand it to the commitlog. Returns how
         many messages the commitlog freed. Raises what the port raises."""
-        point, done = self._survey()
+        reput, log_id, generation = self._position()
+        if (log_id, generation) != self._released_in:  # a new log or a cut: start over
+            self._released_in = (log_id, generation)
+            self.released_below = 0
+        point, done = self._survey(reput)
         if point <= self.released_below:
             return 0
-        freed = await self.commitlog.release_transient(point)
+        freed = await self.commitlog.release_transient(point, log_id, generation)
         self.released_below = point
         self.messages_released += freed
         with self._lock:

@@ -7,13 +7,16 @@ over."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
+from libstore import CommitLog, Message
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.message import MessageSysFlag
 from libstore.record_codec import DispatchRequest
+from services.commitlog.local import LocalCommitLog
 from services.dispatch.transient_release import TransientRelease
 
 SIZE = 100  # bytes per record: record i of the log starts at CommitLog offset 100 * i
@@ -23,7 +26,7 @@ class Port:
     def __init__(self) -> None:
         self.points: list[int] = []
 
-    async def release_transient(self, below: int) -> int:
+    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
         self.points.append(below)
         return 1
 
@@ -47,7 +50,7 @@ def _release(
     offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
     records = _records(layout)
     queues.dispatch_batch(records)
-    release = TransientRelease(queues, offsets, Port(), lambda: SIZE * len(records))  # type: ignore[arg-type]
+    release = TransientRelease(queues, offsets, Port(), lambda: (SIZE * len(records), "log", 1))  # type: ignore[arg-type]
     release.dispatch_batch(records)
     return release, offsets
 
@@ -76,7 +79,7 @@ def test_a_group_without_an_offset_for_the_queue_holds_it_and_a_finished_queue_h
     more = DispatchRequest(True, SIZE, "U", 0, SIZE * 4, 2, MessageSysFlag.TRANSIENT_STUB_FLAG)
     release.queues.dispatch_batch([more])
     release.dispatch_batch([more])
-    release._reput_offset = lambda: SIZE * 5
+    release._position = lambda: (SIZE * 5, "log", 1)
     assert release.release_point() == SIZE * 3  # U's unit at offset 1 (h's next) is record 3
 
 
@@ -91,3 +94,20 @@ def test_rounds_hand_the_commitlog_only_a_point_that_moved(tmp_path: Path) -> No
     asyncio.run(release.release_once())
     assert port.points == [SIZE * 1, SIZE * 2]  # type: ignore[attr-defined]
     assert release.released_below == SIZE * 2 and release.messages_released == 2
+
+
+def test_the_commitlog_frees_only_for_the_log_generation_the_point_was_computed_in(
+    open_log: Callable[..., CommitLog],
+) -> None:
+    log = open_log()
+    port = LocalCommitLog(log, None)
+    sent = [Message("T", b"gone %d" % i, 0, properties={"DURABILITY": "1"}) for i in range(4)]
+    res = log.put_messages(sent)
+    assert log.transient is not None and len(log.transient) == 4
+    gens = log.generation
+    assert gens is not None
+    end = res[3].phy_offset + res[3].size
+    assert asyncio.run(port.release_transient(end, gens.log_id, gens.generation + 1)) == 0  # stale
+    assert asyncio.run(port.release_transient(end, "another log", gens.generation)) == 0
+    assert asyncio.run(port.release_transient(res[2].phy_offset, gens.log_id, gens.generation)) == 2
+    assert len(log.transient) == 2 and log.read_message(res[3].phy_offset).body == b"gone 3"
