@@ -112,6 +112,7 @@ class DispatchApp(DerivedStoreApp):
     def _load(self) -> None:
         self.queues.load()
         self.retention.load()
+        self.transient_release.load()
         self.offsets.load()
         self.pop.load()
         self.timer.load()
@@ -122,6 +123,7 @@ class DispatchApp(DerivedStoreApp):
             self.queues, self._checkpoint_file(), log_min, log_max, last_exit_ok
         )
         self.pop.journal.rollback(log_max)  # no pop snapshot past the log's end is trusted
+        self.transient_release.clamp()  # the saved stubs, to the queues as recovered
         self.retention.clamp(log_max)
         self.retention.apply_saved()
         return resume
@@ -142,6 +144,7 @@ class DispatchApp(DerivedStoreApp):
 
     def _cut(self, log_end: int, reput_offset: int) -> int:
         self.queues.truncate_dirty(log_end)
+        self.transient_release.clamp()
         self.retention.clamp(log_end)
         self.pop.journal.rollback(log_end)
         return min(reput_offset, log_end)
@@ -151,6 +154,7 @@ class DispatchApp(DerivedStoreApp):
 
     def _flush_all(self) -> None:
         self.queues.flush_all()
+        self.transient_release.save()  # after the checkpoint's offset was sampled (module doc)
 
     def _delete_expired(self, commit_log_min_offset: int) -> int:
         pause_s = self.config.delete_consume_queue_files_interval / 1000.0

@@ -29,6 +29,13 @@ CommitLog order, such a group holds back the transient messages of every topic a
 point; the store's bounds and SYSTEM_BUSY still apply. A group moved back by an offset reset
 does not hold again what every group had consumed before.
 
+The noted stubs are saved next to the dispatch checkpoint (``transientStubs.json``, written
+after the checkpoint's reput offset is sampled, so it covers every stub before it: dispatch
+resumes there after a restart and notes the later ones again); without it, a restarted
+dispatch service would not know the queues whose transient messages the commitlog still
+holds and would free them. After a cut of the log, the noted offsets are clamped to the
+queues' new ends (:meth:`TransientRelease.clamp`).
+
 Thread-safety: ``dispatch_batch`` may run on a worker thread (a large chunk); the rest runs on
 the dispatch service's event loop; the noted stubs are shared under a lock.
 """
@@ -37,16 +44,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import grpc
 
+from libstore._files import atomic_write, read_json
 from libstore.aio_deadline import wait_within
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
-from libstore.errors import StoreError
+from libstore.errors import StoreError, StoreIOError
 from libstore.message import MessageSysFlag
 from libstore.record_codec import DispatchRequest
 from services.ports import CommitLogPort
@@ -54,6 +64,7 @@ from services.ports import CommitLogPort
 log = logging.getLogger(__name__)
 
 RELEASE_INTERVAL_S = 1.0  # how often a release point is computed and handed to the commitlog
+STUBS_FILE = "transientStubs.json"
 _STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
 
 
@@ -74,6 +85,7 @@ class TransientRelease:
         self.offsets = offsets
         self.commitlog = commitlog
         self._position = position
+        self.path = Path(queues.store_path) / STUBS_FILE
         self._last_stub: dict[tuple[str, int], int] = {}  # (topic, queue id) -> queue offset
         self._lock = threading.Lock()
         self.released_below = 0  # the last release point the commitlog took
@@ -92,6 +104,33 @@ class TransientRelease:
                 for key, offset in seen.items():
                     if offset > last.get(key, -1):
                         last[key] = offset
+
+    def load(self) -> None:
+        """Read the saved stubs. Raises StoreIOError when the file is unreadable."""
+        raw = read_json(self.path, "transient stubs") or []
+        try:
+            stubs = {(str(t), int(q)): int(o) for t, q, o in raw}
+        except (TypeError, ValueError) as exc:
+            raise StoreIOError(f"cannot read {self.path}: {exc}") from exc
+        with self._lock:
+            self._last_stub = stubs
+
+    def save(self) -> None:
+        """Write the noted stubs (after the checkpoint's offset was sampled). Raises StoreIOError."""
+        with self._lock:
+            rows = [[t, q, o] for (t, q), o in sorted(self._last_stub.items())]
+        atomic_write(self.path, json.dumps(rows).encode())
+
+    def clamp(self) -> None:
+        """The log was cut and the ConsumeQueues with it: no noted stub lies past a queue's end."""
+        with self._lock:
+            for key, last in list(self._last_stub.items()):
+                cq = self.queues.find(*key)
+                end = cq.max_offset_in_queue if cq is not None else 0
+                if end <= 0:
+                    del self._last_stub[key]
+                elif last >= end:
+                    self._last_stub[key] = end - 1
 
     def release_point(self) -> int:
         """The CommitLog offset before which no transient message is wanted (module docstring)."""
@@ -112,10 +151,10 @@ class TransientRelease:
                 done.append(((topic, queue_id), last))
                 continue
             floor = cq.min_offset_in_queue
-            committed = [self.offsets.query_offset(g, topic, queue_id) for g in groups_of.get(topic, ())]
+            committed = [self._committed(g, topic, queue_id) for g in groups_of.get(topic, ())]
             # No group, or one without an offset for this queue: held from the queue's start.
             consumed = max(min(committed), floor) if committed and min(committed) >= 0 else floor
-            if consumed > last:
+            if consumed > last or consumed >= cq.max_offset_in_queue:
                 done.append(((topic, queue_id), last))
                 continue
             unit = cq.read_unit(consumed)
@@ -123,6 +162,12 @@ class TransientRelease:
                 return min(point, self.released_below), []
             point = min(point, unit.phy_offset)
         return point, done
+
+    def _committed(self, group: str, topic: str, queue_id: int) -> int:
+        try:
+            return self.offsets.query_offset(group, topic, queue_id)
+        except StoreError:  # a name the offsets file holds but no longer passes the checks
+            return 2**63 - 1  # holds nothing: it cannot consume
 
     async def release_once(self) -> int:
         """One round: compute the point and, when it moved, hand it to the commitlog. Returns how

@@ -248,3 +248,26 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
             cluster.stop_all()
         else:
             suites.stop(suite)
+
+
+def test_a_restarted_dispatch_service_keeps_the_transient_messages_nobody_consumed(tmp_path: Path) -> None:
+    """Split topology: the commitlog keeps running while dispatch restarts past the stubs it
+    had noted (from its checkpoint); it must still hold them for the consumers to come."""
+    cluster = SplitCluster(tmp_path / "split")
+    cluster.start_all()
+    try:
+        with Admin(cluster.gateway) as admin:
+            admin.create_topic("Kept", 1, durability="transient")
+        early = [OutgoingMessage("Kept", b"early%04d" % i) for i in range(200)]
+        with Producer(cluster.gateway, retries=0) as producer:
+            assert producer.send_batch(early).all_ok
+        time.sleep(2 * RELEASE_INTERVAL_S)
+        assert cluster.procs["dispatch"].terminate() == 0
+        cluster.start("dispatch")
+        cluster.wait_serving()
+        time.sleep(3 * RELEASE_INTERVAL_S)  # release rounds of the new dispatch process
+        with PullConsumer(cluster.gateway, "late", "Kept", batch_size=500, hold_ms=200) as consumer:
+            got = poll_until(consumer, 200, 20)
+            assert [r.body for r in got] == [m.body for m in early] and consumer.skipped == {0: 0}
+    finally:
+        cluster.stop_all()

@@ -111,3 +111,27 @@ def test_the_commitlog_frees_only_for_the_log_generation_the_point_was_computed_
     assert asyncio.run(port.release_transient(end, "another log", gens.generation)) == 0
     assert asyncio.run(port.release_transient(res[2].phy_offset, gens.log_id, gens.generation)) == 2
     assert len(log.transient) == 2 and log.read_message(res[3].phy_offset).body == b"gone 3"
+
+
+def test_a_restarted_dispatch_still_holds_what_was_noted_before_its_checkpoint(tmp_path: Path) -> None:
+    """The noted stubs are saved with the checkpoint: a new TransientRelease that resumes
+    dispatch past them (as after a restart) still holds the queue nobody consumed."""
+    release, offsets = _release(tmp_path, [("T", True), ("T", True), ("P", False)])
+    release.save()
+    again = TransientRelease(release.queues, offsets, Port(), lambda: (SIZE * 3, "log", 1))  # type: ignore[arg-type]
+    assert again.release_point() == SIZE * 3  # nothing noted: would free T0 and T1
+    again.load()
+    assert again.release_point() == 0
+    offsets.commit_offset("g", "T", 0, 1)
+    assert again.release_point() == SIZE * 1
+
+
+def test_after_a_cut_the_noted_stubs_are_clamped_to_the_queues_new_ends(tmp_path: Path) -> None:
+    release, offsets = _release(tmp_path, [("T", True), ("T", True), ("T", True), ("U", True)])
+    offsets.commit_offset("g", "T", 0, 2)
+    offsets.commit_offset("g", "U", 0, 1)
+    release.queues.truncate_dirty(SIZE * 1)  # the log was cut after record 0: T keeps T0, U nothing
+    release.clamp()
+    release._position = lambda: (SIZE * 1, "log", 2)
+    # T's stub is now T0, which g consumed; U's was cut: nothing holds (no "unreadable unit" stall).
+    assert release.release_point() == SIZE * 1
