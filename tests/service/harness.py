@@ -63,24 +63,33 @@ def _port_block() -> range:
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now and that this process has not handed out before
-    (two servers of one test must not share one), from this test worker's own block (see
-    _PORT_BASE). For servers in other processes, whose bound port the test cannot read back.
-    Raises RuntimeError when every port of the block is taken or handed out."""
+    """A loopback port nothing listens on now, nor on the port after it (a commitlog's HA
+    listener takes its port + 1), from this test worker's own block (see _PORT_BASE): an even
+    port, so that two handed out never overlap; one this process has not handed out before
+    while the block has such ports left (two servers of one test must not share one). For
+    servers in other processes, whose bound port the test cannot read back. Raises
+    RuntimeError when every port of the block is in use."""
     block = _port_block()
-    first = random.randrange(len(block))
-    for k in range(len(block)):
-        port = block[(first + k) % len(block)]
-        if port in _HANDED_OUT:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue  # in use: by this run or by something else on the machine
-        _HANDED_OUT.add(port)
-        return port
+    pairs = len(block) // 2
+    first = random.randrange(pairs)
+    for fresh_only in (True, False):
+        for k in range(pairs):
+            port = block.start + 2 * ((first + k) % pairs)
+            if fresh_only and port in _HANDED_OUT:
+                continue
+            if _bindable(port) and _bindable(port + 1):
+                _HANDED_OUT.add(port)
+                return port
     raise RuntimeError(f"no free loopback port left in {block.start}-{block.stop - 1}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False  # in use: by this run or by something else on the machine
+    return True
 
 
 def poll_until(
