@@ -88,6 +88,8 @@ class TransientRelease:
         self.path = Path(queues.store_path) / STUBS_FILE
         self._last_stub: dict[tuple[str, int], int] = {}  # (topic, queue id) -> queue offset
         self._lock = threading.Lock()
+        self._changes = 0  # changes to _last_stub, so that save() writes only after one
+        self._saved = 0
         self.released_below = 0  # the last release point the commitlog took
         self._released_in = ("", 0)  # the log id and generation released_below is of
         self.messages_released = 0  # transient messages the commitlog freed, since start
@@ -104,6 +106,7 @@ class TransientRelease:
                 for key, offset in seen.items():
                     if offset > last.get(key, -1):
                         last[key] = offset
+                        self._changes += 1
 
     def load(self) -> None:
         """Read the saved stubs. Raises StoreIOError when the file is unreadable."""
@@ -116,10 +119,15 @@ class TransientRelease:
             self._last_stub = stubs
 
     def save(self) -> None:
-        """Write the noted stubs (after the checkpoint's offset was sampled). Raises StoreIOError."""
+        """Write the noted stubs (after the checkpoint's offset was sampled) when they changed
+        since the last save. Raises StoreIOError."""
         with self._lock:
+            changes = self._changes
+            if changes == self._saved:
+                return
             rows = [[t, q, o] for (t, q), o in sorted(self._last_stub.items())]
         atomic_write(self.path, json.dumps(rows).encode())
+        self._saved = changes
 
     def clamp(self) -> None:
         """The log was cut and the ConsumeQueues with it: no noted stub lies past a queue's end."""
@@ -129,8 +137,10 @@ class TransientRelease:
                 end = cq.max_offset_in_queue if cq is not None else 0
                 if end <= 0:
                     del self._last_stub[key]
+                    self._changes += 1
                 elif last >= end:
                     self._last_stub[key] = end - 1
+                    self._changes += 1
 
     def release_point(self) -> int:
         """The CommitLog offset before which no transient message is wanted (module docstring)."""
@@ -186,6 +196,7 @@ class TransientRelease:
             for key, last in done:
                 if self._last_stub.get(key) == last:  # no later stub was noted meanwhile
                     del self._last_stub[key]
+                    self._changes += 1
         return freed
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -118,6 +118,16 @@ def test_a_restarted_dispatch_still_holds_what_was_noted_before_its_checkpoint(t
     dispatch past them (as after a restart) still holds the queue nobody consumed."""
     release, offsets = _release(tmp_path, [("T", True), ("T", True), ("P", False)])
     release.save()
+    release.path.unlink()
+    release.save()  # nothing noted since: no write
+    assert not release.path.exists()
+    release.dispatch_batch(
+        [DispatchRequest(True, SIZE, "T", 0, SIZE * 1, 1, MessageSysFlag.TRANSIENT_STUB_FLAG)]
+    )
+    release.save()
+    assert not release.path.exists()  # a stub noted again (a replay): nothing changed, no write
+    release._changes += 1  # as a newly noted stub would
+    release.save()
     again = TransientRelease(release.queues, offsets, Port(), lambda: (SIZE * 3, "log", 1))  # type: ignore[arg-type]
     assert again.release_point() == SIZE * 3  # nothing noted: would free T0 and T1
     again.load()
