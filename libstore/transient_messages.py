@@ -12,10 +12,14 @@ oldest records are paged out, oldest first, to scratch files under ``scratch_dir
 ``scratch_segment_bytes``, deleted when the store opens and when their last record is
 released) until memory is back under ``low_water``. Past ``scratch_max_bytes`` of scratch too, a
 put is refused with SystemBusyError (RocketMQ's SYSTEM_BUSY, RabbitMQ's memory alarm): the
-store never queues without bound. Records are released in key order (:meth:`release_below`):
-once every consumer group reading them has consumed them (the dispatch service decides,
-services.dispatch.transient_release), else when the CommitLog's retention deletes the segment
-their stubs were in; and cut when the log is truncated under them (:meth:`truncate_from`).
+store never queues without bound. Records are released below a key (:meth:`release_below`),
+except the keys the caller names: once every consumer group reading them has consumed them (the
+dispatch service decides, services.dispatch.transient_release; the records of a queue nobody
+consumes, such as dead-letter copies, are named and stay), else when the CommitLog's retention
+deletes the segment their stubs were in; and cut when the log is truncated under them
+(:meth:`truncate_from`). A chunk that keeps some of its records is cut down to them: in memory
+its buffer is rewritten to hold only those; paged out, its scratch segment stays until the
+last of them is released.
 
 With ``background`` (the CommitLog's store), the page-out down to ``low_water`` runs on a
 thread of its own, about ``PAGE_OUT_STEP_BYTES`` at a time (whole chunks: the records of one
@@ -48,19 +52,23 @@ DEFAULT_SCRATCH_SEGMENT_BYTES = 64 * 1024 * 1024
 PAGE_OUT_STEP_BYTES = 1024 * 1024  # the background page-out's step (the lock is let go between)
 PAGE_OUT_PAUSE_S = 0.0005  # the pager's pause between steps: puts and reads get the lock
 _MAX_RUN = 512  # chunks per pwritev (under IOV_MAX, 1024 on Linux)
+_EMPTY: array[int] = array("q")
 
 
 class _Chunk:
     """Records put together (one :meth:`TransientMessageStore.put_run`): ``keys`` ascending;
     record ``i`` is bytes ``ends[i-1]`` (0 for the first) up to ``ends[i]`` of ``data`` while the
     chunk is in memory, of scratch segment ``segment`` from ``position`` once it is paged out
-    (``data`` None then). Records ``lo``..``hi``-1 are held; a chunk with none is dead."""
+    (``data`` None then). Records ``lo``..``hi``-1 are held; a chunk with none is dead. A
+    paged-out chunk that kept only some of its records (a release that named keys to keep)
+    has ``starts``: record ``i`` is bytes ``starts[i]`` up to ``ends[i]`` from ``position``."""
 
-    __slots__ = ("data", "ends", "hi", "keys", "lo", "position", "segment")
+    __slots__ = ("data", "ends", "hi", "keys", "lo", "position", "segment", "starts")
 
     def __init__(self, keys: array[int], ends: array[int], data: bytes | memoryview) -> None:
         self.keys = keys
         self.ends = ends
+        self.starts: array[int] | None = None
         self.lo = 0
         self.hi = len(keys)
         self.data: bytes | memoryview | None = data
@@ -68,6 +76,8 @@ class _Chunk:
         self.position = 0
 
     def start_of(self, i: int) -> int:
+        if self.starts is not None:
+            return self.starts[i]
         return self.ends[i - 1] if i else 0
 
     def held(self) -> int:
@@ -122,7 +132,8 @@ class TransientMessageStore:
         self._chunks: list[_Chunk] = []  # in key order; dead ones stay until compaction
         self._firsts: list[int] = []  # the first key of each chunk, for bisection
         self._first = 0  # index of the oldest chunk that holds records
-        self._first_in_memory = 0  # index of the oldest chunk not paged out
+        self._first_in_memory = 0  # index of the oldest chunk not paged out (or dead) from here on
+        self._dead = 0  # chunks in the lists that hold no record (compacted away in bulk)
         self._last_key = -1  # keys put must be above it (it goes back only with truncate_from)
         self._segments: dict[int, _Segment] = {}
         self._writing: _Segment | None = None
@@ -243,7 +254,10 @@ class TransientMessageStore:
         chunks = self._chunks
         while freed < wanted and i < len(chunks):
             first = chunks[i].data
-            assert first is not None, "chunks from _first_in_memory on are in memory"
+            if first is None:  # dead: released with records kept in an older chunk
+                i += 1
+                self._first_in_memory = i
+                continue
             if self.scratch_bytes + len(first) > self.scratch_max_bytes:
                 break
             try:
@@ -256,7 +270,8 @@ class TransientMessageStore:
             j = i
             while j < len(chunks) and freed + size < wanted and len(run) < _MAX_RUN:
                 data = chunks[j].data
-                assert data is not None
+                if data is None:  # a dead chunk ends the run (the loop above steps over it)
+                    break
                 room = self.scratch_segment_bytes - seg.written - size
                 full = self.scratch_bytes + size + len(data) > self.scratch_max_bytes
                 if (run and len(data) > room) or full:
@@ -338,17 +353,28 @@ class TransientMessageStore:
         return data
 
     # -- releasing -----------------------------------------------------------------------------------
-    def release_below(self, key: int) -> int:
+    def release_below(self, key: int, keep: Iterable[int] = ()) -> int:
         """Drop every record whose key is below ``key`` (consumed by every group, or their stubs'
-        CommitLog segment was deleted); returns how many. Scratch segments left without records
-        are deleted."""
+        CommitLog segment was deleted) except those under a key in ``keep`` (wanted still: a
+        queue nobody has consumed); returns how many were dropped. Scratch segments left without
+        records are deleted."""
+        kept = sorted({k for k in keep if k < key})
         with self._lock:
             released = 0
             end = bisect.bisect_left(self._firsts, key, self._first)  # chunks starting below key
             for c in range(self._first, end):
                 chunk = self._chunks[c]
+                if not chunk.held():
+                    continue
                 cut = bisect.bisect_left(chunk.keys, key, chunk.lo, chunk.hi)
-                released += self._keep_locked(chunk, cut, chunk.hi)
+                lo = bisect.bisect_left(kept, chunk.keys[chunk.lo])
+                hi = bisect.bisect_left(kept, chunk.keys[cut - 1] + 1) if cut > chunk.lo else lo
+                if lo == hi:
+                    released += self._keep_locked(chunk, cut, chunk.hi)
+                    continue
+                wanted = set(kept[lo:hi])
+                stay = [i for i in range(chunk.lo, cut) if chunk.keys[i] in wanted]
+                released += self._sift_locked(chunk, [*stay, *range(cut, chunk.hi)])
             while self._first < len(self._chunks) and not self._chunks[self._first].held():
                 self._first += 1
             self._first_in_memory = max(self._first_in_memory, self._first)
@@ -369,6 +395,7 @@ class TransientMessageStore:
             keep = len(self._chunks)
             while keep > self._first and not self._chunks[keep - 1].held():
                 keep -= 1
+            self._dead -= len(self._chunks) - keep
             del self._chunks[keep:]
             del self._firsts[keep:]
             self._first_in_memory = min(self._first_in_memory, keep)
@@ -384,6 +411,11 @@ class TransientMessageStore:
         if not dropped:
             return 0
         self._count -= dropped
+        if hi <= lo:
+            self._dead += 1
+            chunk.lo = chunk.hi = 0
+            chunk.keys = chunk.ends = _EMPTY  # a dead chunk may wait long for compaction
+            chunk.starts = None
         if chunk.data is None:  # paged out
             self._paged_count -= dropped
             if hi <= lo:
@@ -391,14 +423,12 @@ class TransientMessageStore:
                 seg.live -= 1
                 if seg.live == 0 and seg is not self._writing:
                     self._delete_segment(seg)
-                chunk.lo = chunk.hi = 0
             else:
                 chunk.lo, chunk.hi = lo, hi
             return dropped
         before = len(chunk.data)
         if hi <= lo:
             chunk.data = None
-            chunk.lo = chunk.hi = 0
             self.memory_bytes -= before
             return dropped
         base = chunk.start_of(lo)
@@ -408,6 +438,33 @@ class TransientMessageStore:
         chunk.ends = array("q", [end - base for end in chunk.ends[lo:hi]])
         chunk.lo, chunk.hi = 0, hi - lo
         self.memory_bytes -= before - len(chunk.data)
+        return dropped
+
+    def _sift_locked(self, chunk: _Chunk, stay: list[int]) -> int:
+        """Keep only records ``stay`` (ascending indexes within what ``chunk`` holds, not one
+        run: :meth:`_keep_locked` takes those); returns how many were dropped. In memory the
+        buffer is rewritten to hold only those; paged out, they stay where they are in scratch
+        (``starts``)."""
+        dropped = chunk.held() - len(stay)
+        if not dropped:
+            return 0
+        if not stay:
+            return self._keep_locked(chunk, chunk.lo, chunk.lo)
+        self._count -= dropped
+        keys = array("q", (chunk.keys[i] for i in stay))
+        starts = array("q", (chunk.start_of(i) for i in stay))
+        ends = array("q", (chunk.ends[i] for i in stay))
+        if chunk.data is None:  # paged out
+            self._paged_count -= dropped
+            chunk.keys, chunk.starts, chunk.ends = keys, starts, ends
+        else:
+            before = len(chunk.data)
+            with memoryview(chunk.data) as view:
+                chunk.data = b"".join(view[a:b] for a, b in zip(starts, ends, strict=True))
+            chunk.keys = keys
+            chunk.ends = array("q", accumulate(b - a for a, b in zip(starts, ends, strict=True)))
+            self.memory_bytes -= before - len(chunk.data)
+        chunk.lo, chunk.hi = 0, len(stay)
         return dropped
 
     def _close_emptied_segment_locked(self) -> None:
@@ -421,12 +478,16 @@ class TransientMessageStore:
         seg.close_and_delete()
 
     def _compact_locked(self) -> None:
-        """Forget dead chunks once they are half the lists (amortized O(1) per chunk)."""
-        if self._first > 1024 and self._first * 2 > len(self._chunks):
-            del self._chunks[: self._first]
-            del self._firsts[: self._first]
-            self._first_in_memory -= self._first
-            self._first = 0
+        """Forget dead chunks once they are half the lists (amortized O(1) per chunk); they
+        need not be a prefix (a release that kept records in an older chunk)."""
+        if self._dead <= 1024 or self._dead * 2 <= len(self._chunks):
+            return
+        held = [c.held() > 0 for c in self._chunks]
+        self._first_in_memory = sum(held[: self._first_in_memory])
+        self._chunks = [c for c, h in zip(self._chunks, held, strict=True) if h]
+        self._firsts = [f for f, h in zip(self._firsts, held, strict=True) if h]
+        self._first = 0
+        self._dead = 0
 
     # -- state ---------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -450,7 +511,7 @@ class TransientMessageStore:
             self._writing = None
             self._chunks.clear()
             self._firsts.clear()
-            self._first = self._first_in_memory = 0
+            self._first = self._first_in_memory = self._dead = 0
             self._last_key = -1
             self._count = self._paged_count = 0
             self.memory_bytes = 0

@@ -189,12 +189,15 @@ class CommitLogPort(Protocol):
         when it did not exist."""
         ...
 
-    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
+    async def release_transient(
+        self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
+    ) -> int:
         """Free the transient messages whose stubs lie before CommitLog offset ``below`` (the
-        dispatch service found every consumer group that reads them past them); returns how
-        many were freed (0 on a store holding none, a slave's). With ``log_id``, nothing is
-        freed unless the log is still that log in that generation (not cut since the caller
-        read it)."""
+        dispatch service found every consumer group that reads them past them), except those
+        whose stubs are at the CommitLog offsets in ``keep`` (still wanted); returns how many
+        were freed (0 on a store holding none, a slave's). With ``log_id``, nothing is freed
+        unless the log is still that log in that generation (not cut since the caller read
+        it)."""
         ...
 
     async def topic_tombstones(self) -> dict[str, int]:

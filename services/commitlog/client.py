@@ -171,10 +171,14 @@ class RemoteCommitLog:
         )
         return reply.deleted
 
-    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
+    async def release_transient(
+        self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
+    ) -> int:
         reply = await call(
             self.stub.ReleaseTransient,
-            commitlog_pb.ReleaseTransientRequest(below=below, log_id=log_id, generation=generation),
+            commitlog_pb.ReleaseTransientRequest(
+                below=below, log_id=log_id, generation=generation, keep=keep
+            ),
             idempotent=True,
             timeout_s=self.timeout_s,
         )

@@ -594,7 +594,9 @@ class LocalCommitLog:
     async def topic_tombstones(self) -> dict[str, int]:
         return self.log.topic_config.tombstones()
 
-    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
+    async def release_transient(
+        self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
+    ) -> int:
         store = self.log.transient
         gens = self.log.generation
         if store is None or gens is None:
@@ -602,7 +604,7 @@ class LocalCommitLog:
         if log_id and (log_id, generation) != (gens.log_id, gens.generation):
             return 0  # computed before a cut: new stubs may lie below ``below``
         # A worker thread: the store's lock may be held by a page-out step's write.
-        return await asyncio.to_thread(store.release_below, below)
+        return await asyncio.to_thread(store.release_below, below, keep)
 
 
 def _messages_of(batch: EncodedBatch) -> list[Message]:

@@ -14,6 +14,7 @@ from services.commitlog.local import LocalCommitLog
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
 
 SERVICE_NAME = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"].full_name
+MAX_RELEASE_KEEP = 65_536  # offsets a ReleaseTransient may keep (the dispatch service names <= 4,096)
 
 
 class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
@@ -135,7 +136,11 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     ) -> commitlog_pb.ReleaseTransientResponse:
         if request.below < 0:
             raise InvalidArgumentError(f"release below a negative offset: {request.below}")
-        released = await self.port.release_transient(request.below, request.log_id, request.generation)
+        if len(request.keep) > MAX_RELEASE_KEEP:
+            raise InvalidArgumentError(f"{len(request.keep)} offsets to keep; at most {MAX_RELEASE_KEEP}")
+        released = await self.port.release_transient(
+            request.below, request.log_id, request.generation, request.keep
+        )
         return commitlog_pb.ReleaseTransientResponse(released=released)
 
     async def GetHAState(

@@ -10,24 +10,28 @@ reading its queue has consumed.
 
 This dispatch-side part notes, as records are dispatched, the last queue offset of a transient
 stub in each queue (:meth:`TransientRelease.dispatch_batch`), and every ``RELEASE_INTERVAL_S``
-computes a *release point* (:meth:`TransientRelease.release_point`): a CommitLog offset before
-which no transient message is still wanted. Stubs not yet dispatched lie past the dispatched
+computes a *release point* and a *keep list* (:meth:`TransientRelease.release_plan`): the
+commitlog frees the transient messages whose stubs lie before the point, except those the keep
+list names (CommitLogPort.release_transient); a pull or receive that asks for a freed one later
+passes over it as removed, as after a restart. Stubs not yet dispatched lie past the dispatched
 offset, so that is where the point starts. Then, for each queue that has had a transient stub,
 the queue's consumed offset is the lowest committed offset of the groups that committed any
 offset for the topic (a pop group's is its oldest unacknowledged message, libstore.pop_state).
 The queue is held at its min offset when no group committed one for it. Past its last
-transient stub, a queue holds nothing back. Otherwise the point is at most the CommitLog offset
-of the first unit not consumed. The commitlog then frees the messages whose stubs lie before
-the point (CommitLogPort.release_transient); a pull or receive that asks for one later passes
-over it as removed, as after a restart.
+transient stub, a queue holds nothing back. Otherwise its units from the consumed offset to its
+last stub are still wanted: the queues with the fewest such units name them in the keep list
+(up to ``KEEP_MAX`` in all: a dead-letter queue that receives a copy now and then and that
+nobody reads, a consumer a few messages behind), and each of the others caps the point at the
+CommitLog offset of its first unit not consumed.
 
 So a transient message stays while any group that has consumed its topic has not consumed it,
 and while nobody has consumed its queue yet (a producer that starts before its consumers
 loses nothing). A group that stopped for good holds its topics' transient messages until its
-offsets are removed, as an unconsumed RabbitMQ queue holds its messages. Since release is in
-CommitLog order, such a group holds back the transient messages of every topic after the
-point; the store's bounds and SYSTEM_BUSY still apply. A group moved back by an offset reset
-does not hold again what every group had consumed before.
+offsets are removed, as an unconsumed RabbitMQ queue holds its messages. While what it holds
+fits in the keep list, the rest is freed around it; past that, release is in CommitLog order and
+such a queue holds back the transient messages of every topic after its first one; the store's
+bounds and SYSTEM_BUSY still apply. A group moved back by an offset reset does not hold again
+what every group had consumed before.
 
 The noted stubs are saved next to the dispatch checkpoint (``transientStubs.json``, written
 after the checkpoint's reput offset is sampled, so it covers every stub before it: dispatch
@@ -64,6 +68,7 @@ from services.ports import CommitLogPort
 log = logging.getLogger(__name__)
 
 RELEASE_INTERVAL_S = 1.0  # how often a release point is computed and handed to the commitlog
+KEEP_MAX = 4096  # units a round may name to keep (8 bytes each on the wire) instead of capping the point
 STUBS_FILE = "transientStubs.json"
 _STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
 
@@ -90,7 +95,8 @@ class TransientRelease:
         self._lock = threading.Lock()
         self._changes = 0  # changes to _last_stub, so that save() writes only after one
         self._saved = 0
-        self.released_below = 0  # the last release point the commitlog took
+        self.released_below = 0  # the highest release point the commitlog took
+        self._kept: frozenset[int] = frozenset()  # the keep list the commitlog last took
         self._released_in = ("", 0)  # the log id and generation released_below is of
         self.messages_released = 0  # transient messages the commitlog freed, since start
 
@@ -142,19 +148,23 @@ class TransientRelease:
                     self._last_stub[key] = end - 1
                     self._changes += 1
 
-    def release_point(self) -> int:
-        """The CommitLog offset before which no transient message is wanted (module docstring)."""
-        return self._survey(self._position()[0])[0]
+    def release_plan(self) -> tuple[int, list[int]]:
+        """(the CommitLog offset before which no transient message is wanted but those at the
+        CommitLog offsets listed, ascending; module docstring)."""
+        point, _, keep = self._survey(self._position()[0])
+        return point, keep
 
-    def _survey(self, point: int) -> tuple[int, list[tuple[tuple[str, int], int]]]:
+    def _survey(self, point: int) -> tuple[int, list[tuple[tuple[str, int], int]], list[int]]:
         """(the release point, at most ``point``; the noted queues whose stubs every group has
-        consumed: entries that :meth:`release_once` forgets once the commitlog took the point)."""
+        consumed: entries that :meth:`release_once` forgets once the commitlog took the point;
+        the keep list, below the point)."""
         groups_of: dict[str, list[str]] = {}
         for group, topic in self.offsets.groups():
             groups_of.setdefault(topic, []).append(group)
         with self._lock:
             stubs = list(self._last_stub.items())
         done = []
+        wanted = []  # (units still wanted, the queue, the first of them, past the last)
         for (topic, queue_id), last in stubs:
             cq = self.queues.find(topic, queue_id)
             if cq is None:  # the topic was deleted: its messages are expired anyway
@@ -164,14 +174,24 @@ class TransientRelease:
             committed = [self._committed(g, topic, queue_id) for g in groups_of.get(topic, ())]
             # No group, or one without an offset for this queue: held from the queue's start.
             consumed = max(min(committed), floor) if committed and min(committed) >= 0 else floor
-            if consumed > last or consumed >= cq.max_offset_in_queue:
+            end = min(last + 1, cq.max_offset_in_queue)
+            if consumed >= end:
                 done.append(((topic, queue_id), last))
                 continue
+            wanted.append((end - consumed, cq, consumed))
+        keep: list[int] = []
+        wanted.sort(key=lambda w: w[0])
+        for count, cq, consumed in wanted:
+            if len(keep) + count <= KEEP_MAX:
+                units = cq.read_units(consumed, count)
+                if len(units) == count:
+                    keep += (u.phy_offset for u in units)
+                    continue
             unit = cq.read_unit(consumed)
             if unit is None:  # not readable now (being cut or cleaned): hold everything
-                return min(point, self.released_below), []
+                return min(point, self.released_below), [], sorted(self._kept)
             point = min(point, unit.phy_offset)
-        return point, done
+        return point, done, sorted(k for k in keep if k < point)
 
     def _committed(self, group: str, topic: str, queue_id: int) -> int:
         try:
@@ -186,11 +206,13 @@ class TransientRelease:
         if (log_id, generation) != self._released_in:  # a new log or a cut: start over
             self._released_in = (log_id, generation)
             self.released_below = 0
-        point, done = self._survey(reput)
-        if point <= self.released_below:
-            return 0
-        freed = await self.commitlog.release_transient(point, log_id, generation)
-        self.released_below = point
+            self._kept = frozenset()
+        point, done, keep = self._survey(reput)
+        if point <= self.released_below and self._kept.issubset(keep):
+            return 0  # nothing below the last point is newly free
+        freed = await self.commitlog.release_transient(point, log_id, generation, keep)
+        self.released_below = max(self.released_below, point)
+        self._kept = frozenset(keep)
         self.messages_released += freed
         with self._lock:
             for key, last in done:

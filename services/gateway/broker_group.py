@@ -303,9 +303,13 @@ class GroupCommitLog:
     async def topic_tombstones(self) -> dict[str, int]:
         return await self.group.on_reader(lambda m: m.commitlog.topic_tombstones())
 
-    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
+    async def release_transient(
+        self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
+    ) -> int:
         # Only the master holds transient messages (never replicated).
-        return await self.group.on_master(lambda m: m.commitlog.release_transient(below, log_id, generation))
+        return await self.group.on_master(
+            lambda m: m.commitlog.release_transient(below, log_id, generation, keep)
+        )
 
 
 class GroupDispatch:

@@ -26,6 +26,7 @@ from libstore.errors import SystemBusyError
 from libstore.message_id import create_message_id
 from services._common.errors import error_reason, retry_pushback_ms
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
+from services.commitlog.servicer import MAX_RELEASE_KEEP
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc
 from services.proto import commitlog_grpc, commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from services.serve import ServeOptions, Suite, store_config
@@ -527,6 +528,16 @@ def test_commitlog_read_bounds_ranges_and_bytes(commitlog_role: Suite) -> None:
             commitlog_pb.ReadRequest(offsets=[offsets[0]], sizes=[2 * 1024 * 1024 - 1]), timeout=10
         )
         assert huge.records == [b""]
+        # A release names at most MAX_RELEASE_KEEP offsets to keep; nothing goes below 0.
+        for bad in (
+            commitlog_pb.ReleaseTransientRequest(below=1 << 40, keep=range(MAX_RELEASE_KEEP + 1)),
+            commitlog_pb.ReleaseTransientRequest(below=-1),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ReleaseTransient(bad, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        fits = commitlog_pb.ReleaseTransientRequest(below=1 << 40, keep=range(MAX_RELEASE_KEEP))
+        assert stub.ReleaseTransient(fits, timeout=10).released == 0  # this store holds none
 
 
 # -- 7. RocketMQ 5 errors ----------------------------------------------------------------------------

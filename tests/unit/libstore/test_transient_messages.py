@@ -138,6 +138,39 @@ def test_a_batch_fits_once_everything_older_is_paged_out(tmp_path: Path) -> None
     assert store.get_many([1, 2]) == [_record(1, 400), _record(2, 650)]
 
 
+def test_a_release_keeps_the_records_it_names_in_memory_and_in_scratch(tmp_path: Path) -> None:
+    """Records named to keep (a queue nobody consumed: dead-letter copies) stay, wherever they
+    are; the rest below the point go. A kept in-memory chunk is cut down to what it keeps; a
+    kept paged-out one holds its scratch segment until its last record goes."""
+    store = _store(tmp_path, scratch_segment_bytes=1000)
+    for key in range(0, 30, 3):  # chunks of three records of 50 bytes
+        store.put_many([key, key + 1, key + 2], [_record(k, 50) for k in (key, key + 1, key + 2)])
+    assert store.paged_out > 0
+    paged = store.paged_out
+    assert store.release_below(27, keep=[1, 25]) == 25
+    assert len(store) == 5 and store.get_many([0, 1, 2, 25, 26, 27, 28, 29]) == [
+        None, _record(1, 50), None, _record(25, 50), None, _record(27, 50), _record(28, 50), _record(29, 50)
+    ]  # fmt: skip
+    assert store.paged_out == 1 + sum(1 for k in (25, 27, 28, 29) if k < paged)
+    assert store.memory_bytes == 50 * (5 - store.paged_out), "memory counts only what is held"
+    assert list((tmp_path / "scratch").iterdir()), "record 1 holds its segment"
+    assert store.release_below(27, keep=[25]) == 1  # consumed since: named no more
+    assert store.release_below(30) == 4
+    assert len(store) == 0 and store.memory_bytes == 0 and store.scratch_bytes == 0
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_dead_chunks_behind_a_kept_record_are_compacted_away(tmp_path: Path) -> None:
+    store = _store(tmp_path, max_bytes=10**6)
+    store.put(0, b"dead letter")
+    for key in range(1, 5001):
+        store.put(key, b"x")
+        if key % 100 == 0:
+            store.release_below(key, keep=[0])
+    assert len(store) == 2 and store.get_many([0, 1, 4999, 5000]) == [b"dead letter", None, None, b"x"]
+    assert len(store._chunks) <= 2 * 1024 + 2, "dead chunks piled up behind the kept one"
+
+
 def test_keys_never_go_back_except_after_a_cut(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.put_many([10, 20], [b"a", b"b"])
@@ -161,16 +194,16 @@ def test_bounds_that_cannot_work_are_refused(tmp_path: Path) -> None:
     st.lists(
         st.one_of(
             st.tuples(st.just("put"), st.integers(1, 5), st.integers(1, 180)),
-            st.tuples(st.just("release"), st.integers(0, 40), st.just(0)),
+            st.tuples(st.just("release"), st.integers(0, 40), st.integers(0, 3)),
             st.tuples(st.just("truncate"), st.integers(0, 40), st.just(0)),
         ),
         max_size=60,
     )
 )
 def test_the_store_reads_back_what_a_plain_dict_would(tmp_path_factory: pytest.TempPathFactory, ops) -> None:  # type: ignore[no-untyped-def]
-    """Random puts (batches of 1..5 records), releases and truncations against a dict: every
-    held record reads back byte for byte, whether in memory or paged out; refused batches
-    leave nothing; memory never passes its bound."""
+    """Random puts (batches of 1..5 records), releases (some keeping every third key below the
+    point) and truncations against a dict: every held record reads back byte for byte, whether
+    in memory or paged out; refused batches leave nothing; memory never passes its bound."""
     root = tmp_path_factory.mktemp("model")
     store = TransientMessageStore(root / "scratch", 600, scratch_max_bytes=1500, scratch_segment_bytes=256)
     model: dict[int, bytes] = {}
@@ -187,8 +220,9 @@ def test_the_store_reads_back_what_a_plain_dict_would(tmp_path_factory: pytest.T
             except SystemBusyError:
                 pass
         elif op == "release":
-            store.release_below(a)
-            model = {k: v for k, v in model.items() if k >= a}
+            keep = {k for k in model if k % 3 == b} if b < 3 else set()
+            store.release_below(a, keep | {a + 1, 10**9})  # keys at or past the point change nothing
+            model = {k: v for k, v in model.items() if k >= a or k in keep}
         else:
             store.truncate_from(max(a, 1))
             model = {k: v for k, v in model.items() if k < max(a, 1)}

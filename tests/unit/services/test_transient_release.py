@@ -1,14 +1,16 @@
 """services.dispatch.transient_release over real ConsumeQueues and consumer offsets, with a
-commitlog stand-in that records the release points: a queue nobody consumed holds its
+commitlog stand-in that records the release plans: a queue nobody consumed holds its
 transient messages, the slowest group decides, queues past their last transient stub hold
-nothing, nothing past the dispatched offset is released, and only a point that moved is handed
-over."""
+nothing, nothing past the dispatched offset is released, what is still wanted is named to keep
+while it fits (else it caps the point), and only a plan that frees more is handed over."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pytest
 
 from libstore import CommitLog, Message
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
@@ -17,6 +19,7 @@ from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.message import MessageSysFlag
 from libstore.record_codec import DispatchRequest
 from services.commitlog.local import LocalCommitLog
+from services.dispatch import transient_release
 from services.dispatch.transient_release import TransientRelease
 
 SIZE = 100  # bytes per record: record i of the log starts at CommitLog offset 100 * i
@@ -24,10 +27,12 @@ SIZE = 100  # bytes per record: record i of the log starts at CommitLog offset 1
 
 class Port:
     def __init__(self) -> None:
-        self.points: list[int] = []
+        self.plans: list[tuple[int, list[int]]] = []
 
-    async def release_transient(self, below: int, log_id: str = "", generation: int = 0) -> int:
-        self.points.append(below)
+    async def release_transient(
+        self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
+    ) -> int:
+        self.plans.append((below, list(keep)))
         return 1
 
 
@@ -58,13 +63,31 @@ def _release(
 def test_nobody_consumed_then_the_slowest_group_decides(tmp_path: Path) -> None:
     # Log: T0 T1 P0 T2 T3 (T: transient topic "T", P: persistent topic "P", never consumed)
     release, offsets = _release(tmp_path, [("T", True), ("T", True), ("P", False), ("T", True), ("T", True)])
-    assert release.release_point() == 0  # no group consumed "T": everything is kept
+    everything = [0, SIZE * 1, SIZE * 3, SIZE * 4]
+    assert release.release_plan() == (SIZE * 5, everything)  # no group consumed "T": all kept
     offsets.commit_offset("fast", "T", 0, 4)
-    assert release.release_point() == SIZE * 5  # the only group read all: up to the dispatched end
+    assert release.release_plan() == (SIZE * 5, [])  # the only group read all: up to the end
     offsets.commit_offset("slow", "T", 0, 2)
-    assert release.release_point() == SIZE * 3  # T2 (record 3) is slow's next
+    assert release.release_plan() == (SIZE * 5, [SIZE * 3, SIZE * 4])  # slow's next two
     offsets.commit_offset("slow", "T", 0, 4)
-    assert release.release_point() == SIZE * 5
+    assert release.release_plan() == (SIZE * 5, [])
+
+
+def test_past_the_keep_budget_the_queues_with_most_to_keep_cap_the_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead-letter queue with a copy nobody reads is named; a backlog that does not fit in
+    what is left of the budget holds the point at its first unconsumed unit instead."""
+    monkeypatch.setattr(transient_release, "KEEP_MAX", 3)
+    layout = [("T", True), ("%DLQ%g", True), ("T", True), ("T", True), ("T", True), ("T", True)]
+    release, offsets = _release(tmp_path, layout)
+    assert release.release_plan() == (SIZE * 0, [])  # T's 5 do not fit in 3 (the DLQ's 1 does)
+    offsets.commit_offset("g", "T", 0, 2)
+    assert release.release_plan() == (SIZE * 3, [SIZE * 1])  # T2..T4: 1 + 3 do not fit
+    offsets.commit_offset("g", "T", 0, 3)
+    assert release.release_plan() == (SIZE * 6, [SIZE * 1, SIZE * 4, SIZE * 5])  # 1 + 2 fit
+    offsets.commit_offset("g", "T", 0, 1)  # moved back (an offset reset): T1 is wanted again
+    assert release.release_plan() == (SIZE * 2, [SIZE * 1])
 
 
 def test_a_group_without_an_offset_for_the_queue_holds_it_and_a_finished_queue_holds_nothing(
@@ -72,28 +95,30 @@ def test_a_group_without_an_offset_for_the_queue_holds_it_and_a_finished_queue_h
 ) -> None:
     release, offsets = _release(tmp_path, [("T", True), ("U", True), ("T", False), ("U", False)])
     offsets.commit_offset("g", "T", 0, 2)
-    assert release.release_point() == SIZE * 1  # "U" has no group: its first unit holds
+    assert release.release_plan() == (SIZE * 4, [SIZE * 1])  # "U" has no group: its stub is kept
     offsets.commit_offset("h", "U", 0, 1)  # past U's only transient stub (U1 is persistent)
-    assert release.release_point() == SIZE * 4
-    # A later transient stub in "U" holds again, from h's offset.
+    assert release.release_plan() == (SIZE * 4, [])
+    # A later transient stub in "U" holds again, from h's offset: U1 (a persistent message: the
+    # commitlog has nothing under its offset) and the new stub.
     more = DispatchRequest(True, SIZE, "U", 0, SIZE * 4, 2, MessageSysFlag.TRANSIENT_STUB_FLAG)
     release.queues.dispatch_batch([more])
     release.dispatch_batch([more])
     release._position = lambda: (SIZE * 5, "log", 1)
-    assert release.release_point() == SIZE * 3  # U's unit at offset 1 (h's next) is record 3
+    assert release.release_plan() == (SIZE * 5, [SIZE * 3, SIZE * 4])
 
 
-def test_rounds_hand_the_commitlog_only_a_point_that_moved(tmp_path: Path) -> None:
+def test_rounds_hand_the_commitlog_only_a_plan_that_frees_more(tmp_path: Path) -> None:
     release, offsets = _release(tmp_path, [("T", True), ("T", True)])
     port = release.commitlog
-    assert asyncio.run(release.release_once()) == 0  # point 0: nothing to hand over
+    assert asyncio.run(release.release_once()) == 1  # point 2, both kept: a first plan goes
+    assert asyncio.run(release.release_once()) == 0  # unchanged
     offsets.commit_offset("g", "T", 0, 1)
-    assert asyncio.run(release.release_once()) == 1
+    assert asyncio.run(release.release_once()) == 1  # T0 is named no more
     assert asyncio.run(release.release_once()) == 0  # unchanged
     offsets.commit_offset("g", "T", 0, 2)
     asyncio.run(release.release_once())
-    assert port.points == [SIZE * 1, SIZE * 2]  # type: ignore[attr-defined]
-    assert release.released_below == SIZE * 2 and release.messages_released == 2
+    assert port.plans == [(SIZE * 2, [0, SIZE]), (SIZE * 2, [SIZE]), (SIZE * 2, [])]  # type: ignore[attr-defined]
+    assert release.released_below == SIZE * 2 and release.messages_released == 3
 
 
 def test_the_commitlog_frees_only_for_the_log_generation_the_point_was_computed_in(
@@ -111,6 +136,9 @@ def test_the_commitlog_frees_only_for_the_log_generation_the_point_was_computed_
     assert asyncio.run(port.release_transient(end, "another log", gens.generation)) == 0
     assert asyncio.run(port.release_transient(res[2].phy_offset, gens.log_id, gens.generation)) == 2
     assert len(log.transient) == 2 and log.read_message(res[3].phy_offset).body == b"gone 3"
+    kept = [res[2].phy_offset]
+    assert asyncio.run(port.release_transient(end, gens.log_id, gens.generation, kept)) == 1
+    assert log.read_message(res[2].phy_offset).body == b"gone 2"
 
 
 def test_a_restarted_dispatch_still_holds_what_was_noted_before_its_checkpoint(tmp_path: Path) -> None:
@@ -129,11 +157,11 @@ def test_a_restarted_dispatch_still_holds_what_was_noted_before_its_checkpoint(t
     release._changes += 1  # as a newly noted stub would
     release.save()
     again = TransientRelease(release.queues, offsets, Port(), lambda: (SIZE * 3, "log", 1))  # type: ignore[arg-type]
-    assert again.release_point() == SIZE * 3  # nothing noted: would free T0 and T1
+    assert again.release_plan() == (SIZE * 3, [])  # nothing noted: would free T0 and T1
     again.load()
-    assert again.release_point() == 0
+    assert again.release_plan() == (SIZE * 3, [0, SIZE])
     offsets.commit_offset("g", "T", 0, 1)
-    assert again.release_point() == SIZE * 1
+    assert again.release_plan() == (SIZE * 3, [SIZE])
 
 
 def test_after_a_cut_the_noted_stubs_are_clamped_to_the_queues_new_ends(tmp_path: Path) -> None:
@@ -144,4 +172,4 @@ def test_after_a_cut_the_noted_stubs_are_clamped_to_the_queues_new_ends(tmp_path
     release.clamp()
     release._position = lambda: (SIZE * 1, "log", 2)
     # T's stub is now T0, which g consumed; U's was cut: nothing holds (no "unreadable unit" stall).
-    assert release.release_point() == SIZE * 1
+    assert release.release_plan() == (SIZE * 1, [])
