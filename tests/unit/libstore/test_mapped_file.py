@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 from pathlib import Path
 
@@ -131,9 +133,42 @@ def test_a_reused_pool_buffer_leaves_zeros_after_the_end_blank(tmp_path: Path):
         pool.destroy()
 
 
-def test_warm_up_writes_zeros_and_mlock_is_best_effort(tmp_path: Path):
-    mf = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE, warm=True, warm_flush_pages=4)
+def _resident_pages(path: Path) -> int:
+    """How many of the file's pages sit in the page cache (mincore(2) over a private mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as view:
+        first = ctypes.c_char.from_buffer(view)
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(first)), ctypes.c_size_t(size), vec)
+        del first  # the mapping cannot close while a ctypes object holds it
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+    return sum(b & 1 for b in vec)
+
+
+def test_warm_up_writes_every_page_syncing_every_n_pages_and_mlock_is_best_effort(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocketMQ's warm-up: zeros through the page cache over the whole file, an fdatasync after
+    every ``warm_flush_pages`` pages; the pages are then resident. Without it: no write at all."""
+    import libstore.mapped_file as module
+
+    calls: list[tuple[str, int, int]] = []
+    real_zeros, real_sync = module._os.write_zeros, os.fdatasync
+    monkeypatch.setattr(
+        module._os, "write_zeros", lambda fd, at, n: (calls.append(("zeros", at, n)), real_zeros(fd, at, n))
+    )
+    monkeypatch.setattr(module.os, "fdatasync", lambda fd: (calls.append(("sync", 0, 0)), real_sync(fd)))
+    cold = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
+    cold.close()
+    assert calls == []
+    step = 4 * mmap.PAGESIZE
+    mf = MappedFile.create(tmp_path / offset_to_file_name(SIZE), SIZE, warm=True, warm_flush_pages=4)
     try:
+        assert [c for c in calls if c[0] == "zeros"] == [("zeros", at, step) for at in range(0, SIZE, step)]
+        assert [c[0] for c in calls][: 2 * SIZE // step] == ["zeros", "sync"] * (SIZE // step)
+        assert _resident_pages(mf.path) == SIZE // mmap.PAGESIZE
         assert not any(mf.buffer[:SIZE])
         mf.munlock()
     finally:
