@@ -32,6 +32,11 @@ Each class has a ``reason``: the RocketMQ-style name the services put in ``googl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class StoreError(Exception):
     """Root of libstore's exceptions.
@@ -245,3 +250,13 @@ class DiskFullError(StoreIOError):
     """No space left to allocate a new file."""
 
     reason = "DISK_FULL"
+
+
+def nearest_entry(table: Mapping[type[BaseException], T], exc: BaseException, default: T) -> T:
+    """``table``'s entry for the nearest class of ``exc`` in its class hierarchy (its method
+    resolution order), ``default`` when no class of it has one: a subclass's entry wins over
+    its base's whatever the table's order, so an error map follows the tree drawn above."""
+    for cls in type(exc).__mro__:
+        if cls in table:
+            return table[cls]
+    return default

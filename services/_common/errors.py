@@ -49,27 +49,28 @@ DOMAIN = "mqstore"
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 
-# Most specific first: the first isinstance match wins.
-_CODES: list[tuple[type[E.StoreError], grpc.StatusCode]] = [
-    (E.NotMasterError, grpc.StatusCode.FAILED_PRECONDITION),
-    (E.OSPageCacheBusyError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (E.TooManyRequestsError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (E.DiskFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (E.AuthenticationError, grpc.StatusCode.UNAUTHENTICATED),
-    (E.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (E.MessageIllegalError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (E.TopicNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (E.MessageNotFoundError, grpc.StatusCode.NOT_FOUND),
-    (E.OffsetOutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
-    (E.StoreLockedError, grpc.StatusCode.FAILED_PRECONDITION),
-    (E.LogDivergedError, grpc.StatusCode.FAILED_PRECONDITION),
-    (E.RoleSwitchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (E.CorruptRecordError, grpc.StatusCode.DATA_LOSS),
-    (E.ServiceNotAvailableError, grpc.StatusCode.UNAVAILABLE),
-    (E.StoreIOError, grpc.StatusCode.UNAVAILABLE),
-]
+# By class: an error takes the entry of its nearest class in the StoreError tree
+# (libstore.errors.nearest_entry), so a subclass's entry wins over its base's whatever the order.
+_CODES: dict[type[BaseException], grpc.StatusCode] = {
+    E.ServiceNotAvailableError: grpc.StatusCode.UNAVAILABLE,
+    E.NotMasterError: grpc.StatusCode.FAILED_PRECONDITION,
+    E.OSPageCacheBusyError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.TooManyRequestsError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.StoreIOError: grpc.StatusCode.UNAVAILABLE,
+    E.DiskFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    E.AuthenticationError: grpc.StatusCode.UNAUTHENTICATED,
+    E.PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    E.MessageIllegalError: grpc.StatusCode.INVALID_ARGUMENT,
+    E.InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    E.ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    E.TopicNotFoundError: grpc.StatusCode.NOT_FOUND,
+    E.MessageNotFoundError: grpc.StatusCode.NOT_FOUND,
+    E.OffsetOutOfRangeError: grpc.StatusCode.OUT_OF_RANGE,
+    E.StoreLockedError: grpc.StatusCode.FAILED_PRECONDITION,
+    E.LogDivergedError: grpc.StatusCode.FAILED_PRECONDITION,
+    E.RoleSwitchError: grpc.StatusCode.FAILED_PRECONDITION,
+    E.CorruptRecordError: grpc.StatusCode.DATA_LOSS,
+}
 _BY_REASON: dict[str, type[E.StoreError]] = {
     cls.reason: cls for cls in vars(E).values() if isinstance(cls, type) and issubclass(cls, E.StoreError)
 }
@@ -87,10 +88,8 @@ _BY_CODE: dict[grpc.StatusCode, type[E.StoreError]] = {
 
 
 def status_code_of(exc: E.StoreError) -> grpc.StatusCode:
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
+    """The gRPC status code for ``exc`` (by its nearest mapped class; INTERNAL when none)."""
+    return E.nearest_entry(_CODES, exc, grpc.StatusCode.INTERNAL)
 
 
 def to_rpc_status(exc: E.StoreError) -> grpc.Status:

@@ -122,28 +122,30 @@ PUT_STATUS_TO_CODE: dict[PutMessageStatus, int] = {
 }
 
 
+# By class, as services._common.errors maps gRPC codes: the nearest class of an error wins.
+_V2_CODES: dict[type[BaseException], int] = {
+    E.AuthenticationError: Code.UNAUTHORIZED,
+    E.PermissionDeniedError: Code.FORBIDDEN,
+    E.InvalidArgumentError: Code.BAD_REQUEST,
+    E.InvalidReceiptHandleError: Code.INVALID_RECEIPT_HANDLE,
+    E.TopicNotFoundError: Code.TOPIC_NOT_FOUND,
+    E.MessageIllegalError: Code.BAD_REQUEST,
+    E.PropertiesSizeExceededError: Code.MESSAGE_PROPERTIES_TOO_LARGE,
+    E.IllegalTopicError: Code.ILLEGAL_TOPIC,
+    E.MessageNotFoundError: Code.MESSAGE_NOT_FOUND,
+    E.NotMasterError: Code.HA_NOT_AVAILABLE,
+    E.OSPageCacheBusyError: Code.TOO_MANY_REQUESTS,
+    E.TooManyRequestsError: Code.TOO_MANY_REQUESTS,
+    E.DiskFullError: Code.TOO_MANY_REQUESTS,
+}
+
+
 def code_of_error(exc: Exception) -> int:
-    """The v2 code for a store error (spec sheet §6, the proxy's mapping)."""
+    """The v2 code for a store error (spec sheet §6, the proxy's mapping; by the error's nearest
+    mapped class, INTERNAL_SERVER_ERROR when none)."""
     if isinstance(exc, V2Error):
         return exc.code
-    for cls, code in (
-        (E.AuthenticationError, Code.UNAUTHORIZED),
-        (E.PermissionDeniedError, Code.FORBIDDEN),
-        (E.InvalidReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
-        (E.TopicNotFoundError, Code.TOPIC_NOT_FOUND),
-        (E.PropertiesSizeExceededError, Code.MESSAGE_PROPERTIES_TOO_LARGE),
-        (E.IllegalTopicError, Code.ILLEGAL_TOPIC),
-        (E.MessageIllegalError, Code.BAD_REQUEST),
-        (E.InvalidArgumentError, Code.BAD_REQUEST),
-        (E.MessageNotFoundError, Code.MESSAGE_NOT_FOUND),
-        (E.NotMasterError, Code.HA_NOT_AVAILABLE),
-        (E.OSPageCacheBusyError, Code.TOO_MANY_REQUESTS),
-        (E.TooManyRequestsError, Code.TOO_MANY_REQUESTS),
-        (E.DiskFullError, Code.TOO_MANY_REQUESTS),
-    ):
-        if isinstance(exc, cls):
-            return code
-    return Code.INTERNAL_SERVER_ERROR
+    return E.nearest_entry(_V2_CODES, exc, Code.INTERNAL_SERVER_ERROR)
 
 
 # -- producer -> store ---------------------------------------------------------------------------------
