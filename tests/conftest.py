@@ -10,6 +10,17 @@ import pytest
 from libstore import CommitLog, StoreConfig
 
 SEGMENT = 256 * 1024  # small CommitLog segments so tests roll files quickly
+_ROOT = Path(__file__).parent
+_MARK_BY_DIR = {"crash": "crash", "fault": "crash", "spark": "spark", "k8s": "k8s"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of a directory that is all one kind (markers in pyproject.toml)."""
+    for item in items:
+        parts = item.path.relative_to(_ROOT).parts if item.path.is_relative_to(_ROOT) else ()
+        mark = _MARK_BY_DIR.get(parts[0]) if len(parts) > 1 else None
+        if mark is not None:
+            item.add_marker(mark)
 
 
 @pytest.fixture

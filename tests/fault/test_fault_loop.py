@@ -38,6 +38,8 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from services.client import Admin
 from tests.fault.cluster import (
     SERVICES,
@@ -239,6 +241,7 @@ def _seed() -> int:
     return int(env) if env else random.SystemRandom().randrange(1 << 32)
 
 
+@pytest.mark.slow
 def test_fault_loop(tmp_path: Path) -> None:
     rounds = int(os.environ.get("MQSTORE_FAULT_ROUNDS", "30"))
     seed = _seed()

@@ -140,6 +140,7 @@ def test_after_a_restart_transient_messages_are_gone_and_consumers_go_on(
     assert sorted(r.body for r in early) == sorted(r.body for r in volatile)
 
 
+@pytest.mark.rocketmq
 def test_official_client_sends_transient_messages_with_a_user_property(
     suites: InProcessSuites, tmp_path: Path
 ) -> None:

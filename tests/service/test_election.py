@@ -113,6 +113,7 @@ def _assert_history(cluster: BrokerGroupCluster, master: str, acked: dict[str, A
         assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), (topic, queue_id, offsets[:20])
 
 
+@pytest.mark.crash
 def test_a_killed_master_is_replaced_within_seconds_and_nothing_acknowledged_is_lost(
     tmp_path: Path, etcd: EtcdServers
 ) -> None:

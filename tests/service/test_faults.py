@@ -9,8 +9,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from tests.service.harness import SplitCluster, poll_until
+
+pytestmark = pytest.mark.crash
 
 
 def _drain(address: str, group: str, topic: str, idle_s: float = 6.0, want: int | None = None) -> list:

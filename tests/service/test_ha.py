@@ -161,6 +161,8 @@ def test_slave_is_byte_identical_after_load(tmp_path: Path):
         cluster.stop_all()
 
 
+@pytest.mark.crash
+@pytest.mark.slow
 def test_sync_master_survives_kills_and_a_role_switch(tmp_path: Path):
     cluster = BrokerGroupCluster(tmp_path / "g", master_role="SYNC_MASTER", flush="ASYNC_FLUSH")
     rng = random.Random(7)
@@ -267,6 +269,7 @@ def test_slave_not_available_and_flush_slave_timeout(tmp_path: Path):
         cluster.stop_all()
 
 
+@pytest.mark.crash
 def test_consumers_read_from_the_slave_while_the_master_is_down(tmp_path: Path):
     cluster = BrokerGroupCluster(tmp_path / "g", master_role="SYNC_MASTER")
     try:

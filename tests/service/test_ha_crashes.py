@@ -21,6 +21,8 @@ from services.client import Admin
 from tests.rocketmq.harness import run_driver
 from tests.service.harness import BrokerGroupCluster, CommitLogAdmin, assert_logs_identical
 
+pytestmark = pytest.mark.crash
+
 NEVER_FLUSH = {"flushIntervalCommitLog": 3_600_000, "flushCommitLogThoroughInterval": 3_600_000}
 
 
@@ -171,6 +173,8 @@ def test_promotion_refuses_a_slave_that_holds_less_than_another(tmp_path: Path):
         cluster.stop_all()
 
 
+@pytest.mark.rocketmq
+@pytest.mark.slow
 def test_acks_survive_a_failover_through_the_official_client(tmp_path: Path):
     """Pop state (receipts, acks) is journaled in the CommitLog and replicated with it: after
     the master is killed and its slave promoted, a SimpleConsumer of the official RocketMQ 5

@@ -18,6 +18,8 @@ from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites, SplitCluster, v2_signed
 
+pytestmark = pytest.mark.rocketmq
+
 ACL = """
 accounts:
   - accessKey: shop-writer

@@ -18,6 +18,8 @@ from tests.rocketmq.harness import finish_driver, run_driver, start_driver
 from tests.service.conftest import embedded_options
 from tests.service.harness import InProcessSuites, SplitCluster, wait_until
 
+pytestmark = pytest.mark.rocketmq
+
 # Check-backs within seconds instead of RocketMQ's 6 s timeout and 30 s interval, and push
 # deliveries hidden for 3 s per renewal instead of 60 s.
 FAST_CHECKS = {
@@ -227,6 +229,8 @@ def _wait_progress(path: Path, at_least: int, proc: object, timeout_s: float = 1
     raise AssertionError(f"the consumer did not ack {at_least} messages in {timeout_s} s")
 
 
+@pytest.mark.crash
+@pytest.mark.slow
 def test_ten_thousand_messages_exactly_once_across_gateway_and_dispatch_kills(
     split: SplitCluster, tmp_path: Path
 ) -> None:
@@ -439,6 +443,7 @@ def test_receive_invisible_time_outside_the_proxy_bounds_is_refused(
     assert fine["ids"] == sent["ids"]
 
 
+@pytest.mark.crash
 def test_a_push_consumer_that_dies_holding_a_message_releases_it_at_once(
     default_suite: Suite, tmp_path: Path
 ) -> None:

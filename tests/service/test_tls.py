@@ -315,6 +315,7 @@ def test_internal_ports_without_mutual_tls_warn_at_start(
 
 
 # -- the official RocketMQ 5 client against a TLS gateway -----------------------------------------
+@pytest.mark.rocketmq
 def test_official_rocketmq_client_over_tls_trusting_the_ca_through_grpc_roots(
     suites: InProcessSuites, tmp_path: Path, pki: Pki
 ) -> None:

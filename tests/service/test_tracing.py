@@ -321,6 +321,7 @@ def test_a_message_is_one_picture_from_send_to_another_process_receive(
     assert attrs["messaging.consumer.group.name"].string_value == group
 
 
+@pytest.mark.rocketmq
 def test_an_official_client_receive_links_to_the_send(
     exporter: InMemorySpanExporter, split_in_process: str, tmp_path: Path
 ):

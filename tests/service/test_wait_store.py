@@ -70,6 +70,7 @@ def test_sync_master_answers_each_message_by_its_own_wait(sync_master: str, enco
         assert producer.send(topic, b"waits")[0].status is PutMessageStatus.SLAVE_NOT_AVAILABLE
 
 
+@pytest.mark.rocketmq
 def test_official_client_sets_wait_as_a_user_property(sync_master: str, tmp_path: Path) -> None:
     """RocketMQ's clients cannot set WAIT as a system property; as a user property it is the
     message's WAIT, as RocketMQ's broker reads it from the properties."""

@@ -74,6 +74,7 @@ def test_rebuild_writes_what_dispatch_built(spark: Any, store: Path, tmp_path: P
         jobs.rebuild(spark, _commitlog(store), out, StoreConfig.from_mapping(SMALL_STORE))
 
 
+@pytest.mark.slow
 def test_verify_finds_a_bit_flip_and_stats_count(spark: Any, store: Path, tmp_path: Path) -> None:
     clean = jobs.verify(spark, _commitlog(store))
     assert clean.ok and clean.records == 6001 and len(clean.files) >= 2

@@ -481,6 +481,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize("mode", ["truncate", "reset"])
 def test_a_log_cut_back_then_killed_starts_again(tmp_path: Path, mode: str):
     """Segments created ahead of the writer (AllocateMappedFileService) for offsets past a cut
