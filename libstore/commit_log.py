@@ -48,6 +48,7 @@ import bisect
 import contextlib
 import itertools
 import logging
+import mmap
 import operator
 import struct
 import threading
@@ -78,7 +79,7 @@ from libstore.log_generation import LogGeneration
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import Message, MessageRecord, MessageSysFlag
+from libstore.message import MessageFields, MessageRecord, MessageSysFlag
 from libstore.message_id import encode_host
 from libstore.producer_input import (
     PRODUCER_SYS_FLAGS,
@@ -342,8 +343,12 @@ class CommitLog:
         return report
 
     def start(self) -> None:
-        """Start pre-allocation and the flush services; create the abort file."""
+        """Start pre-allocation and the flush services; create the abort file. Idempotent:
+        :meth:`open` has started them already, and a second set would outlive :meth:`shutdown`
+        (a snapshot thread writing the checkpoint after it was closed)."""
         assert self.queue is not None, "load() first"
+        if self._snapshot_service is not None:
+            return
         cfg = self.config
         assert self._allocator is not None
         self._allocator.start()
@@ -453,7 +458,7 @@ class CommitLog:
     # ------------------------------------------------------------------------------------------
     # write path
     # ------------------------------------------------------------------------------------------
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResults:
+    def put_messages(self, messages: Sequence[MessageFields]) -> PutMessageResults:
         """Append ``messages`` as one batch and apply the flush policy; one result per message.
 
         Blocks under SYNC_FLUSH until the group commit covers the batch (at most
@@ -527,7 +532,7 @@ class CommitLog:
 
     def append_messages(
         self,
-        messages: Sequence[Message],
+        messages: Sequence[MessageFields],
         *,
         place_unassigned: bool = False,
         hold_scheduled: bool = True,
@@ -1371,7 +1376,7 @@ class CommitLog:
         append = out.append
         mf = None
         base = tail = readable = 0
-        buf = None
+        buf: mmap.mmap | bytes = b""  # the segment's mapping once one is found
         total = 0
         for offset, size in ranges:
             if mf is None or not base <= offset < tail:
@@ -1389,14 +1394,14 @@ class CommitLog:
                     append(None)
                     continue
                 pos = offset - base
-                if size > STUB_FLAG_BYTE and buf[pos + STUB_FLAG_BYTE] & STUB_FLAG_BIT:  # type: ignore[index]
+                if size > STUB_FLAG_BYTE and buf[pos + STUB_FLAG_BYTE] & STUB_FLAG_BIT:
                     record = self._transient_record(offset)
                     if record is None:
                         append(None)
                         continue
                     size = len(record)
                 else:
-                    record = buf[pos : pos + size]  # type: ignore[index]
+                    record = buf[pos : pos + size]
                 total += size
                 if max_bytes and total > max_bytes:
                     raise InvalidArgumentError(

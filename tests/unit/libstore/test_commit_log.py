@@ -255,6 +255,19 @@ def test_clean_shutdown_removes_abort_file_and_reopen_continues(store_config: St
         cl.shutdown()
 
 
+def test_a_second_start_starts_nothing_and_shutdown_leaves_no_service_running(store_config: StoreConfig):
+    """open() starts the services; a start() after it must not start a second set that
+    shutdown() cannot see (its snapshot thread wrote the checkpoint after it was closed)."""
+    before = {t.ident for t in threading.enumerate()}
+    cl = CommitLog.open(store_config)
+    started = {t.ident for t in threading.enumerate()} - before
+    cl.start()
+    assert {t.ident for t in threading.enumerate()} - before == started
+    cl.shutdown()
+    alive = [t.name for t in threading.enumerate() if t.ident in started and t.is_alive()]
+    assert started and alive == []
+
+
 def test_iter_records_yields_dispatch_fields(open_log):
     cl = open_log()
     res = cl.put_messages(_msgs(5))

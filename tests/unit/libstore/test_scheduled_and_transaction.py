@@ -115,7 +115,6 @@ def _log_with(messages: list[Message], root: Path) -> CommitLog:
         store_path_root_dir=str(root), mapped_file_size_commit_log=1 << 20, max_message_size=64 * 1024
     )
     log = CommitLog.open(config)
-    log.start()
     assert log.put_messages(messages).all_ok
     return log
 
@@ -159,8 +158,10 @@ def test_half_committed_and_op_messages(tmp_path: Path) -> None:
     assert (copy.topic, copy.queue_id, copy.body) == ("Pay", -1, b"p")
     assert MessageSysFlag.transaction_value(copy.sys_flag) == MessageSysFlag.TRANSACTION_COMMIT_TYPE
     assert copy.properties[MessageConst.UNIQ_KEY] == "U9" and MessageConst.REAL_TOPIC not in copy.properties
-    with pytest.raises(MessageIllegalError):
-        committed_copy(decode_record(_log_with([m], tmp_path / "other").read_chunk(0, 10**6, 10**6)[0]))
+    other = _log_with([m.replace(queue_id=0)], tmp_path / "other")  # a plain message: no half
+    with pytest.raises(MessageIllegalError, match="not a half"):
+        committed_copy(decode_record(other.read_chunk(0, 10**6, 10**6)[0]))
+    other.shutdown()
     log.shutdown()
 
 

@@ -61,7 +61,6 @@ def _setup(root: Path, now: int) -> tuple[CommitLog, ConsumeQueueStore]:
         store_path_root_dir=str(root), mapped_file_size_commit_log=1 << 20, max_message_size=65536
     )
     log = CommitLog.open(config)
-    log.start()
     at = {"a": now + 300, "b": now + 100, "gone": now + 150, "c": now + 200, "later": now + 10_000_000}
     msgs = [
         Message(
