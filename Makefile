@@ -26,9 +26,11 @@ $(PB): $(STAMP) $(PROTOS) services/_protogen.py
 run: install
 	$(BIN)/mqstore serve
 
+# mypy: libstore strictly, services where they meet untyped gRPC ([tool.mypy] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The tests run in TEST_WORKERS processes (pytest-xdist), each taking one test file at a time, so
 # a file's module-scoped suites start once; most tests wait on processes, disks and timeouts, so

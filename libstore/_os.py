@@ -50,7 +50,7 @@ def mlock(address: int, length: int) -> bool:
 def munlock(address: int, length: int) -> bool:
     if _libc is None or length <= 0:
         return False
-    return _libc.munlock(ctypes.c_void_p(address), ctypes.c_size_t(length)) == 0
+    return int(_libc.munlock(ctypes.c_void_p(address), ctypes.c_size_t(length))) == 0
 
 
 def madvise(mm: mmap.mmap, advice: int) -> bool:

@@ -61,12 +61,13 @@ def _out_of_order(offsets: np.ndarray, sizes: np.ndarray, end_before: int) -> np
     records are in CommitLog order, so such a unit was torn: a 20-byte unit can straddle two
     512-byte sectors, and a power loss can take back the sector with its offset field alone
     (which then reads zero, or a part of the right value: always smaller)."""
-    real = sizes != BLANK_UNIT_SIZE
+    real: np.ndarray = sizes != BLANK_UNIT_SIZE
     if not len(real):
         return real
     ends = np.where(real, offsets.astype(np.int64) + sizes.astype(np.int64), -1)
     ahead = np.concatenate(([end_before], np.maximum.accumulate(ends)[:-1]))
-    return real & (offsets < ahead)
+    torn: np.ndarray = real & (offsets < ahead)
+    return torn
 
 
 def consume_queue_file_size(configured: int) -> int:
@@ -173,6 +174,8 @@ class ConsumeQueue:
         for mf in reversed(self.queue.mapped_files[:index]):
             pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
             while pos >= 0:
+                phy: int
+                size: int
                 phy, size, _ = _UNIT.unpack_from(mf.buffer, pos)
                 if size != BLANK_UNIT_SIZE:
                     return phy + size
@@ -184,6 +187,8 @@ class ConsumeQueue:
         for mf in reversed(self.queue.mapped_files):
             pos = mf.wrote_position - CQ_STORE_UNIT_SIZE
             while pos >= 0:
+                offset: int
+                size: int
                 offset, size, _ = _UNIT.unpack_from(mf.buffer, pos)
                 if size != BLANK_UNIT_SIZE and offset >= 0 and size > 0:
                     return offset + size

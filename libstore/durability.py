@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from itertools import pairwise
-from typing import Final
+from typing import Any, Final
 
 from libstore.errors import MessageIllegalError
 from libstore.message import MessageConst, MessageSysFlag
@@ -194,9 +194,9 @@ def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> Non
     if not batch.durability_marked and not transient_topics:
         return
     ext = native()
-    split = NotImplemented
+    native_split: Any = NotImplemented  # the C split, NotImplemented where it cannot
     if ext is not None:
-        split = ext.split_transient(
+        native_split = ext.split_transient(
             batch.buf,
             batch.positions,
             batch.sizes,
@@ -208,10 +208,12 @@ def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> Non
             MessageSysFlag.TRANSIENT_STUB_FLAG,
             _STUB_KEPT_FLAGS,
         )
-        if isinstance(split, int):  # a bad DURABILITY value: the Python code words the refusal
-            split = NotImplemented
-    if split is NotImplemented:
+    split: _Split | None
+    if native_split is NotImplemented or isinstance(native_split, int):
+        # The Python code splits, or words the refusal of a bad DURABILITY value (C's int).
         split = _split_py(batch, _find_transient(batch, transient_topics))
+    else:
+        split = native_split
     if split is None:
         return
     batch.whole_buf = batch.buf

@@ -80,6 +80,13 @@ class IndexFile:
         self.file_size = index_file_size(hash_slot_num, index_num)
         self._fd = fd
         self._mmap = mmap.mmap(fd, self.file_size)
+        # The header (RocketMQ's IndexHeader): times in ms, CommitLog offsets, counts.
+        self.begin_timestamp: int
+        self.end_timestamp: int
+        self.begin_phy_offset: int
+        self.end_phy_offset: int
+        self.hash_slot_count: int
+        self.index_count: int
         (
             self.begin_timestamp,
             self.end_timestamp,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 class MessageConst:
@@ -91,13 +91,42 @@ class MessageSysFlag:
         )
 
 
+class MessageFields(Protocol):
+    """What putting a message reads of it (RecordEncoder.encode_batch and the put paths): a
+    :class:`Message`, or any object with these attributes; the services put their mqstore.v1
+    protobuf messages as they arrive, whose ``properties`` is a protobuf map and whose
+    ``born_host`` is an ``"ip:port"`` string."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def queue_id(self) -> int: ...
+    @property
+    def properties(self) -> Mapping[str, str]: ...
+    @property
+    def flag(self) -> int: ...
+    @property
+    def sys_flag(self) -> int: ...
+    @property
+    def born_timestamp(self) -> int: ...
+    @property
+    def born_host(self) -> tuple[str, int] | str: ...
+    @property
+    def reconsume_times(self) -> int: ...
+    @property
+    def prepared_transaction_offset(self) -> int: ...
+
+
 class Message:
-    """A message to put: topic, body, queue id and optional metadata.
+    """A message to put: topic, body, queue id and optional metadata (a :class:`MessageFields`).
 
     ``properties`` is a str→str mapping (serialized as RocketMQ does, spec §1); ``tags`` and
     ``keys`` are conveniences that set the TAGS and KEYS properties (keys joined by one space).
     ``born_timestamp`` is ms since the epoch (0: the store uses its own clock); ``born_host`` is
-    (numeric ip, port). Values are checked when the message is put, not here.
+    (numeric ip, port), or ``"ip:port"`` (``"[v6]:port"``). Values are checked when the message
+    is put, not here.
     """
 
     __slots__ = (
@@ -125,7 +154,7 @@ class Message:
         flag: int = 0,
         sys_flag: int = 0,
         born_timestamp: int = 0,
-        born_host: tuple[str, int] = ("127.0.0.1", 0),
+        born_host: tuple[str, int] | str = ("127.0.0.1", 0),
         reconsume_times: int = 0,
         prepared_transaction_offset: int = 0,
     ) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import itertools
 import os
 import re
@@ -54,7 +55,13 @@ from libstore.errors import (
     PropertiesSizeExceededError,
     QueueIdOutOfRangeError,
 )
-from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, waits_for_store
+from libstore.message import (
+    MessageConst,
+    MessageFields,
+    MessageRecord,
+    MessageSysFlag,
+    waits_for_store,
+)
 from libstore.message_id import create_message_id, decode_host, encode_host
 from libstore.system_topics import SYSTEM_TOPICS, system_tags_code
 from libstore.tags import tags_code as compute_tags_code
@@ -69,7 +76,7 @@ except ImportError:  # pragma: no cover - platforms without an isal wheel
 _ext: Any = None
 if not os.environ.get("MQSTORE_PURE_PYTHON"):
     try:
-        from libstore import _codec as _ext
+        _ext = importlib.import_module("libstore._codec")  # no type information: a C module
     except ImportError:  # pragma: no cover - a build without the C compiler
         _ext = None
 
@@ -357,7 +364,7 @@ class RecordEncoder:
         # topic -> (TOPICLEN + TOPIC bytes, magic code)
         self._topics: dict[str, tuple[bytes, int]] = {}
         # born host -> (encoded host, BORNHOST_V6 bit, header struct)
-        self._hosts: dict[tuple[str, int], tuple[bytes, int, struct.Struct]] = {}
+        self._hosts: dict[tuple[str, int] | str, tuple[bytes, int, struct.Struct]] = {}
 
     def _topic_prefix(self, topic: str) -> tuple[bytes, int]:
         """(TOPICLEN + TOPIC bytes, magic code) of a validated topic; raises IllegalTopicError."""
@@ -400,7 +407,7 @@ class RecordEncoder:
 
     def encode_batch(
         self,
-        messages: Sequence[Message],
+        messages: Sequence[MessageFields],
         now_ms: int,
         queue_nums: Callable[[str], int] | None = None,
         *,
@@ -489,7 +496,7 @@ class RecordEncoder:
     def _encode_one(
         self,
         out: EncodedBatch,
-        m: Message,
+        m: MessageFields,
         index: int,
         wide_born: list[int],
         topics: dict[str, tuple[bytes, int, int]],
@@ -829,7 +836,7 @@ STORE_HOST_PLACEHOLDER: Final = bytes(8)  # 0.0.0.0:0 as STOREHOST in client-enc
 QUEUE_ID_POSITION: Final = 12
 
 
-def _reject(m: Message, body_len: int, max_body: int, limit: int) -> None:
+def _reject(m: MessageFields, body_len: int, max_body: int, limit: int) -> None:
     """Raise the error that explains why ``m`` failed the encoder's quick checks."""
     if not isinstance(m.body, _BODY_TYPES):
         raise MessageIllegalError("body must be bytes")
@@ -1246,6 +1253,8 @@ def record_size_of(buf: Any, pos: int) -> int:
     """TOTALSIZE of the record at ``pos`` (0 for a blank END record, -1 for anything else: an
     unknown magic, or a record magic with a TOTALSIZE that is not positive). Only the first 8
     bytes are read; whether the record fits where it is, the caller checks."""
+    total: int
+    magic: int
     total, magic = _TOTAL_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
         return 0
@@ -1262,7 +1271,8 @@ def _store_ts_position(sys_flag: int) -> int:
 def store_timestamp_at(buf: Any, pos: int) -> int:
     """STORETIMESTAMP (ms) of the record at ``pos`` (its header must be in ``buf``)."""
     sys_flag = _INT.unpack_from(buf, pos + SYS_FLAG_POSITION)[0]
-    return STORE_TIMESTAMP.unpack_from(buf, pos + _store_ts_position(sys_flag))[0]
+    timestamp: int = STORE_TIMESTAMP.unpack_from(buf, pos + _store_ts_position(sys_flag))[0]
+    return timestamp
 
 
 if _ext is not None:

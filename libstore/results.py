@@ -221,7 +221,8 @@ class PutMessageResults(Sequence[PutMessageResult]):
         if not skip:
             if self.in_log_order:
                 return phys[n - 1] + sizes[n - 1]
-            return max(map(operator.add, phys, sizes[:n]))
+            furthest: int = max(map(operator.add, phys, sizes[:n]))
+            return furthest
         if self.in_log_order:
             last = next((i for i in range(n - 1, -1, -1) if i not in skip), None)
             return None if last is None else phys[last] + sizes[last]

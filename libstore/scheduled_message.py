@@ -22,7 +22,7 @@ import operator
 from collections.abc import Mapping, Sequence
 
 from libstore.errors import MessageIllegalError
-from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, ascii_int
+from libstore.message import Message, MessageConst, MessageFields, MessageRecord, MessageSysFlag, ascii_int
 from libstore.system_topics import (
     SYSTEM_TOPICS,
     TIMER_DELAY_MS,
@@ -85,7 +85,7 @@ def delivery_time(props: Mapping[str, str] | None, now_ms: int) -> int | None:
 _SCHEDULING_NAMES = frozenset({TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC, MessageConst.DELAY})
 
 
-def hold_if_scheduled(message: Message, now_ms: int) -> Message:
+def hold_if_scheduled(message: MessageFields, now_ms: int) -> MessageFields:
     """``message`` itself when it is due now or not scheduled; otherwise its copy for the timer
     topic (queue 0, REAL_TOPIC/REAL_QID, TIMER_DELIVER_MS). Half messages of transactions are
     never held (their delay, if any, starts at commit). Raises MessageIllegalError as
@@ -106,7 +106,7 @@ def hold_if_scheduled(message: Message, now_ms: int) -> Message:
 _PROPERTIES = operator.attrgetter("properties")
 
 
-def hold_all_scheduled(messages: Sequence[Message], now_ms: int) -> list[Message]:
+def hold_all_scheduled(messages: Sequence[MessageFields], now_ms: int) -> list[MessageFields]:
     """:func:`hold_if_scheduled` of each of ``messages``. A batch in which no message names a
     scheduling property (nearly every batch) is told apart in C loops (a Python call per
     message was a quarter of an in-process put of 256) and comes back as the same messages."""

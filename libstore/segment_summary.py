@@ -31,6 +31,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from libstore._files import atomic_write, read_json
 from libstore.errors import StoreIOError
@@ -81,14 +82,15 @@ class SegmentSummary:
         return {"start": self.start, "noted_to": self.noted_to, "gap": self.gap, "topics": self.topics}
 
     @classmethod
-    def from_json(cls, raw: Mapping[str, object]) -> SegmentSummary:
-        out = cls(int(raw["start"]), int(raw["noted_to"]))  # type: ignore[call-overload]
+    def from_json(cls, raw: Mapping[str, Any]) -> SegmentSummary:
+        """Raises KeyError, TypeError or ValueError for a summary not written by :meth:`to_json`."""
+        out = cls(int(raw["start"]), int(raw["noted_to"]))
         gap = raw.get("gap")
         if gap is not None:
-            a, b = gap  # type: ignore[misc]
+            a, b = gap
             out.gap = (int(a), int(b))
         topics = raw.get("topics") or {}
-        out.topics = {str(k): [int(v[0]), int(v[1])] for k, v in topics.items()}  # type: ignore[attr-defined]
+        out.topics = {str(k): [int(v[0]), int(v[1])] for k, v in topics.items()}
         out.dirty = False
         return out
 
@@ -160,9 +162,9 @@ class SegmentSummaries:
                         atomic_write(self._path(start), data)
             except StoreIOError:
                 with self._lock:
-                    summary = self._by_start.get(start)
-                    if summary is not None:
-                        summary.dirty = True
+                    unsaved = self._by_start.get(start)
+                    if unsaved is not None:
+                        unsaved.dirty = True
                 raise
         return len(pending)
 

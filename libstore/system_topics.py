@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from libstore.errors import MessageIllegalError
-from libstore.message import Message, MessageConst, MessageRecord
+from libstore.message import Message, MessageConst, MessageFields, MessageRecord
 from libstore.subscription_group import DLQ_GROUP_TOPIC_PREFIX
 
 TIMER_TOPIC = "rmq_sys_wheel_timer"
@@ -52,7 +52,7 @@ TIMER_UNIT = "TIMER_UNIT"  # on a timer-done record: the delivered unit's queue 
 POP_SEQ = "POP_SEQ"  # on a pop journal record: its sequence number
 
 
-def park(message: Message, topic: str, properties: Mapping[str, str]) -> Message:
+def park(message: MessageFields, topic: str, properties: Mapping[str, str]) -> Message:
     """``message`` (a Message, or a protobuf mqstore.v1.Message of the same fields) moved to
     the system ``topic`` (queue 0) with its destination in REAL_TOPIC and REAL_QID (RocketMQ's
     routing of held records) and ``properties`` added."""

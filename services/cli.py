@@ -84,14 +84,13 @@ class _Errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, ServiceNotAvailableError):
             raise _fail(f"{self.address} is not available: {exc}", 1)
         if isinstance(exc, StoreError):
             raise _fail(str(exc), 1 if type(exc).reason == "STORE_IO_ERROR" else 2)
         if isinstance(exc, grpc.RpcError):
-            raise _fail(f"{self.address}: {exc.code().name} {exc.details() or ''}".strip(), 1)  # type: ignore[attr-defined]
-        return False
+            raise _fail(f"{self.address}: {exc.code().name} {exc.details() or ''}".strip(), 1)
 
 
 @app.callback()
@@ -801,11 +800,11 @@ CommitLogOpt = Annotated[
 ]
 
 
-def _ha_call(address: str, method: str, *args: object):  # type: ignore[no-untyped-def]
+def _ha_call(address: str, method: str, *args: object):
     from services._common.remote import open_channel
     from services.commitlog.client import RemoteCommitLog
 
-    async def run():  # type: ignore[no-untyped-def]
+    async def run():
         channel = open_channel(address, _client_tls())
         try:
             return await getattr(RemoteCommitLog(channel, timeout_s=15.0), method)(*args)
@@ -816,7 +815,7 @@ def _ha_call(address: str, method: str, *args: object):  # type: ignore[no-untyp
         return asyncio.run(run())
 
 
-def _print_ha(state) -> None:  # type: ignore[no-untyped-def]
+def _print_ha(state) -> None:
     table = Table("field", "value", title=f"{state.broker_name} id {state.broker_id}: {state.broker_role}")
     rows = [
         ("epoch", state.epoch),

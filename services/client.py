@@ -76,7 +76,7 @@ def _retry_delay_s(err: grpc.RpcError, attempt: int) -> float | None:
     (50 ms doubling, at most 1 s); a push back (RESOURCE_EXHAUSTED with a
     ``grpc-retry-pushback-ms`` hint: nothing was written) waits the hint, plus up to half of it
     at random so refused clients do not all return at once."""
-    code = err.code()  # type: ignore[attr-defined]
+    code = err.code()
     if code in _RETRY_CODES:
         return min(0.05 * 2**attempt, 1.0)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -203,7 +203,7 @@ class _Connection:
         timeout_s: float,
         retries: int,
         metadata: tuple[tuple[str, str], ...] | None = None,
-    ) -> object:
+    ) -> Any:  # the method's response message (grpc's stubs carry no types)
         for attempt in range(retries + 1):
             try:
                 return method(request, timeout=timeout_s, metadata=metadata)
@@ -294,7 +294,7 @@ class Producer:
             reply = self._conn.call(
                 self._conn.stub.Produce, self._request(messages), self.timeout_s, self.retries
             )
-            return convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+            return convert.results_from_pb(reply.results)
         with trace.use_span(span, end_on_exit=True):
             traceparent = message_trace.current_traceparent()
             metadata = ((message_trace.TRACEPARENT, traceparent),) if traceparent else None
@@ -305,7 +305,7 @@ class Producer:
                 self.retries,
                 metadata,
             )
-            results = convert.results_from_pb(reply.results)  # type: ignore[attr-defined]
+            results = convert.results_from_pb(reply.results)
             if len(results) == 1 and results[0].msg_id:
                 span.set_attribute(message_trace.MESSAGE_ID, results[0].msg_id)
             return results
@@ -470,7 +470,7 @@ class PullConsumer:
             route = self._conn.call(
                 self._conn.stub.GetRoute, gateway_pb.GetRouteRequest(topic=topic), timeout_s, 3
             )
-            queues = range(route.topic.read_queue_nums)  # type: ignore[attr-defined]
+            queues = range(route.topic.read_queue_nums)
         self.queues = list(queues)
         self._next: dict[int, int] = dict.fromkeys(self.queues, -1)  # -1: the group's committed offset
         self._consumed: dict[int, int] = {}  # offsets to commit: after what poll() returned
@@ -549,10 +549,10 @@ class PullConsumer:
         try:
             reply = fut.result()
         except grpc.RpcError as err:
-            if isinstance(key, tuple) and err.code() is grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            if isinstance(key, tuple) and err.code() is grpc.StatusCode.UNIMPLEMENTED:
                 self._pull_many = False  # a gateway from before PullMany: a Pull per queue from now on
                 return []
-            if err.code() in _RETRY_CODES:  # type: ignore[attr-defined]
+            if err.code() in _RETRY_CODES:
                 return []  # re-pulled on the next poll
             reraise_mapped(err)
         if not isinstance(key, tuple):
@@ -672,7 +672,7 @@ class Admin:
         self._conn = _Connection(address, tls, credentials)
         self.timeout_s = timeout_s
 
-    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:
+    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> Any:
         return self._conn.call(method, request, self.timeout_s, 3)
 
     def create_topic(
@@ -699,7 +699,7 @@ class Admin:
         )
         return convert.topic_from_pb(
             self._call(self._conn.stub.CreateTopic, gateway_pb.CreateTopicRequest(config=pb))
-        )  # type: ignore[arg-type]
+        )
 
     def upsert_group(
         self,
@@ -723,17 +723,17 @@ class Admin:
                 consume_from=consume_from,
             )
         )
-        return group_from_pb(self._call(self._conn.stub.UpsertSubscriptionGroup, request))  # type: ignore[arg-type]
+        return group_from_pb(self._call(self._conn.stub.UpsertSubscriptionGroup, request))
 
     def delete_topic(self, topic: str) -> bool:
         """Delete ``topic``: its stored messages are expired at once; False when it did not
         exist."""
         reply = self._call(self._conn.stub.DeleteTopic, commitlog_pb.DeleteTopicRequest(topic=topic))
-        return bool(reply.deleted)  # type: ignore[attr-defined]
+        return bool(reply.deleted)
 
     def list_topics(self) -> list[TopicConfig]:
         reply = self._call(self._conn.stub.ListTopics, commitlog_pb.ListTopicsRequest())
-        return [convert.topic_from_pb(t) for t in reply.topics]  # type: ignore[attr-defined]
+        return [convert.topic_from_pb(t) for t in reply.topics]
 
     def query_by_key(
         self, topic: str, key: str, *, max_count: int = 32, begin_ms: int = 0, end_ms: int = 0
@@ -741,15 +741,15 @@ class Admin:
         request = gateway_pb.QueryMessageRequest(
             topic=topic, key=key, max_count=max_count, begin_ms=begin_ms, end_ms=end_ms
         )
-        return list(self._call(self._conn.stub.QueryMessage, request).messages)  # type: ignore[attr-defined]
+        return list(self._call(self._conn.stub.QueryMessage, request).messages)
 
     def query_by_id(self, msg_id: str) -> gateway_pb.MessageView:
         reply = self._call(self._conn.stub.QueryMessage, gateway_pb.QueryMessageRequest(msg_id=msg_id))
-        return reply.messages[0]  # type: ignore[attr-defined,no-any-return]
+        return reply.messages[0]
 
     def query_by_time(self, topic: str, timestamp_ms: int) -> list[gateway_pb.MessageView]:
         request = gateway_pb.QueryMessageRequest(topic=topic, timestamp_ms=timestamp_ms)
-        return list(self._call(self._conn.stub.QueryMessage, request).messages)  # type: ignore[attr-defined]
+        return list(self._call(self._conn.stub.QueryMessage, request).messages)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Set ``group``'s offset in a queue (a reset when moving back). OffsetOutOfRangeError
@@ -759,17 +759,17 @@ class Admin:
 
     def consumer_progress(self, group: str, topic: str) -> dispatch_pb.ConsumerProgress:
         request = dispatch_pb.GetConsumerProgressRequest(group=group, topic=topic)
-        return self._call(self._conn.stub.GetConsumerProgress, request)  # type: ignore[return-value]
+        return self._call(self._conn.stub.GetConsumerProgress, request)
 
     def queue_offsets(self, topic: str, timestamp_ms: int = 0) -> list[gateway_pb.QueueOffsets]:
         """Each queue's [min, max) offsets; with ``timestamp_ms`` (ms since the epoch) also the
         first offset stored at or after it (``offset_at_time``, the max when none is).
         Raises TopicNotFoundError."""
         request = gateway_pb.GetQueueOffsetsRequest(topic=topic, timestamp_ms=timestamp_ms)
-        return list(self._call(self._conn.stub.GetQueueOffsets, request).queues)  # type: ignore[attr-defined]
+        return list(self._call(self._conn.stub.GetQueueOffsets, request).queues)
 
     def store_stats(self) -> gateway_pb.StoreStats:
-        return self._call(self._conn.stub.GetStoreStats, gateway_pb.GetStoreStatsRequest())  # type: ignore[return-value]
+        return self._call(self._conn.stub.GetStoreStats, gateway_pb.GetStoreStatsRequest())
 
     def wait_until_serving(self, timeout_s: float = 60.0) -> None:
         """Block until the gateway's health check says SERVING (ServiceNotAvailableError after

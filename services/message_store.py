@@ -40,7 +40,6 @@ from libstore import (
     CommitLog,
     CorruptRecordError,
     InvalidArgumentError,
-    Message,
     MessageRecord,
     OffsetOutOfRangeError,
     PutMessageResults,
@@ -55,6 +54,7 @@ from libstore.consumer_offset_manager import ConsumerOffsetManager, QueueProgres
 from libstore.get_message import GetMessageResult, get_messages
 from libstore.index_service import IndexService
 from libstore.long_polling import LongPollingService
+from libstore.message import MessageFields
 from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.message_id import decode_message_id
 from libstore.record_codec import decode_record
@@ -175,7 +175,7 @@ class MessageStore:
     # ------------------------------------------------------------------------------------------
     # write
     # ------------------------------------------------------------------------------------------
-    def put_messages(self, messages: Sequence[Message]) -> PutMessageResults:
+    def put_messages(self, messages: Sequence[MessageFields]) -> PutMessageResults:
         """Append a batch through the CommitLog's port (see LocalCommitLog.append); returns one
         result per message. Raises ServiceNotAvailableError once shut down, and what the append
         raises for bad messages (MessageIllegalError, InvalidArgumentError, ...)."""

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from libstore import Message, PutMessageResults, TopicConfig
+from libstore import PutMessageResults, TopicConfig
 from libstore.consume_queue import BoundaryType
 from libstore.consumer_offset_manager import QueueProgress
 from libstore.errors import StoreError
+from libstore.message import MessageFields
 from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig
@@ -141,7 +142,9 @@ class DerivedStatus:
 class CommitLogPort(Protocol):
     """The commitlog service: the single writer of the log."""
 
-    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+    async def append(
+        self, messages: Sequence[MessageFields], *, expected_epoch: int = 0
+    ) -> PutMessageResults:
         """Append a batch; a message with queue id -1 is placed round robin over its topic's
         write queues. ``expected_epoch`` > 0: only while the log's master is of that epoch, else
         NotMasterError (nothing written)."""

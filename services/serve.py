@@ -206,8 +206,10 @@ class Suite:
             await self._start_derived(data, remote)
             if role == "dispatch":
                 assert self.dispatch_app is not None
-                servicer = DispatchServicer(self.dispatch_app.port)
-                self.server = await self._listen(self.options.address, lambda s: add_dispatch(servicer, s))
+                dispatch_servicer = DispatchServicer(self.dispatch_app.port)
+                self.server = await self._listen(
+                    self.options.address, lambda s: add_dispatch(dispatch_servicer, s)
+                )
             else:
                 assert self.index_app is not None
                 index_servicer = IndexServicer(self.index_app.port)
@@ -218,6 +220,7 @@ class Suite:
             await self._start_gateway(*self._remote_group(cfg), cfg)
             assert self.server is not None
             await self.server.set_serving(True)
+        assert self.server is not None
         log.info("mqstore %s serving on %s", role, self.server.address)
 
     async def _start_gateway(

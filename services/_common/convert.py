@@ -13,7 +13,6 @@ from typing import cast
 
 from libstore import (
     InvalidArgumentError,
-    Message,
     MessageConst,
     MessageRecord,
     PutMessageResults,
@@ -22,10 +21,14 @@ from libstore import (
     TopicMessageType,
 )
 from libstore.durability import Durability
+from libstore.message import MessageFields
 from libstore.message_id import create_message_ids
 from services.proto import common_pb, gateway_pb
 
-_PUT_STATUS_TO_PB = {s: common_pb.PutStatus.Value(s.name) for s in PutMessageStatus}
+# Value() is typed as a plain int; each is one of the enum's values by construction.
+_PUT_STATUS_TO_PB = {
+    s: cast("common_pb.PutStatus", common_pb.PutStatus.Value(s.name)) for s in PutMessageStatus
+}
 _PUT_STATUS_FROM_PB = {v: k for k, v in _PUT_STATUS_TO_PB.items()}
 
 
@@ -39,8 +42,11 @@ def peer_host(peer: str) -> tuple[str, int]:
     return "127.0.0.1", 0
 
 
-def host_text(host: tuple[str, int]) -> str:
-    """``(ip, port)`` as ``ip:port`` (``[ip]:port`` for IPv6), the form born hosts travel in."""
+def host_text(host: tuple[str, int] | str) -> str:
+    """``(ip, port)`` as ``ip:port`` (``[ip]:port`` for IPv6), the form born hosts travel in;
+    a host in that form already (a Message made from a protobuf one) as it is."""
+    if isinstance(host, str):
+        return host
     ip, port = host
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
@@ -52,7 +58,7 @@ def peer_text(peer: str) -> str:
     return host_text(peer_host(peer))
 
 
-def message_to_pb(m: Message) -> common_pb.Message:
+def message_to_pb(m: MessageFields) -> common_pb.Message:
     return common_pb.Message(
         topic=m.topic,
         queue_id=m.queue_id,

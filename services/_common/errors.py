@@ -241,7 +241,7 @@ def store_error_from_rpc(err: grpc.RpcError) -> E.StoreError | None:
     info = error_info(err)
     cls = _BY_REASON.get(info.reason if info is not None else "")
     if cls is None:
-        cls = _BY_CODE.get(code)  # type: ignore[arg-type]
+        cls = _BY_CODE.get(code)
     if cls is None:
         return None
     exc = cls.from_details(message or cls.__name__, dict(info.metadata) if info is not None else {})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
@@ -66,7 +66,7 @@ async def call(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def reraise_mapped(err: grpc.RpcError) -> None:
+def reraise_mapped(err: grpc.RpcError) -> NoReturn:
     """Raise the StoreError ``err`` stands for, else ``err`` itself."""
     mapped = store_error_from_rpc(err)
     if mapped is not None:

@@ -24,7 +24,7 @@ APPEND_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 def _is_retryable(codes: frozenset[grpc.StatusCode]):
     def predicate(exc: BaseException) -> bool:
-        return isinstance(exc, grpc.RpcError) and exc.code() in codes  # type: ignore[attr-defined]
+        return isinstance(exc, grpc.RpcError) and exc.code() in codes
 
     return predicate
 

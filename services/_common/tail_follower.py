@@ -240,5 +240,5 @@ class TailFollower:
 
 def _short(exc: BaseException) -> str:
     if isinstance(exc, grpc.RpcError):
-        return f"{exc.code().name}"  # type: ignore[attr-defined]
+        return f"{exc.code().name}"
     return str(exc)

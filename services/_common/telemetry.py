@@ -80,7 +80,7 @@ def configure_tracing(service_name: str = "mqstore", env: Mapping[str, str] | No
         # The SDK read OTEL_TRACES_SAMPLER into provider.sampler; no tracer exists yet, so the
         # wrapper is what every tracer will use.
         sampler = ExportAwareSampler(provider.sampler)
-        provider.sampler = sampler  # type: ignore[misc]
+        provider.sampler = sampler
         if environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -159,7 +159,7 @@ def metrics_snapshot() -> dict[str, list[tuple[dict[str, Any], float]]]:
                     value = getattr(p, "value", None)
                     if value is None:
                         value = getattr(p, "sum", 0.0)
-                    points.append((dict(p.attributes or {}), float(value)))
+                    points.append((dict(p.attributes or {}), float(value or 0)))
     return out
 
 
@@ -174,7 +174,7 @@ class MetricsEndpoint:
         self._server = server
         self._thread = thread
         host, port = server.server_address[:2]
-        self.address = f"{host}:{port}"
+        self.address = f"{host if isinstance(host, str) else host.decode()}:{port}"
 
     def close(self) -> None:
         """Stop serving and release the port (waits for the server thread)."""

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from libstore import Message, PutMessageResults, TopicConfig, TopicNotFoundError
+from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
+from libstore.message import MessageFields
 from services._common import convert
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
 from services.commitlog.read_plan import plan_reads
@@ -22,7 +23,9 @@ class RemoteCommitLog:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
         self.timeout_s = timeout_s
 
-    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+    async def append(
+        self, messages: Sequence[MessageFields], *, expected_epoch: int = 0
+    ) -> PutMessageResults:
         request = commitlog_pb.AppendRequest(
             messages=[m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages],
             expected_epoch=expected_epoch,

@@ -64,7 +64,7 @@ def window_keys(topics: list[str], uniq_keys: list[str | None]) -> list[str | No
     if topics and all(uniq_keys):
         if topics.count(topics[0]) == len(topics):
             return list(map((topics[0] + "#").__add__, uniq_keys))  # type: ignore[arg-type]
-        return list(map(operator.add, map(operator.add, topics, itertools.repeat("#")), uniq_keys))  # type: ignore[arg-type]
+        return list(map(operator.add, map(operator.add, topics, itertools.repeat("#")), uniq_keys))
     return [topic + "#" + uniq if uniq else None for topic, uniq in zip(topics, uniq_keys, strict=True)]
 
 
@@ -101,7 +101,9 @@ class DedupWindow:
     def __init__(self, capacity: int = 200_000, ttl_ms: int = 120_000) -> None:
         self.capacity = capacity
         self.ttl_ms = ttl_ms
-        self._seq: dict[str, int] = {}  # key -> sequence number of its newest slot
+        # key -> sequence number of its newest slot. None (a record without a key) is never put
+        # in, and is looked up as any key is (found nowhere), so that lookups stay C loops.
+        self._seq: dict[str | None, int] = {}
         self._head = 0  # sequence number of the next slot written
         self._keys: list[str | None] = [None] * capacity
         self._phy, self._size, self._qoff, self._ts = (array("q", bytes(8 * capacity)) for _ in range(4))
@@ -360,7 +362,7 @@ class DedupWindow:
         young = np.flatnonzero(ts >= since).tolist()
         keys = [text[starts[i] : ends[i]] for i in young]
         columns = (keys, *(col[young].tolist() for col in (phy, size, qoff, ts)))
-        return ident[:id_len], saved_generation, saved_end, columns  # type: ignore[return-value]
+        return ident[:id_len], saved_generation, saved_end, columns
 
 
 _Columns = tuple[list[str], list[int], list[int], list[int], list[int]]

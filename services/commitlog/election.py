@@ -175,7 +175,7 @@ def parse_view(prefix: bytes, revision: int, kvs: list[etcd.KeyValue]) -> GroupV
     """A GroupView from the keys read under ``prefix``; malformed keys are ignored (logged)."""
     leader = None
     epoch = epoch_mod = 0
-    sync_state = None
+    sync_state: tuple[int, frozenset[int]] | None = None
     members: dict[int, MemberInfo] = {}
     for kv in kvs:
         name = kv.key[len(prefix) :].decode("utf-8", "replace")

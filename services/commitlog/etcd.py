@@ -110,7 +110,7 @@ class EtcdCluster:
         if client is None:
             host, port = self.endpoints[i]
             # aetcd applies ``timeout`` to every call (whole seconds are not required).
-            client = self._clients[i] = aetcd.Client(host, port, timeout=self.timeout_s)  # type: ignore[arg-type]
+            client = self._clients[i] = aetcd.Client(host, port, timeout=self.timeout_s)
         return client
 
     async def _call(

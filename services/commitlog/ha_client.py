@@ -175,7 +175,7 @@ class ReplicationClient:
         except grpc.RpcError as err:
             log.info(
                 "replication from %s interrupted (%s); reconnecting", self.master_address, err.code().name
-            )  # type: ignore[attr-defined]
+            )
             raise
         finally:
             self.connected = False

@@ -42,7 +42,7 @@ from libstore.aio_deadline import wait_within
 from libstore.commit_log_cleaner import used_share
 from libstore.durability import is_transient_message
 from libstore.log_scanner import scan_buffer
-from libstore.message import waits_for_store
+from libstore.message import MessageFields, waits_for_store
 from libstore.message_id import encode_host
 from libstore.record_codec import DispatchRequest, EncodedBatch, decode_record
 from libstore.scheduled_message import hold_all_scheduled
@@ -127,7 +127,9 @@ class LocalCommitLog:
             results.unwaited = frozenset()
             results.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
 
-    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+    async def append(
+        self, messages: Sequence[MessageFields], *, expected_epoch: int = 0
+    ) -> PutMessageResults:
         started = time.perf_counter()
         self._check_fence()
         topics = [m.topic for m in messages]
@@ -261,11 +263,13 @@ class LocalCommitLog:
         end = results.phy_offsets[n - 1] + results.sizes[n - 1]
         self._decoded.keep(results.phy_offsets[0], end, requests)
 
-    def _split_replays(self, messages: Sequence[Message]) -> tuple[list[Message], dict[int, Placed]]:
+    def _split_replays(
+        self, messages: Sequence[MessageFields]
+    ) -> tuple[list[MessageFields], dict[int, Placed]]:
         dedup = self.dedup
         if dedup is None:
             return list(messages), {}
-        fresh: list[Message] = []
+        fresh: list[MessageFields] = []
         placed: dict[int, Placed] = {}
         for i, m in enumerate(messages):
             uniq = m.properties.get(MessageConst.UNIQ_KEY) if m.properties else None
@@ -276,7 +280,7 @@ class LocalCommitLog:
                 placed[i] = hit
         return fresh, placed
 
-    def _remember(self, fresh: Sequence[Message], results: PutMessageResults) -> None:
+    def _remember(self, fresh: Sequence[MessageFields], results: PutMessageResults) -> None:
         if self.dedup is None:
             return
         ts = results.store_timestamp
@@ -343,7 +347,8 @@ class LocalCommitLog:
         if flush is None and replica is None:
             return
         if replica is None:
-            results.status = await self._wait_flush(flush)  # type: ignore[arg-type]
+            assert flush is not None
+            results.status = await self._wait_flush(flush)
         elif flush is None:
             results.status = await self._wait_replica(replica)
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -191,7 +192,7 @@ class PopService:
                 hold = deadline - now if wake_at is None else max(1, min(deadline, wake_at + 1) - now)
                 span.add_event("long polling", {"mqstore.hold_ms": hold})
                 held = await self.long_polling.wait_for_topic_async(
-                    topic, hold, lambda t=topic, b=before: self._topic_max_offsets(t) != b
+                    topic, hold, functools.partial(self._topic_moved, topic, before)
                 )
                 if not held:  # maxHeldPolls are held already: answer now, empty
                     span.add_event("long polling refused")
@@ -218,6 +219,9 @@ class PopService:
         except StoreError as exc:  # they come back after their original invisible time
             log.warning("abandoned deliveries of %s were not journaled: %s", topic, exc)
         self.long_polling.wake_topic(topic)
+
+    def _topic_moved(self, topic: str, before: tuple[int, ...]) -> bool:
+        return self._topic_max_offsets(topic) != before
 
     def _topic_max_offsets(self, topic: str) -> tuple[int, ...]:
         return tuple(cq.max_offset_in_queue for cq in self.queues.queues_of(topic))
@@ -252,7 +256,7 @@ class PopService:
                 matches_code=filt.matches_code,
                 fifo=config.consume_message_orderly,
                 max_attempts=config.max_delivery_attempts,
-                initial_offset=lambda cq=cq: self._initial_offset(config, cq),
+                initial_offset=functools.partial(self._initial_offset, config, cq),
             )
             if len(out) >= max_count:
                 break

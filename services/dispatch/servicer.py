@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import grpc
 
 from libstore.consume_queue import BoundaryType
@@ -12,7 +14,10 @@ from services.ports import Entries
 from services.proto import common_pb, dispatch_grpc, dispatch_pb
 
 SERVICE_NAME = dispatch_pb.DESCRIPTOR.services_by_name["DispatchService"].full_name
-PULL_STATUS_TO_PB = {s: common_pb.PullStatus.Value(s.name) for s in GetMessageStatus}
+# Value() is typed as a plain int; each is one of the enum's values by construction.
+PULL_STATUS_TO_PB = {
+    s: cast("common_pb.PullStatus", common_pb.PullStatus.Value(s.name)) for s in GetMessageStatus
+}
 PULL_STATUS_FROM_PB = {v: k for k, v in PULL_STATUS_TO_PB.items()}
 
 
@@ -209,7 +214,7 @@ def group_from_pb(m: dispatch_pb.SubscriptionGroup) -> SubscriptionGroupConfig:
     )
 
 
-def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.ConsumerProgress:  # type: ignore[type-arg]
+def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.ConsumerProgress:
     return dispatch_pb.ConsumerProgress(
         group=group,
         topic=topic,

@@ -213,7 +213,7 @@ class TransactionService:
         if half is not None and half.checks:  # its count leaves the state file
             self._save()
 
-    async def _append_all(self, messages: list, what: str) -> None:  # type: ignore[type-arg]
+    async def _append_all(self, messages: list, what: str) -> None:
         results = await self.commitlog.append(messages)
         bad = [r.status.name for r in results if not r.status.appended]
         if bad:

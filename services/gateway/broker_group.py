@@ -33,7 +33,6 @@ import grpc
 
 from libstore import (
     BrokerRole,
-    Message,
     NotMasterError,
     PutMessageResults,
     ServiceNotAvailableError,
@@ -42,6 +41,7 @@ from libstore import (
 )
 from libstore.consume_queue import BoundaryType
 from libstore.consumer_offset_manager import QueueProgress
+from libstore.message import MessageFields
 from libstore.subscription_group import SubscriptionGroupConfig
 from services.ports import (
     CommitLogPort,
@@ -65,7 +65,7 @@ DOWN_FOR_S = 1.0
 def _unreachable(exc: BaseException) -> bool:
     """The member did not answer (not a business error)."""
     if isinstance(exc, grpc.RpcError):
-        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)  # type: ignore[attr-defined]
+        return exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     return isinstance(exc, ServiceNotAvailableError) and not isinstance(exc, NotMasterError)
 
 
@@ -205,7 +205,7 @@ class BrokerGroup:
             for m, r in zip(self.members, results, strict=True):
                 if isinstance(r, BaseException) and _unreachable(r):
                     m.mark_down()
-            return ok  # type: ignore[return-value]
+            return ok
         for r in results:
             if isinstance(r, BaseException) and not _unreachable(r):
                 raise r
@@ -218,7 +218,9 @@ class GroupCommitLog:
     def __init__(self, group: BrokerGroup) -> None:
         self.group = group
 
-    async def append(self, messages: Sequence[Message], *, expected_epoch: int = 0) -> PutMessageResults:
+    async def append(
+        self, messages: Sequence[MessageFields], *, expected_epoch: int = 0
+    ) -> PutMessageResults:
         return await self.group.on_master(
             lambda m: m.commitlog.append(messages, expected_epoch=expected_epoch)
         )

@@ -423,7 +423,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 raise InvalidArgumentError("query by key, msg_id or timestamp_ms")
             return gateway_pb.QueryMessageResponse(messages=[convert.record_to_view(r) for r in records])
 
-    async def _by_msg_id(self, msg_id: str) -> list:  # type: ignore[type-arg]
+    async def _by_msg_id(self, msg_id: str) -> list:
         """The one record the offset message id points at. Its header (TOTALSIZE, MAGICCODE) is
         read first and must describe a message record of at most the largest record size, so
         a forged id never copies more than one record. Raises MessageNotFoundError, with one
@@ -447,7 +447,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             raise MessageNotFoundError(f"no message with id {msg_id}")
         return [record]
 
-    async def _by_key(self, request: gateway_pb.QueryMessageRequest, max_count: int) -> list:  # type: ignore[type-arg]
+    async def _by_key(self, request: gateway_pb.QueryMessageRequest, max_count: int) -> list:
         config = await self.topics.get(request.topic)
         if config is None:
             raise TopicNotFoundError(f"topic {request.topic!r} does not exist")
@@ -473,7 +473,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 out.append(record)
         return out
 
-    async def _by_time(self, topic: str, timestamp_ms: int) -> list:  # type: ignore[type-arg]
+    async def _by_time(self, topic: str, timestamp_ms: int) -> list:
         config = await self.topics.get(topic)
         if config is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")

@@ -361,7 +361,8 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
             return
         # The stream was authenticated when it opened; later settings are checked against that
         # account (its signature's date ages while the stream lives).
-        session.may_publish = lambda topic, who=account: who is None or who.may(PUB, topic)
+        if account is not None:
+            session.may_publish = functools.partial(account.may, PUB)
         self._ensure_check_loop()
         ns = _metadata(context, NAMESPACE_HEADER)
         reader = asyncio.create_task(self._read_telemetry(request_iterator, session, ns))
@@ -470,7 +471,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
                     raise V2Error(
                         Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                         f"topic {config.topic_name} takes {config.message_type.value} messages, "
-                        f"not {definition.MessageType.Name(mtype)}",  # type: ignore[arg-type]
+                        f"not {definition.MessageType.Name(mtype)}",
                     )
                 msg.queue_id = self._queue_for(config, group)
                 if mtype == definition.TRANSACTION:

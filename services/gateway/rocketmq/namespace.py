@@ -52,7 +52,7 @@ def _repeated(field: FieldDescriptor) -> bool:
     flag = getattr(field, "is_repeated", None)
     if flag is not None:
         return bool(flag)
-    return field.label == FieldDescriptor.LABEL_REPEATED  # type: ignore[attr-defined,no-any-return]
+    return field.label == FieldDescriptor.LABEL_REPEATED  # type: ignore[attr-defined]  # not in protobuf 6's stubs
 
 
 def _resources(message: Message) -> list[Message]:
@@ -62,7 +62,8 @@ def _resources(message: Message) -> list[Message]:
     while stack:
         current = stack.pop()
         for field, value in current.ListFields():
-            if field.type != FieldDescriptor.TYPE_MESSAGE or field.message_type.GetOptions().map_entry:
+            kind = field.message_type
+            if field.type != FieldDescriptor.TYPE_MESSAGE or kind is None or kind.GetOptions().map_entry:
                 continue
             items = value if _repeated(field) else (value,)
             if field.message_type is _RESOURCE:
