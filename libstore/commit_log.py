@@ -6,7 +6,7 @@ services, pre-allocation, abort file) → :meth:`shutdown` (stop intake, drain f
 snapshot, remove the abort file). :meth:`CommitLog.open` does the first three.
 
 Write path: :meth:`put_messages` validates and encodes the whole batch outside the lock
-(:class:`~libstore.record_codec.RecordEncoder`), then, under one lock per batch, assigns each
+(:class:`~libstore.record_encoder.RecordEncoder`), then, under one lock per batch, assigns each
 message its physical offset and queue offset, stamps the store time and copies contiguous runs of
 records into the current segment, rolling to the next segment with a blank END record when a
 record does not fit. Then the flush policy applies: SYNC_FLUSH waits for the group commit to
@@ -93,15 +93,13 @@ from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     RECORD_OVERHEAD_V1_IPV4,
     DispatchRequest,
-    EncodedBatch,
-    RecordEncoder,
-    assign_offsets,
     check_record,
     decode_record,
     encode_blank,
     record_size_of,
     store_timestamp_at,
 )
+from libstore.record_encoder import EncodedBatch, RecordEncoder, assign_offsets
 from libstore.recovery import (
     RecoveryReport,
     read_clean_end,

@@ -34,12 +34,12 @@ from libstore.record_codec import (
     PHY_OFFSET_POSITION,
     QUEUE_OFFSET_POSITION,
     SYS_FLAG_POSITION,
-    EncodedBatch,
     bytes_to_properties,
     native,
     record_parts,
     record_size_of,
 )
+from libstore.record_encoder import EncodedBatch
 from libstore.system_topics import SYSTEM_TOPICS, is_system_topic
 
 TRANSIENT = "1"  # DURABILITY values: RabbitMQ's delivery modes

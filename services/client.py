@@ -52,7 +52,8 @@ from libstore import (
     TopicConfig,
     UniqKeyGenerator,
 )
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, decode_records
+from libstore.record_codec import decode_records
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import TIMER_DELIVER_MS
 from services._common import convert, message_trace

@@ -151,7 +151,7 @@ class CommitLogPort(Protocol):
         ...
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
-        """Append client-encoded records (libstore.record_codec.RecordEncoder.adopt_records);
+        """Append client-encoded records (libstore.record_encoder.RecordEncoder.adopt_records);
         QUEUEID -1 is placed round robin, ``born_host`` ("ip:port") fills 0.0.0.0:0 BORNHOSTs."""
         ...
 

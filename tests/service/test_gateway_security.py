@@ -24,7 +24,7 @@ from libstore import (
     TopicNotFoundError,
 )
 from libstore.message import MessageSysFlag
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.credentials import Credentials, SignedGatewayStub
 from services.gateway.rocketmq.pb import Code, definition, service, service_grpc

@@ -13,7 +13,7 @@ import pytest
 
 from libstore import MessageIllegalError, MessageRecord, decode_record
 from libstore.message import Message
-from libstore.record_codec import RecordEncoder
+from libstore.record_encoder import RecordEncoder
 from libstore.scheduled_message import delivery_time
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import QUARANTINE_TOPIC

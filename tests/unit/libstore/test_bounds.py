@@ -13,7 +13,7 @@ from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.errors import TooManyTopicsError, TopicNotFoundError
 from libstore.group_name import validate_group
 from libstore.long_polling import LongPollingService
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.system_topics import HALF_TOPIC
 from libstore.topic_config import TopicConfig, TopicConfigManager
 

@@ -15,21 +15,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libstore import durability, record_codec
+from libstore import durability, record_codec, record_encoder
 from libstore.errors import CorruptRecordError, MessageIllegalError
 from libstore.message import Message, MessageConst
 from libstore.message_id import encode_host
 from libstore.producer_input import STORE_PROPERTIES, check_producer_properties
 from libstore.record_codec import (
-    STORE_HOST_PLACEHOLDER,
     DispatchRequest,
-    EncodedBatch,
-    RecordEncoder,
     _check_record,
     _check_record_py,
     decode_record,
     encode_blank,
 )
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, EncodedBatch, RecordEncoder
 from libstore.system_topics import TIMER_TOPIC
 
 STORE_HOST = encode_host("192.168.1.2", 10911)
@@ -473,7 +471,7 @@ def test_assign_offsets_matches_the_python_reference(keys, table, base):
         BORN_TS,
     )
     outs = []
-    for impl in (record_codec.assign_offsets, record_codec._assign_offsets_py):
+    for impl in (record_encoder.assign_offsets, record_encoder._assign_offsets_py):
         buf, tab, qoffs = bytearray(batch.buf), dict(table), []
         impl(
             buf, batch.positions, batch.store_ts_positions, keys, tab, 1, len(keys), base, BORN_TS + 9, qoffs
@@ -555,7 +553,7 @@ def _split(msgs: list, transient_topics: frozenset[str], adopted: bool, pure: bo
             assert bytes(batch.buf) == before and not batch.transient, "a refused batch is unchanged"
             return ("refused", str(exc))
         qoffs: list[int] = []
-        record_codec.assign_offsets(
+        record_encoder.assign_offsets(
             batch.buf,
             batch.positions,
             batch.store_ts_positions,

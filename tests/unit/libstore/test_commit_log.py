@@ -382,7 +382,7 @@ def test_read_many_reads_ranges_across_segments_and_marks_what_is_gone(open_log)
 
 def _client_batch(topic: str, n: int = 1, queue_id: int = -1) -> bytes:
     """Records as the Python client encodes them (QUEUEID -1: the store places them)."""
-    from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder
+    from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 
     client = RecordEncoder(STORE_HOST_PLACEHOLDER, 4096, 255)
     msgs = [Message(topic, b"x" * 10, queue_id, properties={"UNIQ_KEY": f"{topic}{i}"}) for i in range(n)]
@@ -392,7 +392,8 @@ def _client_batch(topic: str, n: int = 1, queue_id: int = -1) -> bytes:
 def test_adopted_records_of_a_known_topic_skip_the_per_record_python_path(open_log, monkeypatch):
     """A topic met once is remembered with its queue count, so even a batch of one record of
     it is validated by the C run alone; a change to the topic table is seen by the next batch."""
-    from libstore.record_codec import RecordEncoder, _ext
+    from libstore.record_codec import _ext
+    from libstore.record_encoder import RecordEncoder
 
     assert _ext is not None, "make install builds libstore._codec"
     cl: CommitLog = open_log()

@@ -19,7 +19,8 @@ from libstore import (
 from libstore.config import BrokerRole, FlushDiskType
 from libstore.durability import Durability, is_stub, is_transient_value
 from libstore.errors import InvalidArgumentError, SystemBusyError
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, check_record, decode_record
+from libstore.record_codec import check_record, decode_record
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.topic_config import TopicConfigManager
 
 STUB = MessageSysFlag.TRANSIENT_STUB_FLAG

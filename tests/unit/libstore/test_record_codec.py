@@ -21,8 +21,6 @@ from libstore.message_id import encode_host
 from libstore.record_codec import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
-    STORE_HOST_PLACEHOLDER,
-    RecordEncoder,
     bytes_to_properties,
     check_record,
     decode_record,
@@ -30,6 +28,7 @@ from libstore.record_codec import (
     properties_to_bytes,
     record_size_of,
 )
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 
 STORE_HOST = encode_host("192.168.1.2", 10911)
 BORN_TS = 1_700_000_000_000

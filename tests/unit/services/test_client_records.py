@@ -7,7 +7,8 @@ import pytest
 
 from libstore import Message, MessageConst
 from libstore.message_id import UniqKeyGenerator
-from libstore.record_codec import STORE_HOST_PLACEHOLDER, RecordEncoder, decode_record
+from libstore.record_codec import decode_record
+from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from services.client import OutgoingMessage, Producer
 from services.proto import gateway_pb
 

@@ -4,7 +4,8 @@ keeps to itself (WAIT, the trace context) and what a send may carry in them."""
 from __future__ import annotations
 
 from libstore.message_id import encode_host
-from libstore.record_codec import RecordEncoder, decode_record
+from libstore.record_codec import decode_record
+from libstore.record_encoder import RecordEncoder
 from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.pb import definition
 
