@@ -10,6 +10,7 @@ from libstore.commit_log import AppendResult, CommitLog
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.consume_queue import BoundaryType, ConsumeQueue, CqUnit
 from libstore.consumer_offset_manager import ConsumerOffsetManager, QueueProgress
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import (
     AuthenticationError,
     ConfigError,
@@ -38,7 +39,7 @@ from libstore.index_service import IndexService
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag
 from libstore.message_filter import TagFilter
 from libstore.message_id import UniqKeyGenerator, create_message_id, decode_message_id
-from libstore.record_codec import DispatchRequest, decode_record
+from libstore.record_codec import decode_record
 from libstore.recovery import RecoveryReport
 from libstore.results import (
     AppendMessageStatus,

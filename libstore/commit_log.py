@@ -61,6 +61,7 @@ from typing import cast
 from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
+from libstore.dispatch_request import DispatchRequest
 from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, hold_entries, is_stub, mark_transient
 from libstore.errors import (
     CorruptRecordError,
@@ -92,7 +93,6 @@ from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snap
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     RECORD_OVERHEAD_V1_IPV4,
-    DispatchRequest,
     check_record,
     decode_record,
     encode_blank,

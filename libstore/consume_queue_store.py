@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from libstore.consume_queue import ConsumeQueue
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)

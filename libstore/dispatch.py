@@ -23,10 +23,10 @@ from typing import Protocol
 
 from libstore._files import atomic_write, read_json
 from libstore.consume_queue_store import ConsumeQueueStore
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.index_service import IndexService
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 
 log = logging.getLogger(__name__)
 

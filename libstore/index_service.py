@@ -29,10 +29,10 @@ from pathlib import Path
 
 from libstore import record_codec
 from libstore._files import fsync_dir
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.index_file import IndexFile, index_hash_of
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 from libstore.tags import java_string_hashes
 
 log = logging.getLogger(__name__)

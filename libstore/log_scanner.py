@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from libstore.dispatch_request import DispatchRequest
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.record_codec import DispatchRequest, check_record
+from libstore.record_codec import check_record
 
 
 def scan_log(

@@ -29,8 +29,8 @@ Fixed overhead 91 bytes (v1, IPv4 + IPv4); +1 for v2; +12 per IPv6 host. A file 
 hold the next record (record + 8 > free bytes) ends with an 8-byte blank: int32 free bytes, int32
 BLANK_MAGIC_CODE; readers skip to the next file.
 
-This module holds the layout: its constants, checking and decoding records (and
-:class:`DispatchRequest`, what a check learns of a record). Encoding is
+This module holds the layout: its constants, checking records (into a
+libstore.dispatch_request.DispatchRequest) and decoding them. Encoding is
 libstore.record_encoder's. Everything here is a pure function.
 """
 
@@ -45,6 +45,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import (
     CorruptRecordError,
     IllegalTopicError,
@@ -241,96 +242,6 @@ def validate_topic(topic: str, max_length: int = 127) -> bytes:
 
 # STORETIMESTAMP position inside a record, by the born host's width: right after it.
 _STORE_TS_POSITION = {8: BORN_HOST_POSITION + 8, 20: BORN_HOST_POSITION + 20}
-
-
-class DispatchRequest:
-    """What a scan learns from one record (RocketMQ ``DispatchRequest``).
-
-    ``success`` False means the bytes at the position are not a valid record; ``msg_size`` is then
-    the TOTALSIZE read (or -1). A blank end-of-file record is ``success`` True with ``msg_size`` 0.
-    When properties are decoded: ``tags`` is the TAGS property, ``tags_code`` its hash (spec §3),
-    ``keys`` the KEYS property split on spaces (a tuple), ``uniq_key`` the UNIQ_KEY property,
-    ``scheduled`` whether a delay or timer property is present (libstore.scheduled_message) and
-    ``trace_context`` the producer's W3C ``traceparent`` property (what dispatch and index spans
-    link to); otherwise they are None, 0, (), None, False and None.
-    """
-
-    __slots__ = (
-        "born_timestamp",
-        "commit_log_offset",
-        "consume_queue_offset",
-        "keys",
-        "msg_size",
-        "prepared_transaction_offset",
-        "queue_id",
-        "scheduled",
-        "store_timestamp",
-        "success",
-        "sys_flag",
-        "tags",
-        "tags_code",
-        "topic",
-        "trace_context",
-        "uniq_key",
-    )
-
-    def __init__(
-        self,
-        success: bool,
-        msg_size: int,
-        topic: str = "",
-        queue_id: int = 0,
-        commit_log_offset: int = -1,
-        consume_queue_offset: int = 0,
-        sys_flag: int = 0,
-        born_timestamp: int = 0,
-        store_timestamp: int = 0,
-        prepared_transaction_offset: int = 0,
-        tags: str | None = None,
-        tags_code: int = 0,
-        keys: tuple[str, ...] = (),
-        uniq_key: str | None = None,
-        scheduled: bool = False,
-        trace_context: str | None = None,
-    ) -> None:
-        self.success = success
-        self.msg_size = msg_size
-        self.topic = topic
-        self.queue_id = queue_id
-        self.commit_log_offset = commit_log_offset
-        self.consume_queue_offset = consume_queue_offset
-        self.sys_flag = sys_flag
-        self.born_timestamp = born_timestamp
-        self.store_timestamp = store_timestamp
-        self.prepared_transaction_offset = prepared_transaction_offset
-        self.tags = tags
-        self.tags_code = tags_code
-        # A tuple, () when none: strings in a tuple leave the garbage collector's young
-        # generation, where a list per record (tens of thousands held by the decoded-batch
-        # cache) made each young collection of the server take ~20 ms.
-        self.keys = keys
-        self.uniq_key = uniq_key
-        self.scheduled = scheduled
-        self.trace_context = trace_context
-
-    @property
-    def is_blank(self) -> bool:
-        return self.success and self.msg_size == 0
-
-    @property
-    def next_offset(self) -> int:
-        return self.commit_log_offset + self.msg_size
-
-    def __repr__(self) -> str:
-        if not self.success:
-            return f"DispatchRequest(invalid, size={self.msg_size})"
-        if self.msg_size == 0:
-            return "DispatchRequest(blank)"
-        return (
-            f"DispatchRequest(topic={self.topic!r}, queue_id={self.queue_id}, "
-            f"phy_offset={self.commit_log_offset}, size={self.msg_size}, "
-            f"queue_offset={self.consume_queue_offset})"
-        )
 
 
 # The properties dispatch reads (TAGS, KEYS, UNIQ_KEY; for system topics the number their units

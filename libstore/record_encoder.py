@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from libstore import record_codec
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import InvalidArgumentError, MessageIllegalError, QueueIdOutOfRangeError
 from libstore.message import MessageConst, MessageFields, MessageSysFlag, waits_for_store
 from libstore.message_id import encode_host
@@ -37,7 +38,6 @@ from libstore.record_codec import (
     QUEUE_OFFSET_POSITION,
     STORE_TIMESTAMP,
     SYS_FLAG_POSITION,
-    DispatchRequest,
     _check_record,
     _properties_problem,
     _store_ts_position,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
@@ -42,7 +43,7 @@ from libstore.mapped_file_queue import MappedFileQueue
 from libstore.message import MessageSysFlag
 from libstore.quarantine import Quarantine, nonzero_end
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot
-from libstore.record_codec import DispatchRequest, check_record
+from libstore.record_codec import check_record
 
 log = logging.getLogger(__name__)
 

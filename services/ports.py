@@ -18,9 +18,9 @@ from typing import Protocol
 from libstore import PutMessageResults, TopicConfig
 from libstore.consume_queue import BoundaryType
 from libstore.consumer_offset_manager import QueueProgress
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreError
 from libstore.message import MessageFields
-from libstore.record_codec import DispatchRequest
 from libstore.results import GetMessageStatus
 from libstore.subscription_group import SubscriptionGroupConfig
 

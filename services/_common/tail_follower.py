@@ -24,8 +24,8 @@ import grpc
 from libstore import LogDivergedError, OffsetOutOfRangeError, ServiceNotAvailableError, StoreError
 from libstore.aio_deadline import wait_within
 from libstore.dispatch import CommitLogDispatcher, apply_chunk
+from libstore.dispatch_request import DispatchRequest
 from libstore.log_scanner import scan_buffer
-from libstore.record_codec import DispatchRequest
 from services._common import message_trace
 from services._common.telemetry import tracer
 from services.ports import CommitLogPort, TailChunk

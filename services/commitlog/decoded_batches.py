@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 
-from libstore.record_codec import DispatchRequest
+from libstore.dispatch_request import DispatchRequest
 
 
 class DecodedBatches:

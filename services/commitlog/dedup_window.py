@@ -34,8 +34,9 @@ from typing import NamedTuple
 import numpy as np
 
 from libstore import BrokerRole, CommitLog
+from libstore.dispatch_request import DispatchRequest
 from libstore.mapped_file import MappedFile
-from libstore.record_codec import DispatchRequest, check_record
+from libstore.record_codec import check_record
 from libstore.store_paths import config_dir
 
 log = logging.getLogger(__name__)

@@ -40,11 +40,12 @@ from libstore import (
 )
 from libstore.aio_deadline import wait_within
 from libstore.commit_log_cleaner import used_share
+from libstore.dispatch_request import DispatchRequest
 from libstore.durability import is_transient_message
 from libstore.log_scanner import scan_buffer
 from libstore.message import MessageFields, waits_for_store
 from libstore.message_id import encode_host
-from libstore.record_codec import DispatchRequest, decode_record
+from libstore.record_codec import decode_record
 from libstore.record_encoder import EncodedBatch
 from libstore.scheduled_message import hold_all_scheduled
 from services._common.telemetry import tracer

@@ -60,9 +60,9 @@ from libstore._files import atomic_write, read_json
 from libstore.aio_deadline import wait_within
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreError, StoreIOError
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 from services.ports import CommitLogPort
 
 log = logging.getLogger(__name__)

@@ -35,9 +35,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import CorruptRecordError
 from libstore.message import MessageRecord, MessageSysFlag
-from libstore.record_codec import DispatchRequest, check_record, decode_record
+from libstore.record_codec import check_record, decode_record
 from services.spark.rows import FILE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
 DISPATCH_SCHEMA = (

@@ -16,17 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libstore import durability, record_codec, record_encoder
+from libstore.dispatch_request import DispatchRequest
 from libstore.errors import CorruptRecordError, MessageIllegalError
 from libstore.message import Message, MessageConst
 from libstore.message_id import encode_host
 from libstore.producer_input import STORE_PROPERTIES, check_producer_properties
-from libstore.record_codec import (
-    DispatchRequest,
-    _check_record,
-    _check_record_py,
-    decode_record,
-    encode_blank,
-)
+from libstore.record_codec import _check_record, _check_record_py, decode_record, encode_blank
 from libstore.record_encoder import STORE_HOST_PLACEHOLDER, EncodedBatch, RecordEncoder
 from libstore.system_topics import TIMER_TOPIC
 

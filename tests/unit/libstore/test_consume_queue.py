@@ -202,8 +202,8 @@ def test_a_dispatched_chunk_writes_what_record_by_record_puts_write(tmp_path: Pa
     import random
 
     from libstore.consume_queue_store import ConsumeQueueStore
+    from libstore.dispatch_request import DispatchRequest
     from libstore.message import MessageSysFlag
-    from libstore.record_codec import DispatchRequest
 
     rng = random.Random(7)
     prepared = MessageSysFlag.TRANSACTION_PREPARED_TYPE
@@ -266,7 +266,7 @@ def test_a_chunk_repeating_a_queue_offset_is_written_record_by_record(tmp_path: 
     """Queue offsets 0, 0, 2 span three units but are not a run: the repeat is skipped and 1
     becomes a blank unit, as record-by-record dispatch does."""
     from libstore.consume_queue_store import ConsumeQueueStore
-    from libstore.record_codec import DispatchRequest
+    from libstore.dispatch_request import DispatchRequest
 
     records = [DispatchRequest(True, 100, "TopicA", 0, 100 * i, qoff) for i, qoff in enumerate([0, 0, 2])]
     stores = []

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 import libstore.index_file as index_file
 from libstore import record_codec
+from libstore.dispatch_request import DispatchRequest
 from libstore.index_file import IndexFile, index_file_size, index_key_hash_code
 from libstore.index_service import IndexService, index_file_name, index_file_time
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 from libstore.tags import java_string_hash
 
 T0 = 1_700_000_000_000  # ms, a whole second

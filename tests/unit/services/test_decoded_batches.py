@@ -3,7 +3,7 @@ records, joining consecutive batches up to a limit and a byte budget, eviction."
 
 from __future__ import annotations
 
-from libstore.record_codec import DispatchRequest
+from libstore.dispatch_request import DispatchRequest
 from services.commitlog.decoded_batches import DecodedBatches
 
 SIZE = 100  # bytes per record in these batches

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from libstore.consume_queue_store import ConsumeQueueStore
-from libstore.record_codec import DispatchRequest
+from libstore.dispatch_request import DispatchRequest
 from libstore.retention_policy import RetentionPolicy
 from services.dispatch.retention import QueueRetention
 

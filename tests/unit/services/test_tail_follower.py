@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Sequence
 
 from libstore import CommitLog, StoreConfig
-from libstore.record_codec import DispatchRequest
+from libstore.dispatch_request import DispatchRequest
 from services._common.tail_follower import TailFollower
 from services.client import OutgoingMessage, Producer
 from services.commitlog.local import LocalCommitLog

@@ -16,8 +16,8 @@ from libstore import CommitLog, Message
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.dispatch_request import DispatchRequest
 from libstore.message import MessageSysFlag
-from libstore.record_codec import DispatchRequest
 from services.commitlog.local import LocalCommitLog
 from services.dispatch import transient_release
 from services.dispatch.transient_release import TransientRelease
