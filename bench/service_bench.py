@@ -307,13 +307,14 @@ def produce(
     )
 
 
-def consume(address: str, group: str, expected: int) -> LoadResult:
-    """Read ``expected`` messages as a fresh group; latency is per poll."""
+def consume(address: str, group: str, expected: int, topic: str = TOPIC) -> LoadResult:
+    """Read ``expected`` messages of ``topic`` as ``group`` (a fresh group starts at the queues'
+    beginning), then commit; latency is per poll."""
     from services.client import PullConsumer
 
     got = 0
     latencies: list[float] = []
-    with PullConsumer(address, group, TOPIC, batch_size=512, hold_ms=1000) as consumer:
+    with PullConsumer(address, group, topic, batch_size=512, hold_ms=1000) as consumer:
         t0 = time.perf_counter()
         last = time.monotonic()
         while got < expected and time.monotonic() - last < 20:
