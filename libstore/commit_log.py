@@ -89,7 +89,7 @@ from libstore.producer_input import (
     check_producer_topic,
 )
 from libstore.quarantine import Quarantine
-from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, load_snapshot, save_snapshot
+from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, QueueOffsetTable
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     RECORD_OVERHEAD_V1_IPV4,
@@ -174,9 +174,8 @@ class CommitLog:
         # (topic table version, {topic: write queue count}) for adopt_records; see there.
         self._adopt_topics: tuple[int, dict[str, int]] = (-1, {})
         self._put_lock = threading.Lock()
-        self._snapshot_lock = threading.Lock()  # taken after the put lock, never before it
         self._begin_time_in_lock = 0.0
-        self._queue_offsets: dict[QueueKey, int] = {}
+        self._offsets = QueueOffsetTable(queue_offset_table_path(self.root))
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._pool: TransientStorePool | None = None
         self._allocator: AllocateMappedFileService | None = None
@@ -194,7 +193,6 @@ class CommitLog:
         self._append_listeners: list[Callable[[int], None]] = []
         self._confirm_cond = threading.Condition()
         self._role = config.broker_role
-        self._table_offset = 0  # the queue-offset table covers the log up to here (see set_broker_role)
         self._master_confirm = 0  # SLAVE: what its master lets consumers see (set_master_confirm)
         self.ha_state: HAState | None = None
         self.generation: LogGeneration | None = None
@@ -316,15 +314,16 @@ class CommitLog:
         # flushed offset it cut below).
         self.checkpoint.flushed_phy_offset = report.end_offset
         self.checkpoint.flush()
-        snapshot = self._load_snapshot(report.end_offset)
+        snapshot = self._offsets.load(report.end_offset, self.generation)
         offsets, scanned, used = rebuild_queue_offsets(
             self.queue, snapshot, report.end_offset, (report.start_offset, report.queue_offsets_seen)
         )
         report.queue_offset_records_scanned = scanned
         report.queue_offset_snapshot_used = used
-        self._queue_offsets = offsets
-        self._table_offset = report.end_offset
-        self._save_snapshot(self._snapshot_at(report.end_offset, offsets))
+        self._offsets.replace(offsets, report.end_offset)
+        self._offsets.save(
+            self._offsets.snapshot_at(report.end_offset, self.generation, offsets), self.generation
+        )
         self.summaries.reconcile(
             [(mf.file_from_offset, mf.file_from_offset + mf.wrote_position) for mf in self.queue.mapped_files]
         )
@@ -665,7 +664,7 @@ class CommitLog:
         sizes = batch.sizes
         keys = batch.queue_keys
         ts_positions = batch.store_ts_positions
-        table = self._queue_offsets
+        table = self._offsets.offsets
         n = len(sizes)
         phys: list[int] = []
         qoffs: list[int] = []
@@ -703,7 +702,7 @@ class CommitLog:
                     # The records never reached the segment; the log is unchanged.
                     if transient and self.transient is not None:
                         self.transient.truncate_from(base)
-                    self._rollback_queue_offsets(qoffs, keys, i, j)
+                    self._offsets.roll_back(qoffs, keys, i, j)
                     del qoffs[len(phys) :]
                     self._on_io_error(StoreIOError(f"append failed: {exc}"))
                     failed = PutMessageStatus.UNKNOWN_ERROR
@@ -741,14 +740,6 @@ class CommitLog:
         store time just assigned to the stubs (put lock held; the room was made for them)."""
         assert self.transient is not None
         self.transient.put_run(*hold_entries(batch, start, stop, delta))
-
-    def _rollback_queue_offsets(
-        self, qoffs: list[int], keys: list[QueueKey | None], start: int, stop: int
-    ) -> None:
-        for idx in range(stop - 1, start - 1, -1):
-            key = keys[idx]
-            if key is not None:
-                self._queue_offsets[key] = qoffs[idx]
 
     def _after_append(self, next_offset: int) -> None:
         self.ha_service.on_append(next_offset)
@@ -1023,71 +1014,47 @@ class CommitLog:
 
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         """Next queue offset the CommitLog will assign in (topic, queue_id)."""
-        return self._queue_offsets.get((topic, queue_id), 0)
+        return self._offsets.next_offset(topic, queue_id)
 
     def queue_offset_table(self) -> dict[QueueKey, int]:
         """A copy of the queue-offset table."""
         with self._put_lock:
-            return dict(self._queue_offsets)
+            return dict(self._offsets.offsets)
 
     def save_queue_offset_snapshot(self) -> None:
         """Persist the queue-offset table with the offset and log generation it is valid at (a
         SLAVE first extends it over the bytes replicated since the last snapshot). Taken under
         the put lock, written after it: a cut in between makes it stale, and it is then not
-        written (:meth:`_save_snapshot`), or not trusted should it land anyway."""
+        written (QueueOffsetTable.save), or not trusted should it land anyway."""
         if self._role is BrokerRole.SLAVE:
             self.refresh_queue_offsets()
+        assert self.generation is not None
         with self._put_lock:
             assert self.queue is not None
+            table = self._offsets
             offset = (
-                self._table_offset if self._role is BrokerRole.SLAVE else self.queue.get_max_wrote_position()
+                table.covered_to if self._role is BrokerRole.SLAVE else self.queue.get_max_wrote_position()
             )
-            snapshot = self._snapshot_at(offset, dict(self._queue_offsets))
-        self._save_snapshot(snapshot)
-
-    def _snapshot_at(self, phy_offset: int, offsets: dict[QueueKey, int]) -> QueueOffsetSnapshot:
-        """The table ``offsets`` as valid at ``phy_offset`` in the current log generation."""
-        assert self.generation is not None
-        return QueueOffsetSnapshot(phy_offset, offsets, self.generation.log_id, self.generation.generation)
-
-    def _save_snapshot(self, snapshot: QueueOffsetSnapshot) -> None:
-        """Write ``snapshot`` unless the log generation moved on since it was taken (one writer
-        at a time: the periodic service and a cut may race). Raises StoreIOError."""
-        assert self.generation is not None
-        with self._snapshot_lock:
-            if snapshot.generation == self.generation.generation:
-                save_snapshot(queue_offset_table_path(self.root), snapshot)
-
-    def _load_snapshot(self, end_offset: int) -> QueueOffsetSnapshot | None:
-        """The saved snapshot when it can be trusted for a log ending at ``end_offset``: taken
-        at or before that end, in a generation whose log was not cut below it since."""
-        assert self.generation is not None
-        snapshot = load_snapshot(queue_offset_table_path(self.root))
-        if snapshot is None or snapshot.phy_offset > end_offset:
-            return None
-        if not snapshot.valid_in(self.generation):
-            log.warning(
-                "queue offset snapshot at %d predates a cut of the log below it (generation %d): rescanning",
-                snapshot.phy_offset,
-                snapshot.generation,
-            )
-            return None
-        return snapshot
+            snapshot = table.snapshot_at(offset, self.generation)
+        table.save(snapshot, self.generation)
 
     def refresh_queue_offsets(self) -> int:
         """SLAVE: extend the queue-offset table over the records replicated since it was last
         brought up to date (scanned outside the put lock). Returns the records scanned."""
         assert self.queue is not None and self.generation is not None
         with self._put_lock:
-            start, table, gen = self._table_offset, dict(self._queue_offsets), self.generation.generation
+            start, table, gen = (
+                self._offsets.covered_to,
+                dict(self._offsets.offsets),
+                self.generation.generation,
+            )
             end = self.queue.get_max_wrote_position()
         if end <= start:
             return 0
         offsets, scanned, _ = rebuild_queue_offsets(self.queue, QueueOffsetSnapshot(start, table), end)
         with self._put_lock:
-            if self._table_offset == start and self.generation.generation == gen:
-                self._queue_offsets = offsets
-                self._table_offset = end
+            if self._offsets.covered_to == start and self.generation.generation == gen:
+                self._offsets.replace(offsets, end)
         return scanned
 
     # ------------------------------------------------------------------------------------------
@@ -1125,14 +1092,15 @@ class CommitLog:
             if begin_term:
                 entry = self.ha_state.begin_term(end, min_epoch)
             if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
-                if self._table_offset < end:
-                    snapshot = QueueOffsetSnapshot(self._table_offset, self._queue_offsets)
-                    self._queue_offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, end)
-                self._table_offset = end
+                table = self._offsets
+                if table.covered_to < end:
+                    snapshot = QueueOffsetSnapshot(table.covered_to, table.offsets)
+                    table.offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, end)
+                table.covered_to = end
                 self._round_robin.clear()
                 self.ha_service.reset_replicated_offset(end)
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
-                self._table_offset = end
+                self._offsets.covered_to = end
                 if self.transient is not None:  # a failover: the new master never had them
                     self.transient.truncate_from(0)
                 self._master_confirm = self.confirm_offset  # no more than it showed as the master
@@ -1293,12 +1261,13 @@ class CommitLog:
             else:
                 self.queue.truncate_dirty_files(offset)
                 self.summaries.cut(offset)
-            offsets, _, _ = rebuild_queue_offsets(self.queue, self._load_snapshot(offset), offset)
-        self._queue_offsets = offsets
-        self._table_offset = offset
+            offsets, _, _ = rebuild_queue_offsets(
+                self.queue, self._offsets.load(offset, self.generation), offset
+            )
+        self._offsets.replace(offsets, offset)
         self.topic_config.clamp_tombstones(offset)
         self._master_confirm = min(self._master_confirm, offset)  # the new master's frames say more
-        self._save_snapshot(self._snapshot_at(offset, offsets))
+        self._offsets.save(self._offsets.snapshot_at(offset, self.generation, offsets), self.generation)
         self.ha_state.truncate(offset)
 
     def read_chunk(self, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:

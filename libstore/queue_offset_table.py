@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from libstore._files import atomic_write, read_json
@@ -85,3 +87,68 @@ def load_snapshot(path: Path) -> QueueOffsetSnapshot | None:
 
 def delete_snapshot(path: Path) -> None:
     Path(path).unlink(missing_ok=True)
+
+
+class QueueOffsetTable:
+    """The live queue-offset table of one CommitLog (RocketMQ 5's QueueOffsetOperator; module
+    docstring). ``offsets`` is read and changed under the CommitLog's put lock (the put path
+    assigns from the dict itself); ``covered_to`` is the CommitLog offset (bytes) up to which
+    it accounts for the records (a SLAVE's lags the replicated end until it is extended).
+    Snapshots go to ``path``, one writer at a time: the periodic service and a cut of the log
+    may race (the snapshot lock is taken after the put lock, never before it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offsets: dict[QueueKey, int] = {}
+        self.covered_to = 0
+        self._snapshot_lock = threading.Lock()
+
+    def next_offset(self, topic: str, queue_id: int) -> int:
+        """The queue offset the next record of (``topic``, ``queue_id``) takes."""
+        return self.offsets.get((topic, queue_id), 0)
+
+    def replace(self, offsets: dict[QueueKey, int], covered_to: int) -> None:
+        """Take ``offsets`` as the table, valid for the log up to ``covered_to``."""
+        self.offsets = offsets
+        self.covered_to = covered_to
+
+    def roll_back(
+        self, queue_offsets: Sequence[int], keys: Sequence[QueueKey | None], start: int, stop: int
+    ) -> None:
+        """Give back the queue offsets records ``start``..``stop``-1 took (``queue_offsets[i]``
+        for the record with key ``keys[i]``; None: took none): their append failed."""
+        table = self.offsets
+        for i in range(stop - 1, start - 1, -1):
+            key = keys[i]
+            if key is not None:
+                table[key] = queue_offsets[i]
+
+    def snapshot_at(
+        self, phy_offset: int, generation: LogGeneration, offsets: dict[QueueKey, int] | None = None
+    ) -> QueueOffsetSnapshot:
+        """``offsets`` (by default a copy of the table) as valid at ``phy_offset`` in the log's
+        current generation."""
+        table = dict(self.offsets) if offsets is None else offsets
+        return QueueOffsetSnapshot(phy_offset, table, generation.log_id, generation.generation)
+
+    def save(self, snapshot: QueueOffsetSnapshot, generation: LogGeneration) -> None:
+        """Write ``snapshot`` unless the log's generation moved on since it was taken. Raises
+        StoreIOError."""
+        with self._snapshot_lock:
+            if snapshot.generation == generation.generation:
+                save_snapshot(self.path, snapshot)
+
+    def load(self, end_offset: int, generation: LogGeneration) -> QueueOffsetSnapshot | None:
+        """The saved snapshot when it can be trusted for a log ending at ``end_offset``: taken
+        at or before that end, in a generation whose log was not cut below it since."""
+        snapshot = load_snapshot(self.path)
+        if snapshot is None or snapshot.phy_offset > end_offset:
+            return None
+        if not snapshot.valid_in(generation):
+            log.warning(
+                "queue offset snapshot at %d predates a cut of the log below it (generation %d): rescanning",
+                snapshot.phy_offset,
+                snapshot.generation,
+            )
+            return None
+        return snapshot
