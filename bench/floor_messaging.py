@@ -19,7 +19,8 @@ import grpc
 from bench import floor_server
 from libstore.message import MessageRecord
 from services.gateway.rocketmq import convert
-from services.gateway.rocketmq.messaging import MAX_LONG_POLLING_MS, MAX_RECEIVE_BATCH, PRODUCER_BACKOFF
+from services.gateway.rocketmq.client import PRODUCER_BACKOFF
+from services.gateway.rocketmq.consume import MAX_LONG_POLLING_MS, MAX_RECEIVE_BATCH
 from services.gateway.rocketmq.pb import definition, service, service_grpc
 
 BODY = bytes(1024)

@@ -17,7 +17,7 @@ from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.pb import Code, definition
 
-log = logging.getLogger("services.gateway.rocketmq.messaging")
+log = logging.getLogger("services.gateway.rocketmq")
 
 # Store errors that describe the caller's request or a state it must react to; their messages
 # name only what the client sent or may know.
