@@ -713,7 +713,7 @@ class Admin:
     ) -> SubscriptionGroupConfig:
         """Create or update a consumer group (pop model: redeliveries before the DLQ, FIFO, and
         where it starts in a queue it has no offset for: "latest" or "earliest")."""
-        from services.dispatch.servicer import group_from_pb, group_to_pb
+        from services.dispatch.convert import group_from_pb, group_to_pb
 
         request = group_to_pb(
             SubscriptionGroupConfig(

@@ -12,7 +12,7 @@ from libstore.errors import StoreError
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.errors import store_error_of
 from services._common.remote import DEFAULT_TIMEOUT_S, call
-from services.dispatch.servicer import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
+from services.dispatch.convert import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
 from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo, TransactionCheck
 from services.proto import dispatch_grpc, dispatch_pb
 

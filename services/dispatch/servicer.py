@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import grpc
 
 from libstore.consume_queue import BoundaryType
-from libstore.results import GetMessageStatus
-from libstore.subscription_group import CONSUME_FROM_LATEST, SubscriptionGroupConfig
+from services.dispatch.convert import entries_to_pb, group_from_pb, group_to_pb, progress_to_pb
 from services.dispatch.local import LocalDispatch
-from services.ports import Entries
-from services.proto import common_pb, dispatch_grpc, dispatch_pb
+from services.proto import dispatch_grpc, dispatch_pb
 
 SERVICE_NAME = dispatch_pb.DESCRIPTOR.services_by_name["DispatchService"].full_name
-# Value() is typed as a plain int; each is one of the enum's values by construction.
-PULL_STATUS_TO_PB = {
-    s: cast("common_pb.PullStatus", common_pb.PullStatus.Value(s.name)) for s in GetMessageStatus
-}
-PULL_STATUS_FROM_PB = {v: k for k, v in PULL_STATUS_TO_PB.items()}
 
 
 class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
@@ -37,7 +28,7 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
             tag_codes=list(request.tag_codes),
             wait_ms=request.wait_ms,
         )
-        return _entries_to_pb(e)
+        return entries_to_pb(e)
 
     async def GetEntriesMany(
         self, request: dispatch_pb.GetEntriesManyRequest, context: grpc.aio.ServicerContext
@@ -50,7 +41,7 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
             tag_codes=list(request.tag_codes),
             wait_ms=request.wait_ms,
         )
-        return dispatch_pb.GetEntriesManyResponse(entries=[_entries_to_pb(e) for e in answers])
+        return dispatch_pb.GetEntriesManyResponse(entries=[entries_to_pb(e) for e in answers])
 
     async def GetQueueInfo(
         self, request: dispatch_pb.GetQueueInfoRequest, context: grpc.aio.ServicerContext
@@ -194,58 +185,6 @@ class DispatchServicer(dispatch_grpc.DispatchServiceServicer):
         )
 
 
-def group_to_pb(c: SubscriptionGroupConfig) -> dispatch_pb.SubscriptionGroup:
-    return dispatch_pb.SubscriptionGroup(
-        group_name=c.group_name,
-        consume_enable=c.consume_enable,
-        retry_max_times=c.retry_max_times,
-        consume_message_orderly=c.consume_message_orderly,
-        consume_from=c.consume_from,
-    )
-
-
-def group_from_pb(m: dispatch_pb.SubscriptionGroup) -> SubscriptionGroupConfig:
-    return SubscriptionGroupConfig(
-        m.group_name,
-        consume_enable=m.consume_enable,
-        retry_max_times=m.retry_max_times,
-        consume_message_orderly=m.consume_message_orderly,
-        consume_from=m.consume_from or CONSUME_FROM_LATEST,
-    )
-
-
-def progress_to_pb(group: str, topic: str, queues: list) -> dispatch_pb.ConsumerProgress:
-    return dispatch_pb.ConsumerProgress(
-        group=group,
-        topic=topic,
-        queues=[
-            dispatch_pb.QueueProgress(
-                queue_id=q.queue_id,
-                committed_offset=q.committed_offset,
-                min_offset=q.min_offset,
-                max_offset=q.max_offset,
-                lag=q.lag,
-                expired=q.expired,
-            )
-            for q in queues
-        ],
-        total_lag=sum(q.lag for q in queues),
-        total_expired=sum(q.expired for q in queues),
-    )
-
-
 def add_to_server(servicer: DispatchServicer, server: grpc.aio.Server) -> list[str]:
     dispatch_grpc.add_DispatchServiceServicer_to_server(servicer, server)
     return [SERVICE_NAME]
-
-
-def _entries_to_pb(e: Entries) -> dispatch_pb.GetEntriesResponse:
-    return dispatch_pb.GetEntriesResponse(
-        status=PULL_STATUS_TO_PB[e.status],
-        next_offset=e.next_offset,
-        min_offset=e.min_offset,
-        max_offset=e.max_offset,
-        queue_offsets=e.queue_offsets,
-        phy_offsets=e.phy_offsets,
-        sizes=e.sizes,
-    )

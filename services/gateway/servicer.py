@@ -63,39 +63,17 @@ from libstore.results import GetMessageStatus
 from libstore.system_topics import is_system_topic
 from services._common import convert, message_trace
 from services._common.telemetry import tracer
-from services.dispatch.servicer import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
+from services.dispatch.convert import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.gateway.acl import PUB, SUB, AccessControl, Account
 from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import current_account
 from services.gateway.limits import GatewayLimits, HeldPolls
 from services.gateway.metrics import get_metrics
+from services.gateway.topic_cache import TopicCache
 from services.ports import CommitLogPort, DispatchPort, Entries, IndexPort
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
 
 SERVICE_NAME = gateway_pb.DESCRIPTOR.services_by_name["Gateway"].full_name
-
-
-class TopicCache:
-    """Topic configs from the commitlog service, kept ``ttl_s`` seconds."""
-
-    def __init__(self, commitlog: CommitLogPort, ttl_s: float = 3.0) -> None:
-        self.commitlog = commitlog
-        self.ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, TopicConfig]] = {}
-
-    async def get(self, topic: str, *, create: bool = False) -> TopicConfig | None:
-        """The topic's config (cached); with ``create``, auto-created as a put would."""
-        now = time.monotonic()
-        hit = self._entries.get(topic)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        config = await self.commitlog.get_topic(topic, create=create)
-        if config is not None:  # absent topics are not cached: they may appear any moment
-            self._entries[topic] = (now + self.ttl_s, config)
-        return config
-
-    def forget(self, topic: str) -> None:
-        self._entries.pop(topic, None)
 
 
 class GatewayServicer(gateway_grpc.GatewayServicer):

@@ -26,8 +26,8 @@ from services.gateway.rocketmq.error_status import error_status as _error_status
 from services.gateway.rocketmq.pb import Code, definition
 from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSessions
-from services.gateway.servicer import TopicCache
 from services.gateway.signature import authenticate_v2, metadata_dict
+from services.gateway.topic_cache import TopicCache
 from services.ports import CommitLogPort, DispatchPort
 
 NAMESPACE_HEADER = "x-mq-namespace"  # a client's resource namespace (services.gateway.rocketmq.namespace)

@@ -47,7 +47,7 @@ from services.gateway.rocketmq.route import RouteActivity
 from services.gateway.rocketmq.send import SendActivity
 from services.gateway.rocketmq.sessions import ClientSessions
 from services.gateway.rocketmq.transaction import TransactionActivity
-from services.gateway.servicer import TopicCache
+from services.gateway.topic_cache import TopicCache
 from services.ports import CommitLogPort, DispatchPort
 
 R = TypeVar("R")
