@@ -258,8 +258,7 @@ class ConsumeQueue:
             mf = files[-1]
             pos = mf.wrote_position
             if expect == mf.file_from_offset + pos and pos + CQ_STORE_UNIT_SIZE <= mf.file_size:
-                _UNIT.pack_into(mf.buffer, pos, phy_offset, size, tags_code)
-                mf.wrote_position = pos + CQ_STORE_UNIT_SIZE
+                mf.append_packed(_UNIT, phy_offset, size, tags_code)
                 self.max_physic_offset = phy_offset + size
                 return True
         current = self.queue.get_max_wrote_position()
@@ -312,8 +311,7 @@ class ConsumeQueue:
             pos = mf.wrote_position
             end = pos + n * CQ_STORE_UNIT_SIZE
             if queue_offset * CQ_STORE_UNIT_SIZE == mf.file_from_offset + pos and end <= mf.file_size:
-                mf.buffer[pos:end] = b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes))
-                mf.wrote_position = end
+                mf.append_raw(b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes)))
                 self.max_physic_offset = phy_offsets[-1] + sizes[-1]
                 return
         for i in range(n):
