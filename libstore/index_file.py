@@ -28,8 +28,6 @@ Thread-safety: one writer; lookups may run concurrently (they read whole entries
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import struct
 from collections.abc import Sequence
@@ -38,8 +36,9 @@ from typing import Final
 
 import numpy as np
 
-from libstore import _os, durability_hooks, record_codec
+from libstore import durability_hooks, record_codec
 from libstore.errors import StoreIOError
+from libstore.mapped_file import MappedFile
 from libstore.tags import java_string_hash
 
 INDEX_HEADER_SIZE: Final = 40
@@ -70,16 +69,17 @@ def index_hash_of(java_hash: int) -> int:
 
 
 class IndexFile:
-    """One IndexFile (see module docstring). Create with :meth:`create`, map with :meth:`open`."""
+    """One IndexFile (see module docstring) in a MappedFile (its creation, mapping, close and
+    deletion). Create with :meth:`create`, map with :meth:`open`."""
 
-    def __init__(self, path: Path, hash_slot_num: int, index_num: int, fd: int) -> None:
-        self.path = Path(path)
+    def __init__(self, file: MappedFile, hash_slot_num: int, index_num: int) -> None:
+        self._file = file
+        self.path = file.path
         self.file_name = self.path.name
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
         self.file_size = index_file_size(hash_slot_num, index_num)
-        self._fd = fd
-        self._mmap = mmap.mmap(fd, self.file_size)
+        self._mmap = file.buffer
         # The header (RocketMQ's IndexHeader): times in ms, CommitLog offsets, counts.
         self.begin_timestamp: int
         self.end_timestamp: int
@@ -98,7 +98,6 @@ class IndexFile:
         if self.index_count <= 0:
             self.index_count = 1
         self._entries_at = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
-        self._closed = False
 
     @classmethod
     def create(
@@ -110,27 +109,16 @@ class IndexFile:
         end_phy_offset: int = 0,
         end_timestamp: int = 0,
     ) -> IndexFile:
-        """A new zeroed file whose header is seeded with the previous file's end offset and time.
+        """A new zeroed file whose header is seeded with the previous file's end offset and time
+        (MappedFile.create: allocated through a temporary name, the folder synced).
 
         Raises StoreIOError (DiskFull included) when the file cannot be allocated.
         """
-        size = index_file_size(hash_slot_num, index_num)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _os.allocate_blocks(fd, size)
-                os.rename(tmp, path)
-            except OSError:
-                os.close(fd)
-                raise
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise StoreIOError(f"cannot create index file {path}: {exc.strerror}") from exc
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.created(path, size)  # the folder is not synced: may vanish
-        f = cls(path, hash_slot_num, index_num, fd)
+        f = cls(
+            MappedFile.create(path, index_file_size(hash_slot_num, index_num), file_from_offset=0),
+            hash_slot_num,
+            index_num,
+        )
         if end_phy_offset > 0:
             f.begin_phy_offset = f.end_phy_offset = end_phy_offset
         if end_timestamp > 0:
@@ -140,22 +128,19 @@ class IndexFile:
 
     @classmethod
     def open(cls, path: Path, hash_slot_num: int, index_num: int) -> IndexFile:
-        """Map an existing file; raises StoreIOError when its size does not match the config."""
+        """Map an existing file; raises StoreIOError when it cannot be opened or its size does
+        not match the config."""
+        expected = index_file_size(hash_slot_num, index_num)
         try:
-            fd = os.open(path, os.O_RDWR)
+            actual = os.stat(path).st_size
         except OSError as exc:
             raise StoreIOError(f"cannot open index file {path}: {exc.strerror}") from exc
-        expected = index_file_size(hash_slot_num, index_num)
-        actual = os.fstat(fd).st_size
         if actual != expected:
-            os.close(fd)
             raise StoreIOError(
                 f"{path} is {actual} bytes but IndexFiles of {hash_slot_num} slots and {index_num} "
                 f"entries are {expected}; was the store built with other maxHashSlotNum/maxIndexNum?"
             )
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.opened(path)
-        return cls(path, hash_slot_num, index_num, fd)
+        return cls(MappedFile.open(path, expected, file_from_offset=0), hash_slot_num, index_num)
 
     def _write_header(self) -> None:
         _HEADER.pack_into(
@@ -290,7 +275,7 @@ class IndexFile:
         """CommitLog offsets of entries whose key hash matches ``key`` and whose store time is in
         [begin, end] (ms), newest first, at most ``max_num``."""
         out: list[int] = []
-        if max_num <= 0 or self._closed:
+        if max_num <= 0 or self._file.closed:
             return out
         key_hash = index_key_hash_code(key)
         mm = self._mmap
@@ -320,27 +305,21 @@ class IndexFile:
         """Write the header and fdatasync the file. Raises StoreIOError."""
         self._write_header()
         try:  # the whole file: slots and entries anywhere in it
-            durability_hooks.fdatasync(self._fd, self.path)
+            durability_hooks.fdatasync(self._file.fd, self.path)
         except OSError as exc:
             raise StoreIOError(f"fdatasync of index file {self.file_name} failed: {exc.strerror}") from exc
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(BufferError):
-            self._mmap.close()
-        os.close(self._fd)
+        """Unmap and close; idempotent."""
+        self._file.close()
 
     def destroy(self) -> None:
-        self.close()
-        self.path.unlink(missing_ok=True)
-        if durability_hooks.observer is not None:
-            durability_hooks.observer.removed(self.path)
+        """Close and delete the file (MappedFile.destroy)."""
+        self._file.destroy()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._file.closed
 
     def __repr__(self) -> str:
         return (

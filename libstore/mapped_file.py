@@ -62,7 +62,9 @@ def file_name_to_offset(name: str) -> int:
 
 
 class MappedFile:
-    """One segment: append, read, commit, flush, warm-up, destroy (see module docstring)."""
+    """One segment: append, read, commit, flush, warm-up, destroy (see module docstring).
+    ``file_from_offset``: the offset of its first byte in its log, by default read from its
+    name (a file of another kind, an IndexFile, names it: 0)."""
 
     def __init__(
         self,
@@ -71,10 +73,13 @@ class MappedFile:
         fd: int,
         *,
         transient_store_pool: TransientStorePool | None = None,
+        file_from_offset: int | None = None,
     ) -> None:
         self.path = path
         self.file_name = path.name
-        self.file_from_offset = file_name_to_offset(path.name)
+        self.file_from_offset = (
+            file_name_to_offset(path.name) if file_from_offset is None else file_from_offset
+        )
         self.file_size = file_size
         self._fd = fd
         self._mmap = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -101,6 +106,7 @@ class MappedFile:
         warm: bool = False,
         warm_flush_pages: int = 0,
         transient_store_pool: TransientStorePool | None = None,
+        file_from_offset: int | None = None,
     ) -> MappedFile:
         """Create a zeroed segment of ``file_size`` bytes at ``path`` (via ``path.tmp``, then rename).
 
@@ -140,13 +146,15 @@ class MappedFile:
         if obs is not None:
             obs.created(path, file_size)
             obs.folder_synced(path.parent)
-        mf = cls(path, file_size, fd, transient_store_pool=transient_store_pool)
+        mf = cls(
+            path, file_size, fd, transient_store_pool=transient_store_pool, file_from_offset=file_from_offset
+        )
         if warm:
             mf.mlock()
         return mf
 
     @classmethod
-    def open(cls, path: Path, file_size: int) -> MappedFile:
+    def open(cls, path: Path, file_size: int, *, file_from_offset: int | None = None) -> MappedFile:
         """Map an existing segment; positions start at the file size until recovery sets them.
 
         Raises StoreIOError when the file's size is not ``file_size``.
@@ -159,7 +167,7 @@ class MappedFile:
         if actual != file_size:
             os.close(fd)
             raise StoreIOError(f"{path} is {actual} bytes, expected {file_size}")
-        mf = cls(path, file_size, fd)
+        mf = cls(path, file_size, fd, file_from_offset=file_from_offset)
         mf.wrote_position = mf.committed_position = mf.flushed_position = file_size
         if durability_hooks.observer is not None:
             durability_hooks.observer.opened(path)
