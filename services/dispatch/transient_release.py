@@ -99,6 +99,7 @@ class TransientRelease:
         self._kept: frozenset[int] = frozenset()  # the keep list the commitlog last took
         self._released_in = ("", 0)  # the log id and generation released_below is of
         self.messages_released = 0  # transient messages the commitlog freed, since start
+        self.rounds = 0  # rounds run (freeing or not, reaching the commitlog or not), since start
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
         """CommitLogDispatcher: note the transient stubs among ``requests`` (idempotent)."""
@@ -233,3 +234,4 @@ class TransientRelease:
                 await self.release_once()
             except (StoreError, grpc.RpcError) as exc:
                 log.info("transient release skipped this round (%s)", exc)
+            self.rounds += 1
