@@ -58,6 +58,7 @@ from services.gateway.acl import AccessControl
 from services.gateway.admission import ProduceAdmission
 from services.gateway.caller import OwnApiAuth
 from services.gateway.limits import GatewayLimits
+from services.gateway.rocketmq.activity import GatewayContext
 from services.gateway.rocketmq.messaging import MessagingServicer
 from services.gateway.rocketmq.messaging import add_to_server as add_messaging
 from services.gateway.servicer import GatewayServicer
@@ -248,20 +249,22 @@ class Suite:
             limits=GatewayLimits.from_config(cfg),
         )
         messaging = MessagingServicer(
-            commitlog,
-            dispatch,
-            endpoints=endpoints,
-            topics=gateway.topics,
-            broker_name=cfg.broker_name,
-            acl=acl,
-            default_invisible_ms=cfg.default_invisible_time,
-            invisible_bounds_ms=(cfg.min_invisible_time_for_recv, cfg.max_invisible_time),
-            invisible_when_clear_ms=cfg.invisible_time_when_clear,
-            renew_ahead_ms=cfg.renew_ahead_time,
-            renew_max_ms=cfg.renew_max_time,
-            limits=gateway.limits,
-            held_polls=gateway.held_polls,
-            admission=gateway.admission,
+            GatewayContext(
+                commitlog,
+                dispatch,
+                endpoints=endpoints,
+                topics=gateway.topics,
+                broker_name=cfg.broker_name,
+                acl=acl,
+                default_invisible_ms=cfg.default_invisible_time,
+                invisible_bounds_ms=(cfg.min_invisible_time_for_recv, cfg.max_invisible_time),
+                invisible_when_clear_ms=cfg.invisible_time_when_clear,
+                renew_ahead_ms=cfg.renew_ahead_time,
+                renew_max_ms=cfg.renew_max_time,
+                limits=gateway.limits,
+                held_polls=gateway.held_polls,
+                admission=gateway.admission,
+            )
         )
         self.messaging = messaging
         self.admission = gateway.admission

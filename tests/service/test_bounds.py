@@ -422,7 +422,7 @@ def test_a_client_that_does_not_read_its_telemetry_stream_does_not_grow_the_outb
             time.sleep(0.1)
             still = still + 1 if sent[0] == last else 0
             last = sent[0]
-        sessions = suite.messaging.sessions.sessions_of(client_id)
+        sessions = suite.messaging.ctx.sessions.sessions_of(client_id)
         assert len(sessions) == 1
         assert sessions[0].outbox.qsize() <= BOUNDS["telemetryOutboxMaxCommands"]
         assert sent[0] < 300

@@ -96,14 +96,14 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
     messaging = embedded.messaging
     assert messaging is not None
     reading = threading.Event()
-    original = messaging.commitlog.read
+    original = messaging.ctx.commitlog.read
 
     async def stuck_read(ranges: Any) -> Any:
         reading.set()
         await asyncio.sleep(60)
         return await original(ranges)
 
-    messaging.commitlog.read = stuck_read  # type: ignore[method-assign]
+    messaging.ctx.commitlog.read = stuck_read  # type: ignore[method-assign]
     try:
         with grpc.insecure_channel(embedded.address) as channel:
             stub = service_grpc.MessagingServiceStub(channel)
@@ -113,7 +113,7 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
             assert reading.wait(30), "the receive never reached its CommitLog read"
             call.cancel()
     finally:
-        del messaging.commitlog.read
+        del messaging.ctx.commitlog.read
     with grpc.insecure_channel(embedded.address) as channel:
         stub = service_grpc.MessagingServiceStub(channel)
         replies = list(

@@ -452,7 +452,7 @@ def test_a_push_consumer_that_dies_holding_a_message_releases_it_at_once(
     instead of the rest of its 60 s, and another consumer of the group gets it (attempt 2)."""
     addr = default_suite.address
     assert default_suite.messaging is not None
-    renewer = default_suite.messaging.renewer
+    renewer = default_suite.messaging.ctx.renewer
     _setup(addr, "Held", queues=1)
     sent = run_driver(
         "send", {"endpoint": addr, "topic": "Held", "messages": [{"body": "held"}]}, tmp_path / "p"

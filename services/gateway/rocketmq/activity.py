@@ -22,7 +22,6 @@ from services.gateway.limits import GatewayLimits, HeldPolls
 from services.gateway.metrics import get_metrics
 from services.gateway.rocketmq import convert
 from services.gateway.rocketmq.convert import V2Error
-from services.gateway.rocketmq.error_status import error_status as _error_status
 from services.gateway.rocketmq.pb import Code, definition
 from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.sessions import ClientSessions
@@ -39,12 +38,6 @@ INVISIBLE_BOUNDS_MS = (10_000, 12 * 3600 * 1000)
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def error_status(exc: Exception, rpc: str) -> definition.Status:
-    """The Status a failed RPC answers with: the proxy's code, the message for the client's own
-    errors, a generic one (details logged) for the rest (services.gateway.rocketmq.error_status)."""
-    return _error_status(exc, rpc)
 
 
 def overall(statuses: list[definition.Status], what: str) -> definition.Status:

@@ -21,9 +21,10 @@ from libstore import StoreError
 from libstore.subscription_group import SubscriptionGroupConfig
 from services.gateway.acl import PUB
 from services.gateway.rocketmq import convert, namespace
-from services.gateway.rocketmq.activity import NAMESPACE_HEADER, GatewayContext, error_status, metadata
+from services.gateway.rocketmq.activity import NAMESPACE_HEADER, GatewayContext, metadata
 from services.gateway.rocketmq.consume import MAX_LONG_POLLING_MS, MAX_RECEIVE_BATCH
 from services.gateway.rocketmq.convert import V2Error
+from services.gateway.rocketmq.error_status import error_status
 from services.gateway.rocketmq.pb import definition, service
 from services.gateway.rocketmq.sessions import ClientSession
 from services.gateway.rocketmq.transaction import TransactionActivity

@@ -27,12 +27,12 @@ from services.gateway.rocketmq import convert, namespace
 from services.gateway.rocketmq.activity import (
     NAMESPACE_HEADER,
     GatewayContext,
-    error_status,
     metadata,
     now_ms,
     overall,
 )
 from services.gateway.rocketmq.convert import V2Error
+from services.gateway.rocketmq.error_status import error_status
 from services.gateway.rocketmq.pb import Code, definition, service
 from services.ports import NACK_INVISIBLE_MS
 

@@ -27,35 +27,26 @@ from typing import Any, TypeVar
 
 import grpc
 
-from services.gateway.acl import AccessControl
-from services.gateway.admission import ProduceAdmission
-from services.gateway.limits import GatewayLimits, HeldPolls
 from services.gateway.rocketmq import namespace
 from services.gateway.rocketmq.activity import (
-    DEFAULT_INVISIBLE_MS,
-    INVISIBLE_BOUNDS_MS,
     NAMESPACE_HEADER,
     GatewayContext,
-    error_status,
     metadata,
 )
 from services.gateway.rocketmq.client import ClientActivity
 from services.gateway.rocketmq.consume import ConsumeActivity
+from services.gateway.rocketmq.error_status import error_status
 from services.gateway.rocketmq.pb import definition, service, service_grpc
-from services.gateway.rocketmq.renewal import HandleRenewer
 from services.gateway.rocketmq.route import RouteActivity
 from services.gateway.rocketmq.send import SendActivity
-from services.gateway.rocketmq.sessions import ClientSessions
 from services.gateway.rocketmq.transaction import TransactionActivity
-from services.gateway.topic_cache import TopicCache
-from services.ports import CommitLogPort, DispatchPort
 
 R = TypeVar("R")
 
 
 def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable[..., Awaitable[R]]]:
     """Map the call's resources in and out of the client's namespace, and answer failures
-    with ``response(status)`` (activity.error_status) instead of failing the call."""
+    with ``response(status)`` (services.gateway.rocketmq.error_status) instead of failing the call."""
 
     def wrap(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
         @functools.wraps(fn)
@@ -77,61 +68,16 @@ def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable
 
 
 class MessagingServicer(service_grpc.MessagingServiceServicer):
-    """apache.rocketmq.v2.MessagingService over the gateway's ports (module docstring).
-    ``endpoints``: addresses to advertise in routes when the client's access point is not
-    usable as one; the rest are GatewayContext's."""
+    """apache.rocketmq.v2.MessagingService over the gateway's ports and bounds in ``ctx``
+    (module docstring)."""
 
-    def __init__(
-        self,
-        commitlog: CommitLogPort,
-        dispatch: DispatchPort,
-        *,
-        endpoints: list[str],
-        topics: TopicCache | None = None,
-        broker_name: str = "broker-a",
-        acl: AccessControl | None = None,
-        default_invisible_ms: int = DEFAULT_INVISIBLE_MS,
-        invisible_bounds_ms: tuple[int, int] = INVISIBLE_BOUNDS_MS,
-        invisible_when_clear_ms: int = 1000,
-        renew_ahead_ms: int = 10_000,
-        renew_max_ms: int = 3 * 3600 * 1000,
-        limits: GatewayLimits | None = None,
-        held_polls: HeldPolls | None = None,
-        admission: ProduceAdmission | None = None,
-    ) -> None:
-        self.ctx = ctx = GatewayContext(
-            commitlog,
-            dispatch,
-            endpoints=endpoints,
-            topics=topics,
-            broker_name=broker_name,
-            acl=acl,
-            default_invisible_ms=default_invisible_ms,
-            invisible_bounds_ms=invisible_bounds_ms,
-            invisible_when_clear_ms=invisible_when_clear_ms,
-            renew_ahead_ms=renew_ahead_ms,
-            renew_max_ms=renew_max_ms,
-            limits=limits,
-            held_polls=held_polls,
-            admission=admission,
-        )
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
         self.route = RouteActivity(ctx)
         self.send = SendActivity(ctx)
         self.consume = ConsumeActivity(ctx)
         self.transactions = TransactionActivity(ctx)
         self.clients = ClientActivity(ctx, self.transactions)
-
-    @property
-    def commitlog(self) -> CommitLogPort:
-        return self.ctx.commitlog
-
-    @property
-    def sessions(self) -> ClientSessions:
-        return self.ctx.sessions
-
-    @property
-    def renewer(self) -> HandleRenewer:
-        return self.ctx.renewer
 
     # -- routes ---------------------------------------------------------------------------------------
     @_unary(lambda s: service.QueryRouteResponse(status=s))
