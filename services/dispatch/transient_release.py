@@ -165,7 +165,7 @@ class TransientRelease:
         with self._lock:
             stubs = list(self._last_stub.items())
         done = []
-        wanted = []  # (units still wanted, the queue, the first of them, past the last)
+        wanted = []  # (how many units it still waits for, the queue, the first of them)
         for (topic, queue_id), last in stubs:
             cq = self.queues.find(topic, queue_id)
             if cq is None:  # the topic was deleted: its messages are expired anyway
