@@ -258,7 +258,7 @@ class ConsumeQueue:
             mf = files[-1]
             pos = mf.wrote_position
             if expect == mf.file_from_offset + pos and pos + CQ_STORE_UNIT_SIZE <= mf.file_size:
-                mf.append_packed(_UNIT, phy_offset, size, tags_code)
+                mf.append_raw(_UNIT.pack(phy_offset, size, tags_code))
                 self.max_physic_offset = phy_offset + size
                 return True
         current = self.queue.get_max_wrote_position()

@@ -33,7 +33,6 @@ import errno
 import logging
 import mmap
 import os
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -243,19 +242,6 @@ class MappedFile:
         if target is self._mmap and durability_hooks.observer is not None:
             durability_hooks.observer.written(self.path, start, start + n)
         self.wrote_position = start + n
-        return start
-
-    def append_packed(self, packer: struct.Struct, *values: int) -> int:
-        """:meth:`append_raw` of ``packer.pack(*values)``, packed in place (a ConsumeQueue unit:
-        no bytes object per unit); returns the position it starts at. The caller guarantees
-        it fits."""
-        start = self.wrote_position
-        target = self._write_buffer if self._write_buffer is not None else self._mmap
-        packer.pack_into(target, start, *values)
-        end = start + packer.size
-        if target is self._mmap and durability_hooks.observer is not None:
-            durability_hooks.observer.written(self.path, start, end)
-        self.wrote_position = end
         return start
 
     def fill_to_end(self, blank: bytes) -> None:
