@@ -58,7 +58,6 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import cast
 
-from libstore.allocate_mapped_file import AllocateMappedFileService
 from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.dispatch_request import DispatchRequest
@@ -93,7 +92,6 @@ from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, QueueOffs
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     RECORD_OVERHEAD_V1_IPV4,
-    check_record,
     decode_record,
     encode_blank,
     record_size_of,
@@ -107,26 +105,21 @@ from libstore.recovery import (
     recover_commit_log,
     write_clean_end,
 )
+from libstore.replica_segments import append_replicated, cut_segments, is_record_boundary, read_chunk
 from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.retention_policy import RetentionPolicy
 from libstore.scheduled_message import hold_all_scheduled
 from libstore.segment_summary import UNQUEUED, SegmentSummaries
 from libstore.service_thread import ServiceThread
 from libstore.store_checkpoint import StoreCheckpoint
-from libstore.store_directory import StoreDirectory
+from libstore.store_files import StoreFiles
 from libstore.store_paths import (
-    checkpoint_path,
     clean_end_path,
-    ha_state_path,
-    log_generation_path,
     queue_offset_table_path,
     segment_summary_dir,
-    topics_path,
-    transient_scratch_dir,
 )
 from libstore.topic_config import TopicConfigManager
 from libstore.transient_messages import TransientMessageStore
-from libstore.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 _TOTAL_SIZE = struct.Struct(">i")  # TOTALSIZE, the first field of a record (free bytes in a blank)
@@ -170,18 +163,14 @@ class CommitLog:
         self.root = config.root_dir
         self._store_host = encode_host(*config.store_host_address)
         self._encoder = RecordEncoder(self._store_host, config.max_message_size, config.max_topic_length)
-        self._topic_config = topic_config
+        self._topic_config = topic_config  # the caller's, else load() opens the store's own
         # (topic table version, {topic: write queue count}) for adopt_records; see there.
         self._adopt_topics: tuple[int, dict[str, int]] = (-1, {})
         self._put_lock = threading.Lock()
         self._begin_time_in_lock = 0.0
         self._offsets = QueueOffsetTable(queue_offset_table_path(self.root))
         self._round_robin: dict[str, itertools.count[int]] = {}
-        self._pool: TransientStorePool | None = None
-        self._allocator: AllocateMappedFileService | None = None
-        self.queue: MappedFileQueue | None = None
-        self.checkpoint: StoreCheckpoint | None = None
-        self._directory: StoreDirectory | None = None
+        self._files: StoreFiles | None = None  # made by load(), kept (closed) after shutdown
         self._last_record_at = -1  # offset of the last record appended (-1: not known)
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
@@ -194,8 +183,6 @@ class CommitLog:
         self._confirm_cond = threading.Condition()
         self._role = config.broker_role
         self._master_confirm = 0  # SLAVE: what its master lets consumers see (set_master_confirm)
-        self.ha_state: HAState | None = None
-        self.generation: LogGeneration | None = None
         self.ha_service = HAService(
             lambda: self.max_offset,
             in_sync_replicas=config.in_sync_replicas,
@@ -212,7 +199,39 @@ class CommitLog:
         self.last_exit_ok = True
         self.recovery_report: RecoveryReport | None = None
         self.quarantine = Quarantine(config.root_dir)
-        self.transient: TransientMessageStore | None = None  # made by load()
+
+    @property
+    def files(self) -> StoreFiles:
+        """The store's open files (libstore.store_files); ServiceNotAvailableError before
+        :meth:`load`. After :meth:`shutdown` they are the closed ones."""
+        files = self._files
+        if files is None:
+            raise ServiceNotAvailableError("the CommitLog is not loaded")
+        return files
+
+    @property
+    def queue(self) -> MappedFileQueue:
+        """The segments (MappedFileQueue)."""
+        return self.files.queue
+
+    @property
+    def checkpoint(self) -> StoreCheckpoint:
+        return self.files.checkpoint
+
+    @property
+    def ha_state(self) -> HAState:
+        """Epochs, the saved role and the master address (``config/haState.json``)."""
+        return self.files.ha_state
+
+    @property
+    def generation(self) -> LogGeneration:
+        """The log generation, bumped before every cut (libstore.log_generation)."""
+        return self.files.generation
+
+    @property
+    def transient(self) -> TransientMessageStore:
+        """Whole records of transient messages, by their stubs' offsets (libstore.durability)."""
+        return self.files.transient
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -231,62 +250,17 @@ class CommitLog:
         return commit_log
 
     def load(self) -> bool:
-        """Lock the store, read the checkpoint and map the segments. Returns whether the last
-        shutdown was clean (no abort file)."""
-        cfg = self.config
-        self._directory = StoreDirectory(self.root)
-        self.last_exit_ok = self._directory.last_exit_ok
-        self.checkpoint = StoreCheckpoint(checkpoint_path(self.root))
-        self.ha_state = HAState(ha_state_path(self.root))
-        if self.ha_state.role is not None and self.ha_state.role is not self._role:
+        """Lock the store, read the checkpoint and map the segments (libstore.store_files).
+        Returns whether the last shutdown was clean (no abort file)."""
+        files = self._files = StoreFiles.open(self.config, self._topic_config)
+        self.last_exit_ok = files.last_exit_ok
+        saved = files.ha_state.role
+        if saved is not None and saved is not self._role:
             log.info(
-                "broker role %s (saved by the last role switch; configured %s)",
-                self.ha_state.role.value,
-                self._role.value,
+                "broker role %s (saved by the last role switch; configured %s)", saved.value, self._role.value
             )
-            self._role = self.ha_state.role
-        self.generation = LogGeneration(log_generation_path(self.root))
-        if self._topic_config is None:
-            self._topic_config = TopicConfigManager(
-                topics_path(self.root),
-                auto_create=cfg.auto_create_topic_enable,
-                default_queue_nums=cfg.default_topic_queue_nums,
-                max_queue_nums=cfg.max_queue_nums_per_topic,
-                max_topic_length=cfg.max_topic_length,
-                max_topic_count=cfg.max_topic_count,
-            )
-        self.transient = TransientMessageStore(
-            transient_scratch_dir(self.root),
-            cfg.transient_store_max_bytes,
-            scratch_max_bytes=cfg.transient_scratch_max_bytes,
-            background=True,
-        )
-        if cfg.transient_store_pool_enable:
-            self._pool = TransientStorePool(cfg.transient_store_pool_size, cfg.mapped_file_size_commit_log)
-            self._pool.init()
-        self._allocator = AllocateMappedFileService(
-            preload=cfg.preload_mapped_file_enable,
-            warm=cfg.warm_mapped_file_enable,
-            warm_flush_pages=(
-                cfg.flush_least_pages_when_warm_mapped_file
-                if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH
-                else 0
-            ),
-            transient_store_pool=self._pool,
-            fast_fail_if_no_buffer=cfg.fast_fail_if_no_buffer_in_store_pool,
-        )
-        read_ahead = cfg.data_read_ahead_enable
-        self.queue = MappedFileQueue(
-            cfg.commit_log_dir,
-            cfg.mapped_file_size_commit_log,
-            self._allocator,
-            on_new_file=None if read_ahead else MappedFile.advise_random,  # segments made from now on
-        )
-        self.queue.load()
+            self._role = saved
         self.summaries.load()
-        if not read_ahead:
-            for mf in self.queue.mapped_files:
-                mf.advise_random()
         self._loaded = True
         return self.last_exit_ok
 
@@ -297,8 +271,6 @@ class CommitLog:
         the log generation is bumped at the recovered end before the log is cut there: followers
         in other processes may have read bytes past it. Non-zero bytes cut go to the quarantine
         folder (libstore.quarantine)."""
-        assert self.queue is not None and self.checkpoint is not None, "load() first"
-        assert self.generation is not None and self.ha_state is not None
         report = recover_commit_log(
             self.queue,
             normal=self.last_exit_ok,
@@ -343,19 +315,18 @@ class CommitLog:
         """Start pre-allocation and the flush services; create the abort file. Idempotent:
         :meth:`open` has started them already, and a second set would outlive :meth:`shutdown`
         (a snapshot thread writing the checkpoint after it was closed)."""
-        assert self.queue is not None, "load() first"
+        files = self.files
         if self._snapshot_service is not None:
             return
         cfg = self.config
-        assert self._allocator is not None
-        self._allocator.start()
-        self._services.append(self._allocator)
+        files.allocator.start()
+        self._services.append(files.allocator)
         if cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             self._group_commit = GroupCommitService(
                 self.queue,
                 self._on_flushed,
                 self._on_io_error,
-                commit_first=self._pool is not None,
+                commit_first=files.pool is not None,
             )
             self._flush_service = self._group_commit
         else:
@@ -368,7 +339,7 @@ class CommitLog:
                 thorough_interval_ms=cfg.flush_commit_log_thorough_interval,
                 timed=cfg.flush_commit_log_timed,
             )
-            if self._pool is not None:
+            if files.pool is not None:
                 self._commit_service = CommitRealTimeService(
                     self.queue,
                     self._flush_service,
@@ -384,8 +355,7 @@ class CommitLog:
             if svc is not None:
                 svc.start()
                 self._services.append(svc)
-        assert self._directory is not None
-        self._directory.mark_running()
+        files.directory.mark_running()
         self._running = True
 
     def shutdown(self) -> None:
@@ -399,11 +369,10 @@ class CommitLog:
             self._snapshot_service,
             self._commit_service,
             self._flush_service,
-            self._allocator,
+            self.files.allocator,
         ):
             if svc is not None:
                 svc.shutdown()
-        assert self.queue is not None and self.checkpoint is not None
         clean = self._writeable
         try:
             if clean:
@@ -421,27 +390,15 @@ class CommitLog:
             log.error("shutdown could not persist state: %s", exc)
             clean = False
         if clean and self.queue.flushed_where >= self.queue.get_max_offset():
-            assert self._directory is not None
             try:
-                self._directory.mark_clean()
+                self.files.directory.mark_clean()
             except StoreIOError as exc:
                 log.error("%s", exc)
         self._close_files()
 
     def _close_files(self) -> None:
-        if self.transient is not None:
-            self.transient.close()  # transient messages end with the process that holds them
-        if self.queue is not None:
-            self.queue.shutdown()
-        if self._pool is not None:
-            self._pool.destroy()
-        if self.checkpoint is not None:
-            try:
-                self.checkpoint.shutdown()
-            except StoreIOError as exc:
-                log.error("%s", exc)
-        if self._directory is not None:
-            self._directory.release()
+        if self._files is not None:
+            self._files.close()
         self._loaded = False
 
     def abandon(self) -> None:
@@ -550,17 +507,16 @@ class CommitLog:
         self._check_writable()
         if not messages:
             return AppendResult(PutMessageResults(0))
-        assert self._topic_config is not None
         now = time.time_ns() // 1_000_000
         if hold_scheduled:  # delay/timer: held in the timer topic
             messages = hold_all_scheduled(messages, now)
         batch = self._encoder.encode_batch(
             messages,
             now,
-            self._topic_config.write_queue_nums,
+            self.topic_config.write_queue_nums,
             choose_queue=self._next_queue if place_unassigned else None,
         )
-        mark_transient(batch, self._topic_config.transient_topics)
+        mark_transient(batch, self.topic_config.transient_topics)
         return self.append_batch(batch, expected_epoch=expected_epoch)
 
     def adopt_records(
@@ -576,8 +532,7 @@ class CommitLog:
         bound) or TopicNotFoundError; nothing is written.
         """
         self._check_writable()
-        topics = self._topic_config
-        assert topics is not None
+        topics = self.topic_config
         # Topics producers may put to, with their queue counts, while the table is unchanged.
         version, known = self._adopt_topics
         if version != topics.version:
@@ -601,8 +556,7 @@ class CommitLog:
 
     def _next_queue(self, topic: str) -> int:
         """Round robin over ``topic``'s write queues (auto-creating it as a put would)."""
-        assert self._topic_config is not None
-        width = self._topic_config.write_queue_nums(topic)
+        width = self.topic_config.write_queue_nums(topic)
         counter = self._round_robin.get(topic)
         if counter is None:
             counter = self._round_robin[topic] = itertools.count()
@@ -623,7 +577,7 @@ class CommitLog:
                 raise ServiceNotAvailableError("the store is shutting down")
             if self._role is BrokerRole.SLAVE:
                 raise NotMasterError(f"this store became a SLAVE of broker group {self.config.broker_name}")
-            if expected_epoch and self.ha_state is not None and self.ha_state.last_epoch != expected_epoch:
+            if expected_epoch and self.ha_state.last_epoch != expected_epoch:
                 raise NotMasterError(
                     f"this store is the master of epoch {self.ha_state.last_epoch}, not {expected_epoch}"
                 )
@@ -657,7 +611,6 @@ class CommitLog:
         offset, store time) and copied with one slice assignment.
         """
         queue = self.queue
-        assert queue is not None
         store_ts = time.time_ns() // 1_000_000
         buf = batch.buf
         positions = batch.positions
@@ -671,7 +624,6 @@ class CommitLog:
         failed = PutMessageStatus.CREATE_MAPPED_FILE_FAILED
         transient = batch.transient
         if transient:  # room for every whole record first: SystemBusyError writes nothing
-            assert self.transient is not None
             self.transient.make_room(batch.transient_bytes)
         i = 0
         while i < n:
@@ -700,7 +652,7 @@ class CommitLog:
                         mf.append_records(view[first : first + used])
                 except (OSError, ValueError) as exc:
                     # The records never reached the segment; the log is unchanged.
-                    if transient and self.transient is not None:
+                    if transient:
                         self.transient.truncate_from(base)
                     self._offsets.roll_back(qoffs, keys, i, j)
                     del qoffs[len(phys) :]
@@ -738,7 +690,6 @@ class CommitLog:
         """Put the whole records of the transient messages among records ``start``..``stop``-1
         of ``batch`` into :attr:`transient`, under their stubs' offsets, with the offsets and
         store time just assigned to the stubs (put lock held; the room was made for them)."""
-        assert self.transient is not None
         self.transient.put_run(*hold_entries(batch, start, stop, delta))
 
     def _after_append(self, next_offset: int) -> None:
@@ -753,7 +704,7 @@ class CommitLog:
                 self._commit_service.wakeup()
             elif self._flush_service is not None and not self.config.flush_commit_log_timed:
                 self._flush_service.wakeup()
-            if self._pool is None:
+            if self.files.pool is None:
                 self._notify_confirm(next_offset)
 
     def is_os_page_cache_busy(self) -> bool:
@@ -767,7 +718,6 @@ class CommitLog:
     # watermarks and listeners
     # ------------------------------------------------------------------------------------------
     def _on_flushed(self, flushed_where: int) -> None:
-        assert self.checkpoint is not None and self.queue is not None
         if self.queue.store_timestamp:
             self.checkpoint.physic_msg_timestamp = self.queue.store_timestamp
         # Clamped: a flush that raced a cut of the log must not point past its new end.
@@ -876,7 +826,6 @@ class CommitLog:
         (MappedFileQueue.delete_head_files: never the newest, never unflushed bytes, at most
         ``batch_max``); their summaries go with them. Returns (file name, bytes) per deleted
         segment. Raises StoreIOError."""
-        assert self.queue is not None
         deleted = self.queue.delete_head_files(doomed, batch_max=batch_max, pause=pause)
         self._after_head_deleted(deleted)
         return deleted
@@ -885,7 +834,7 @@ class CommitLog:
         """Segments went from the head: their summaries go, and the transient messages whose
         stubs they held."""
         self.summaries.drop(MappedFileQueue.parse_file_name(name) for name, _ in deleted)
-        if deleted and self.transient is not None:
+        if deleted:
             self.transient.release_below(self.min_offset)
 
     def refresh_summaries(self, budget_bytes: int = 1 << 62) -> int:
@@ -897,7 +846,6 @@ class CommitLog:
     def _summarise(self, start: int, end: int) -> Iterator[tuple[str, int, int]]:
         """(summary topic, store ms, offset) of each record in [start, end); StoreIOError when
         the bytes are not records or not readable yet."""
-        assert self.queue is not None
         reached = start
         for req in scan_log(self.queue, start, end, decode_properties=False, yield_blanks=True):
             if not req.success:
@@ -920,7 +868,7 @@ class CommitLog:
         message it stored so far is expired (its queues' min offsets move past them, its
         segments go once nothing else holds them). False when it did not exist."""
         with self._put_lock:
-            end = self.queue.get_max_wrote_position() if self.queue is not None else 0
+            end = self.queue.get_max_wrote_position()
             return self.topic_config.delete(topic, end)
 
     def delete_expired_segments(
@@ -937,7 +885,6 @@ class CommitLog:
         newest with ``force``; without ``force`` none holding bytes at or past ``keep_from``.
         Returns (file name, bytes) per deleted segment; the log's ``min_offset`` is then the
         first kept segment's start. Raises StoreIOError."""
-        assert self.queue is not None
         deleted = self.queue.delete_expired_files(
             expired_before, force=force, batch_max=batch_max, pause=pause, keep_from=keep_from
         )
@@ -955,25 +902,21 @@ class CommitLog:
 
     @property
     def topic_config(self) -> TopicConfigManager:
-        assert self._topic_config is not None
-        return self._topic_config
+        return self.files.topic_config
 
     @property
     def min_offset(self) -> int:
         """First offset still on disk (0 for an empty log)."""
-        assert self.queue is not None
         return max(self.queue.get_min_offset(), 0)
 
     @property
     def max_offset(self) -> int:
         """Offset just past the last readable byte."""
-        assert self.queue is not None
         return self.queue.get_max_offset()
 
     @property
     def flushed_offset(self) -> int:
         """Offset up to which the log is durable (fdatasync'ed)."""
-        assert self.queue is not None
         return self.queue.flushed_where
 
     @property
@@ -1028,9 +971,7 @@ class CommitLog:
         written (QueueOffsetTable.save), or not trusted should it land anyway."""
         if self._role is BrokerRole.SLAVE:
             self.refresh_queue_offsets()
-        assert self.generation is not None
         with self._put_lock:
-            assert self.queue is not None
             table = self._offsets
             offset = (
                 table.covered_to if self._role is BrokerRole.SLAVE else self.queue.get_max_wrote_position()
@@ -1041,7 +982,6 @@ class CommitLog:
     def refresh_queue_offsets(self) -> int:
         """SLAVE: extend the queue-offset table over the records replicated since it was last
         brought up to date (scanned outside the put lock). Returns the records scanned."""
-        assert self.queue is not None and self.generation is not None
         with self._put_lock:
             start, table, gen = (
                 self._offsets.covered_to,
@@ -1082,7 +1022,6 @@ class CommitLog:
         return entry
 
     def _switch_role(self, role: BrokerRole, *, begin_term: bool, min_epoch: int) -> EpochEntry | None:
-        assert self.queue is not None and self.ha_state is not None
         old = self._role
         if old is BrokerRole.SLAVE and role is not BrokerRole.SLAVE:
             self.refresh_queue_offsets()
@@ -1101,8 +1040,8 @@ class CommitLog:
                 self.ha_service.reset_replicated_offset(end)
             elif role is BrokerRole.SLAVE and old is not BrokerRole.SLAVE:
                 self._offsets.covered_to = end
-                if self.transient is not None:  # a failover: the new master never had them
-                    self.transient.truncate_from(0)
+                # A failover: the new master never had the transient messages.
+                self.transient.truncate_from(0)
                 self._master_confirm = self.confirm_offset  # no more than it showed as the master
             if role is not BrokerRole.SLAVE:
                 # Tombstones copied from a master that held more: this log's new messages
@@ -1133,34 +1072,11 @@ class CommitLog:
         with self._put_lock:
             if not self._running:
                 raise ServiceNotAvailableError("the store is shutting down")
-            queue = self.queue
-            assert queue is not None
-            end = queue.get_max_wrote_position()
-            if offset != end and not (not queue.mapped_files and offset % queue.mapped_file_size == 0):
-                raise OffsetOutOfRangeError(f"replicated bytes start at {offset}, but this log ends at {end}")
             try:
-                mf = queue.get_last_mapped_file_or_create(offset)
+                new_end = append_replicated(self.queue, self.summaries, offset, data)
             except StoreIOError as exc:
                 self._on_io_error(exc)
                 raise
-            if mf is None or mf.file_from_offset + mf.wrote_position != offset:
-                raise ServiceNotAvailableError(f"no CommitLog segment to append at {offset}")
-            used, last_ts = _walk_replica(data, offset, mf.remaining)
-            try:
-                if used:
-                    mf.append_records(data[:used])
-                if used < n:  # the blank END record closes the segment
-                    mf.fill_to_end(bytes(data[used:]))
-            except OSError as exc:
-                self._on_io_error(StoreIOError(f"replica append failed: {exc}"))
-                raise StoreIOError(f"replica append failed: {exc}") from exc
-            if last_ts:
-                mf.store_timestamp = last_ts
-            if used:
-                self.summaries.note_replicated(mf.file_from_offset, offset, offset + used)
-            if used < n:
-                self.summaries.seal(mf.file_from_offset, mf.file_tail_offset)
-            new_end = offset + n if used == n else mf.file_tail_offset
             self._last_record_at = -1  # not tracked for replicated bytes: the next start scans
         self._after_append(new_end)
         return new_end
@@ -1173,14 +1089,13 @@ class CommitLog:
         Raises OffsetOutOfRangeError when ``offset`` is not where a record (or a segment's
         blank END record) starts: such a cut would leave half a record for the next recovery
         to drop, acknowledged messages with it; nothing is cut then."""
-        assert self.queue is not None and self.generation is not None and self.ha_state is not None
         if self._role is not BrokerRole.SLAVE:
             raise ServiceNotAvailableError("only a SLAVE cuts its log")
         with self._put_lock:
             end = self.queue.get_max_wrote_position()
             if offset >= end:
                 return
-            if not self._is_record_boundary(offset):
+            if not is_record_boundary(self.queue, offset):
                 raise OffsetOutOfRangeError(f"cannot cut the CommitLog at {offset}: no record starts there")
             self._cut_locked(offset, drop_all=False)
             log.warning("CommitLog cut at %d (%d bytes dropped)", offset, end - offset)
@@ -1189,7 +1104,6 @@ class CommitLog:
     def reset_to(self, offset: int) -> None:
         """SLAVE: drop the whole log and start it again at ``offset`` (a segment boundary): the
         master no longer holds what would follow this log's end."""
-        assert self.queue is not None and self.generation is not None and self.ha_state is not None
         if self._role is not BrokerRole.SLAVE:
             raise ServiceNotAvailableError("only a SLAVE resets its log")
         with self._put_lock:
@@ -1197,73 +1111,23 @@ class CommitLog:
             log.warning("CommitLog reset to start at %d", offset)
         self._notify_confirm(self.confirm_offset)
 
-    def _is_record_boundary(self, offset: int) -> bool:
-        """True when a record, or the blank END record that closes a segment, starts at
-        ``offset``, or ``offset`` is a segment boundary (put lock held). A record names its own
-        position (PHYSICALOFFSET) and a blank fills its segment to the end, so bytes inside a
-        record body are not taken for either."""
-        queue = self.queue
-        assert queue is not None
-        if offset % queue.mapped_file_size == 0:
-            return True
-        mf = queue.find_mapped_file_by_offset(offset)
-        if mf is None:
-            return False
-        pos = offset - mf.file_from_offset
-        req = check_record(
-            mf.buffer,
-            pos,
-            mf.wrote_position,
-            check_crc=False,
-            expected_phy_offset=offset,
-            decode_properties=False,
-        )
-        if not req.success:
-            return False
-        return req.msg_size > 0 or _TOTAL_SIZE.unpack_from(mf.buffer, pos)[0] == mf.file_size - pos
-
-    def _restart_empty_at(self, offset: int) -> None:
-        """Drop every segment; the log starts again, empty, at ``offset``: its first segment is
-        created there at once (a segment boundary when past 0: retention deleted the master's
-        head), so min and max offsets both say ``offset``. Raises StoreIOError."""
-        assert self.queue is not None
-        self.queue.reset_to_empty(offset)
-        if offset <= 0:
-            return
-        mf = self.queue.get_last_mapped_file_or_create(offset)
-        if mf is None:
-            raise StoreIOError(f"cannot create the CommitLog segment at {offset}")
-        mf.set_positions(offset - mf.file_from_offset)
-
     def _cut_locked(self, offset: int, *, drop_all: bool) -> None:
         """Make the log end at ``offset`` (put lock held): bump the log generation first (cut
         point 0 when ``drop_all``, else ``offset``), then drop the bytes past ``offset`` (with
         ``drop_all`` every byte, the log restarting empty at ``offset``), rebuild and save the
         queue-offset table, and forget epochs that start past ``offset``."""
-        assert self.queue is not None and self.generation is not None and self.ha_state is not None
         self.generation.bump(0 if drop_all else offset)
         self._last_record_at = -1
-        if self.transient is not None:
-            self.transient.truncate_from(0 if drop_all else offset)
-        assert self.checkpoint is not None
+        self.transient.truncate_from(0 if drop_all else offset)
         if self.checkpoint.flushed_phy_offset > offset or drop_all:
             # Lowered durably before the bytes go: recovery must never start past the new end.
             self.checkpoint.flushed_phy_offset = 0 if drop_all else offset
             self.checkpoint.flush()
-        if drop_all:
-            self._restart_empty_at(offset)
-            self.summaries.reset()
-            offsets: dict[QueueKey, int] = {}
-        else:
-            if offset <= self.queue.get_min_offset() or not self.queue.mapped_files:
-                self._restart_empty_at(offset)
-                self.summaries.reset()
-            else:
-                self.queue.truncate_dirty_files(offset)
-                self.summaries.cut(offset)
-            offsets, _, _ = rebuild_queue_offsets(
-                self.queue, self._offsets.load(offset, self.generation), offset
-            )
+        cut_segments(self.queue, self.summaries, offset, drop_all=drop_all)
+        offsets: dict[QueueKey, int] = {}
+        if not drop_all:
+            snapshot = self._offsets.load(offset, self.generation)
+            offsets, _, _ = rebuild_queue_offsets(self.queue, snapshot, offset)
         self._offsets.replace(offsets, offset)
         self.topic_config.clamp_tombstones(offset)
         self._master_confirm = min(self._master_confirm, offset)  # the new master's frames say more
@@ -1271,40 +1135,9 @@ class CommitLog:
         self.ha_state.truncate(offset)
 
     def read_chunk(self, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:
-        """Whole records from ``offset`` (a record boundary) up to ``limit``, at most
-        ``max_bytes`` (but at least one record), never past the segment's end: a blank END
-        record is included and ends the chunk. Returns (bytes, offset the next chunk starts at:
-        past a blank, the next segment's start). Raises OffsetOutOfRangeError when no segment
-        holds ``offset``, CorruptRecordError when the bytes there are not records."""
-        assert self.queue is not None
-        mf = self.queue.find_mapped_file_by_offset(offset)
-        if mf is None:
-            raise OffsetOutOfRangeError(f"offset {offset} is not in the CommitLog")
-        base = mf.file_from_offset
-        try:
-            start = pos = offset - base
-            end = min(mf.readable_position, limit - base)
-            buf = mf.buffer
-            next_offset = -1
-            while pos < end:
-                if end - pos < 8:
-                    raise CorruptRecordError(f"truncated record header at offset {base + pos}")
-                size = record_size_of(buf, pos)
-                if size == 0:  # blank END record
-                    pos += 8
-                    next_offset = self.queue.roll_next_file(base + pos - 8)
-                    break
-                if size < 0 or pos + size > end:
-                    raise CorruptRecordError(f"no record at CommitLog offset {base + pos}")
-                if pos > start and pos + size - start > max_bytes:
-                    break
-                pos += size
-            data = bytes(buf[start:pos])
-        except ValueError as exc:  # the segment was deleted (retention) under us
-            raise OffsetOutOfRangeError(f"offset {offset} is no longer in the CommitLog") from exc
-        if next_offset < 0:
-            next_offset = base + pos
-        return data, next_offset
+        """Whole records from ``offset`` for a follower (libstore.replica_segments.read_chunk):
+        (bytes, offset of the next chunk). Raises OffsetOutOfRangeError, CorruptRecordError."""
+        return read_chunk(self.queue, offset, limit, max_bytes)
 
     # ------------------------------------------------------------------------------------------
     # read path
@@ -1314,7 +1147,6 @@ class CommitLog:
 
         Raises OffsetOutOfRangeError when the range is not inside one segment's readable bytes.
         """
-        assert self.queue is not None
         if size <= 0:
             raise OffsetOutOfRangeError(f"size must be > 0, got {size}")
         mf = self.queue.find_mapped_file_by_offset(phy_offset)
@@ -1338,7 +1170,6 @@ class CommitLog:
         reads as None (no record is larger: an offset that is not a record's start). Raises
         InvalidArgumentError, having copied at most ``max_bytes``, when the records would come
         to more than ``max_bytes`` (0: no bound)."""
-        assert self.queue is not None
         out: list[bytes | None] = []
         append = out.append
         mf = None
@@ -1382,7 +1213,7 @@ class CommitLog:
 
     def _transient_record(self, offset: int) -> bytes | None:
         """The whole record of the transient message whose stub is at ``offset``, or None."""
-        return self.transient.get(offset) if self.transient is not None else None
+        return self.transient.get(offset)
 
     def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:
         """Decode the record at ``phy_offset`` (a transient message's whole record for its
@@ -1410,14 +1241,12 @@ class CommitLog:
         """Everything dispatch needs between two record boundaries: valid records, blank END
         records (``msg_size`` 0) and, if the scan meets bytes that are not a record, one last
         request with ``success`` False (see libstore.log_scanner.scan_log)."""
-        assert self.queue is not None
         return scan_log(
             self.queue, from_offset, end_offset, decode_properties=decode_properties, yield_blanks=True
         )
 
     def roll_next_file(self, offset: int) -> int:
         """Start of the segment after the one holding ``offset``."""
-        assert self.queue is not None
         return self.queue.roll_next_file(offset)
 
     def stop_accepting(self) -> None:
@@ -1429,7 +1258,6 @@ class CommitLog:
     def pickup_store_timestamp(self, phy_offset: int, size: int) -> int:
         """STORETIMESTAMP (ms) of the record at ``phy_offset``, or -1 when the log no longer
         holds it (RocketMQ ``pickupStoreTimestamp``)."""
-        assert self.queue is not None
         mf = self.queue.find_mapped_file_by_offset(phy_offset)
         if mf is None or size < RECORD_OVERHEAD_V1_IPV4:
             return -1
@@ -1451,7 +1279,6 @@ class CommitLog:
     ) -> Iterator[DispatchRequest]:
         """Records from ``from_offset`` (a record boundary) to ``end_offset`` (default: the
         confirm offset when called). Raises CorruptRecordError on bytes that are not a record."""
-        assert self.queue is not None
         end = self.confirm_offset if end_offset is None else end_offset
         start = max(from_offset, self.min_offset)
         for req in scan_log(self.queue, start, end, check_crc=check_crc, decode_properties=decode_properties):
@@ -1476,36 +1303,11 @@ class _SnapshotService(ServiceThread):
         if not cl.writeable:
             return
         try:
-            assert cl.checkpoint is not None
             cl.checkpoint.confirm_phy_offset = cl.persisted_confirm
             cl.checkpoint.flush()
             cl.save_queue_offset_snapshot()
         except StoreIOError as exc:
             cl._on_io_error(exc)
-
-
-def _walk_replica(data: bytes | memoryview, offset: int, room: int) -> tuple[int, int]:
-    """Check that ``data`` (bytes replicated at ``offset``) is whole records, maybe closed by a
-    blank END record, and fits in ``room`` bytes of its segment. Returns (bytes of records
-    before any blank, STORETIMESTAMP of the last record or 0). Raises CorruptRecordError."""
-    n = len(data)
-    pos = 0
-    last = -1
-    while pos < n:
-        if n - pos < 8:
-            raise CorruptRecordError(f"replicated bytes end inside a record header at {offset + pos}")
-        size = record_size_of(data, pos)
-        if size == 0:  # blank END record: it must end the bytes and fill the segment
-            if pos + 8 != n or _TOTAL_SIZE.unpack_from(data, pos)[0] != room - pos:
-                raise CorruptRecordError(f"misplaced blank END record in replicated bytes at {offset + pos}")
-            break
-        if size < RECORD_OVERHEAD_V1_IPV4 or pos + size > n:
-            raise CorruptRecordError(f"replicated bytes at {offset + pos} are not a record")
-        last = pos
-        pos += size
-    if pos > room:
-        raise CorruptRecordError(f"replicated bytes at {offset} overflow their segment")
-    return pos, (store_timestamp_at(data, last) if last >= 0 else 0)
 
 
 _TOPIC_OF = operator.itemgetter(0)

@@ -126,7 +126,7 @@ def run_demo(
             if progress and verified % batch == 0:
                 progress("read", batch)
         read_seconds = time.perf_counter() - t2
-        segments = len(log.queue.mapped_files) if log.queue else 0
+        segments = len(log.queue.mapped_files)
     finally:
         log.shutdown()
     if verified != appended:

@@ -386,7 +386,7 @@ class Suite:
             "commitlog: %s of broker group %s (epoch %d)%s",
             node.commit_log.broker_role.value,
             node.commit_log.config.broker_name,
-            node.commit_log.ha_state.last_epoch if node.commit_log.ha_state else 0,
+            node.commit_log.ha_state.last_epoch,
             f", replication on {ha_listen}" if ha_listen else "",
         )
         return node.port

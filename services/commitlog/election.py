@@ -547,7 +547,6 @@ class ElectionAgent:
 
     async def _campaign(self, view: GroupView) -> None:
         log_ = self.ha.log
-        assert log_.ha_state is not None
         known = max([view.epoch, log_.ha_state.last_epoch, *(m.epoch for m in view.members.values())])
         epoch = next_epoch(known, self.broker_id)
         leader = LeaderInfo(
@@ -673,7 +672,6 @@ class ElectionAgent:
     # -- publishing -----------------------------------------------------------------------------------
     async def _publish_member(self) -> None:
         log_ = self.ha.log
-        assert log_.ha_state is not None
         info = MemberInfo(
             self.broker_id,
             self.ha.commitlog_address,

@@ -190,7 +190,6 @@ class HAController:
     async def start(self) -> None:
         """Settle the role (see module docstring) and start replication or serving slaves.
         Raises ConfigError when a SLAVE has no master to follow."""
-        assert self.log.ha_state is not None
         if self.election is not None:
             # The election decides: until etcd names a master, this store takes no puts.
             if self.log.broker_role is not BrokerRole.SLAVE:
@@ -262,7 +261,7 @@ class HAController:
                         "fencing: %s is the master of epoch %d, newer than ours (%d); demoting this store",
                         newer.commitlog_address,
                         newer.epoch,
-                        self.log.ha_state.last_epoch if self.log.ha_state else 0,
+                        self.log.ha_state.last_epoch,
                     )
                     await self.demote(newer.ha_address, newer.epoch)
             except StoreError as exc:
@@ -285,7 +284,6 @@ class HAController:
     def _newer_master(self, peers: list[commitlog_pb.HAState]) -> commitlog_pb.HAState | None:
         """Among ``peers``, a master of a newer epoch than ours (equal epochs, possible only for epochs
         begun before they carried the broker id: the lower broker id wins)."""
-        assert self.log.ha_state is not None
         ours = self.log.ha_state.last_epoch
         best = None
         for st in peers:
@@ -327,7 +325,6 @@ class HAController:
             await client.stop()
 
     async def _become_slave(self, master_address: str, min_epoch: int) -> None:
-        assert self.log.ha_state is not None
         await asyncio.to_thread(self.log.set_broker_role, BrokerRole.SLAVE)
         self.replication.end_streams()
         self.log.ha_state.save_role(BrokerRole.SLAVE, master_address)
@@ -405,7 +402,6 @@ class HAController:
     async def _begin_term(self, role: BrokerRole, epoch: int) -> EpochEntry:
         """Stop following, refill the de-duplication window from the log and begin master term
         ``epoch`` in ``role`` at the log's end (persisted before any put); saves the role."""
-        assert self.log.ha_state is not None
         await self._stop_client()
         self.port.forget_recent()
         if self.port.dedup is not None:
@@ -443,7 +439,6 @@ class HAController:
         async with self._switch:
             if self.log.broker_role is BrokerRole.SLAVE:
                 return
-            assert self.log.ha_state is not None
             await asyncio.to_thread(self.log.set_broker_role, BrokerRole.SLAVE)
             self.log.ha_service.set_sync_state_set(None)
             self.replication.end_streams()
@@ -499,7 +494,6 @@ class HAController:
             if self.log.broker_role is BrokerRole.SLAVE:
                 if self.client is None or self.client.master_address != master_address:
                     await self._stop_client()
-                    assert self.log.ha_state is not None
                     self.log.ha_state.save_role(BrokerRole.SLAVE, master_address)
                     self._start_client(master_address, min_epoch=min_epoch)
                 return self.state()
@@ -511,7 +505,6 @@ class HAController:
     def state(self) -> commitlog_pb.HAState:
         log_ = self.log
         cfg = self.config
-        assert log_.ha_state is not None
         client = self.client
         ha = log_.ha_service
         reply = commitlog_pb.HAState(

@@ -211,7 +211,6 @@ class ReplicationClient:
     async def _handshake(self, call: grpc.aio.StreamStreamCall) -> None:
         log_ = self.log
         cfg = self.config
-        assert log_.ha_state is not None
         hello = ha_pb.SlaveHello(
             broker_name=cfg.broker_name,
             broker_id=cfg.broker_id,
@@ -276,7 +275,6 @@ class ReplicationClient:
 
     async def _follow(self, call: grpc.aio.StreamStreamCall) -> None:
         log_ = self.log
-        assert log_.ha_state is not None
         while True:
             frame = await self._read(call)
             kind = frame.WhichOneof("kind")

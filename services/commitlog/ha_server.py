@@ -131,7 +131,6 @@ class ReplicationServicer(ha_grpc.HAServiceServicer):
 
     def _welcome(self, hello: ha_pb.SlaveHello) -> ha_pb.MasterWelcome:
         log_ = self.log
-        assert log_.ha_state is not None
         ours = log_.ha_state.epochs
         master_max, master_min = log_.max_offset, log_.min_offset
         theirs = [EpochEntry(e.epoch, e.start_offset) for e in hello.epochs]

@@ -552,7 +552,6 @@ class LocalCommitLog:
         log = self.log
         cfg = log.config
         disk = shutil.disk_usage(cfg.commit_log_dir)
-        assert log.generation is not None and log.ha_state is not None
         quarantine = log.quarantine.summary()
         epochs = log.ha_state.epochs
         cleaner = log.cleaner
@@ -606,8 +605,6 @@ class LocalCommitLog:
     ) -> int:
         store = self.log.transient
         gens = self.log.generation
-        if store is None or gens is None:
-            return 0
         if log_id and (log_id, generation) != (gens.log_id, gens.generation):
             return 0  # computed before a cut: new stubs may lie below ``below``
         # A worker thread: the store's lock may be held by a page-out step's write.

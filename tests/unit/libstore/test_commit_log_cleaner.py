@@ -38,21 +38,18 @@ def _fill(log: CommitLog, segments: int) -> list[PutMessageResults]:
         batch = [Message("T", bytes([i % 251]) * 4000, 0, properties={"KEYS": f"k{i}"}) for i in range(20)]
         results.append(log.put_messages(batch))
         assert results[-1].all_ok
-    assert log.queue is not None
     log.queue.flush_to(log.max_offset)  # deletion never takes unflushed bytes
     return results
 
 
 def _age(log: CommitLog, first: int, count: int, hours: float) -> None:
     """Set the modification time of segments ``first``..``first + count - 1`` to ``hours`` ago."""
-    assert log.queue is not None
     for mf in log.queue.mapped_files[first : first + count]:
         then = NOW - hours * HOUR_S
         os.utime(mf.path, (then, then))
 
 
 def _segments(log: CommitLog) -> list[str]:
-    assert log.queue is not None
     return [mf.file_name for mf in log.queue.mapped_files]
 
 

@@ -172,7 +172,7 @@ def test_a_full_transient_store_refuses_the_whole_batch_with_system_busy(open_lo
 def test_past_the_high_water_mark_records_are_paged_out_and_still_read(open_log):
     cl: CommitLog = open_log(transient_store_max_bytes=8192, transient_scratch_max_bytes=1 << 20)
     res = [r for b in range(8) for r in cl.put_messages([_transient(i) for i in range(b * 5, b * 5 + 5)])]
-    assert cl.transient is not None and cl.transient.paged_out > 0
+    assert cl.transient.paged_out > 0
     assert cl.transient.memory_bytes <= 8192
     got = cl.read_many([(r.phy_offset, r.size) for r in res])
     assert [decode_record(g).body for g in got] == [_transient(i).body for i in range(40)]
@@ -236,7 +236,6 @@ def test_the_store_counts_every_byte_a_held_record_keeps_alive(open_log):
     buffer, all of it counted); a transient message among persistent ones is copied, so that
     the persistent records' bytes are not kept alive uncounted by the view."""
     cl: CommitLog = open_log()
-    assert cl.transient is not None
     only = cl.adopt_records(encode_records([_transient(i) for i in range(4)]))
     held_before = cl.transient.memory_bytes
     cl.append_batch(only)

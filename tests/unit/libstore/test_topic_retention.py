@@ -38,7 +38,6 @@ def _replicate(master: CommitLog, slave: CommitLog) -> None:
 
 
 def _segments(log: CommitLog) -> list[str]:
-    assert log.queue is not None
     return [mf.file_name for mf in log.queue.mapped_files]
 
 
@@ -65,13 +64,11 @@ def _retain(log: CommitLog, topic: str, hours: float) -> None:
 
 
 def _deleted(log: CommitLog, cleaner: CleanCommitLogService) -> list[str]:
-    assert log.queue is not None
     log.queue.flush_to(log.max_offset)  # deletion never takes unflushed bytes
     return [name for name, _ in cleaner.clean_once().deleted]
 
 
 def _summaries(log: CommitLog) -> dict[int, dict[str, list[int]]]:
-    assert log.queue is not None
     out = {}
     for mf in log.queue.mapped_files:
         summary = log.summaries.get(mf.file_from_offset)
@@ -83,7 +80,6 @@ def _summaries(log: CommitLog) -> dict[int, dict[str, list[int]]]:
 def _scanned(log: CommitLog) -> dict[int, dict[str, list[int]]]:
     """The same summaries computed by reading every record (the reference)."""
     out: dict[int, dict[str, list[int]]] = {}
-    assert log.queue is not None
     for req in log.iter_records(0, log.max_offset, decode_properties=False):
         start = log.queue.segment_start_of(req.commit_log_offset)
         entry = out.setdefault(start, {}).setdefault(req.topic, [0, 0])
@@ -119,7 +115,6 @@ def test_after_a_crash_the_unsaved_part_is_scanned_again(store_config: StoreConf
     log.summaries.save_dirty()  # what a cleanup round writes
     _put_until(log, ["C", "A"], 3 * size + 5000)
     before = _summaries(log)
-    assert log.queue is not None
     log.queue.flush_to(log.max_offset)
     log.abandon()  # no shutdown: nothing more is saved, the abort file stays
     again = CommitLog.open(store_config)

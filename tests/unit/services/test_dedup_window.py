@@ -199,7 +199,6 @@ def test_a_saved_window_catches_up_from_the_first_record_kept_after_retention(
     window.prefill(log)
     persist_window(window, log)
     later = _fill(log, 1000, prefix="L")
-    assert log.queue is not None
     log.queue.flush_to(log.max_offset)
     log.delete_expired_segments(time.time() + 3600, force=True, batch_max=3)
     fresh = DedupWindow(capacity=10_000)

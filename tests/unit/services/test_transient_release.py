@@ -128,7 +128,7 @@ def test_the_commitlog_frees_only_for_the_log_generation_the_point_was_computed_
     port = LocalCommitLog(log, None)
     sent = [Message("T", b"gone %d" % i, 0, properties={"DURABILITY": "1"}) for i in range(4)]
     res = log.put_messages(sent)
-    assert log.transient is not None and len(log.transient) == 4
+    assert len(log.transient) == 4
     gens = log.generation
     assert gens is not None
     end = res[3].phy_offset + res[3].size
