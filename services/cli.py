@@ -308,17 +308,21 @@ def serve(
     ):
         if value is not None:
             store[key] = str(value)
-    for text, what in ((ha_master, "--ha-master"), (ha_listen, "--ha-listen"), (advertise, "--advertise")):
+    for text, what in ((ha_master, "--ha-master"), (advertise, "--advertise")):
         if text and not _is_host_port(text):
+            raise _fail(f"{what} takes host:port, got {text!r}")
+    # Where this process listens, port 0 lets the kernel pick one (the log says which).
+    for text, what in (
+        (ha_listen, "--ha-listen"),
+        (health_listen, "--health-listen"),
+        (metrics_listen, "--metrics-listen"),
+    ):
+        if text and not _is_host_port(text, any_port=True):
             raise _fail(f"{what} takes host:port, got {text!r}")
     peers = tuple(p.strip() for p in ha_peers.split(",") if p.strip())
     bad = [p for p in peers if not _is_host_port(p)]
     if bad:
         raise _fail(f"--ha-peers takes host:port,host:port..., got {bad[0]!r}")
-    if health_listen and not _is_host_port(health_listen):
-        raise _fail(f"--health-listen takes host:port, got {health_listen!r}")
-    if metrics_listen and not _is_host_port(metrics_listen):
-        raise _fail(f"--metrics-listen takes host:port, got {metrics_listen!r}")
     try:
         tls = TlsConfig.load(
             tls_cert or _TLS_ARGS.get("cert"),
@@ -882,9 +886,10 @@ def ha_demote(
     _print_ha(_ha_call(commitlog, "demote", master, 0))
 
 
-def _is_host_port(text: str) -> bool:
+def _is_host_port(text: str, *, any_port: bool = False) -> bool:
+    """``host:port`` with a port of 1-65535 (0 too with ``any_port``: an address to listen on)."""
     host, sep, port = text.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+    return bool(sep and host and port.isdigit() and (0 if any_port else 1) <= int(port) < 65536)
 
 
 # -- demo -----------------------------------------------------------------------------------------

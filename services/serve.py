@@ -387,7 +387,7 @@ class Suite:
             node.commit_log.broker_role.value,
             node.commit_log.config.broker_name,
             node.commit_log.ha_state.last_epoch,
-            f", replication on {ha_listen}" if ha_listen else "",
+            f", replication on {self.ha_server.address}" if self.ha_server is not None else "",
         )
         return node.port
 

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +67,15 @@ def free_port() -> int:
     """A loopback port nothing listens on now, nor on the port after it (a commitlog's HA
     listener takes its port + 1), from this test worker's own block (see _PORT_BASE): an even
     port, so that two handed out never overlap; one this process has not handed out before
-    while the block has such ports left (two servers of one test must not share one). For
-    servers in other processes, whose bound port the test cannot read back. Raises
-    RuntimeError when every port of the block is in use."""
+    while the block has such ports left (two servers of one test must not share one).
+
+    Only for a server whose address must be known before it starts or must stay the same
+    across a restart: cluster members that name each other (--ha-peers, etcd peer URLs), and
+    a member killed and started again where its peers and the gateway still reach for it.
+    A port the kernel picked (bind to port 0) is in the ephemeral range, where a client's
+    connect() may take it between the kill and the restart. Every other server binds port 0:
+    in-process suites read ``Suite.address``, processes :meth:`ServeProcess.bound_address`.
+    Raises RuntimeError when every port of the block is in use."""
     block = _port_block()
     pairs = len(block) // 2
     first = random.randrange(pairs)
@@ -81,6 +88,16 @@ def free_port() -> int:
                 _HANDED_OUT.add(port)
                 return port
     raise RuntimeError(f"no free loopback port left in {block.start}-{block.stop - 1}")
+
+
+@contextlib.contextmanager
+def refusing_address() -> Iterator[str]:
+    """A loopback host:port that refuses connections for as long as the block runs: a socket
+    bound to a port the kernel picked, never listening (nothing else can bind it meanwhile).
+    For tests of what a client does when nobody serves."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def _bindable(port: int) -> bool:
@@ -252,6 +269,23 @@ class ServeProcess:
 
     def tail_log(self, n: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+
+    def bound_address(self, what: str = "serving on", timeout_s: float = 60.0, *, after: int = 0) -> str:
+        """The host:port the process says it bound, from the first log line (past byte
+        ``after`` of the log) that reads ``what`` then an address: "serving on" for its gRPC
+        port, "Prometheus metrics on http://" for its scrape endpoint. For ``--listen
+        127.0.0.1:0``: the kernel picks the port, so no other test can hold it. AssertionError
+        (with the log's tail) when the process exits or ``timeout_s`` passes first."""
+        assert self.log_path is not None, "bound_address reads the process's log"
+        pattern = re.compile(re.escape(what) + r" ?(\d+\.\d+\.\d+\.\d+:\d+)")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = pattern.search(self.log_path.read_text(errors="replace")[after:])
+            if found:
+                return found.group(1)
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"no {what!r} address in the log\n{self.tail_log()}")
+            time.sleep(0.02)
 
 
 class SplitCluster:

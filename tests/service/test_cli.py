@@ -12,7 +12,7 @@ from pathlib import Path
 from libstore import BrokerRole
 from services.cli import initial_broker_role
 from services.serve import Suite
-from tests.service.harness import REPO, free_port
+from tests.service.harness import REPO, refusing_address
 
 
 def mqstore(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -113,16 +113,16 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(embedded: Suite):
     assert "topic" in _one_line_error(mqstore("produce", "--topic", "bad topic", "--count", "1", "-a", gw))
     assert "unknown role" in _one_line_error(mqstore("serve", "--role", "bogus"))
     assert "key=value" in _one_line_error(mqstore("serve", "--set", "nonsense"))
-    nobody = f"127.0.0.1:{free_port()}"
-    down = mqstore("stats", "-a", nobody)
-    assert down.returncode == 1 and f"{nobody} is not available" in _one_line_error(down)
-    assert "cannot read" in _one_line_error(
-        mqstore("produce", "--topic", "T", "--file", "/no/such/file", "-a", gw)
-    )
-    assert "host:port" in _one_line_error(mqstore("ha", "demote", "--master", "nonsense", "-c", nobody))
-    assert "ASYNC_MASTER or SYNC_MASTER" in _one_line_error(mqstore("ha", "promote", "--role", "SLAVE"))
-    ha_down = mqstore("ha", "state", "-c", nobody)
-    assert ha_down.returncode == 1 and "not available" in _one_line_error(ha_down)
+    with refusing_address() as nobody:
+        down = mqstore("stats", "-a", nobody)
+        assert down.returncode == 1 and f"{nobody} is not available" in _one_line_error(down)
+        assert "cannot read" in _one_line_error(
+            mqstore("produce", "--topic", "T", "--file", "/no/such/file", "-a", gw)
+        )
+        assert "host:port" in _one_line_error(mqstore("ha", "demote", "--master", "nonsense", "-c", nobody))
+        assert "ASYNC_MASTER or SYNC_MASTER" in _one_line_error(mqstore("ha", "promote", "--role", "SLAVE"))
+        ha_down = mqstore("ha", "state", "-c", nobody)
+        assert ha_down.returncode == 1 and "not available" in _one_line_error(ha_down)
     assert "--ha-peers" in _one_line_error(mqstore("serve", "--role", "commitlog", "--ha-peers", "a,b"))
     assert "--master-role takes" in _one_line_error(mqstore("serve", "--master-role", "SLAVE"))
     assert "holds no CommitLog file" in _one_line_error(mqstore("spark", "verify", str(REPO / "k8s")))

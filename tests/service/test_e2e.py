@@ -9,24 +9,26 @@ from pathlib import Path
 
 from libstore.store_paths import abort_path
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
-from tests.service.harness import SMALL_STORE, ServeProcess, free_port, poll_until
+from tests.service.harness import SMALL_STORE, ServeProcess, poll_until
 
 TOTAL = 100_000
 QUEUES = 16
 TAGS = ["created", "paid", "shipped", "closed"]
 
 
-def _serve(data: Path, address: str) -> ServeProcess:
-    args = ["--data", str(data), "--listen", address]
+def _serve(data: Path, log_from: int = 0) -> tuple[ServeProcess, str]:
+    """The embedded suite on a port the kernel picks; (process, its gateway address)."""
+    args = ["--data", str(data), "--listen", "127.0.0.1:0"]
     for key, value in {**SMALL_STORE, "mappedFileSizeCommitLog": 32 * 1024 * 1024}.items():
         args += ["--set", f"{key}={value}"]
     proc = ServeProcess(args, log=data.parent / "serve.log")
+    address = proc.bound_address(after=log_from)
     with Admin(address) as admin:
         try:
             admin.wait_until_serving(60)
         except Exception as exc:
             raise AssertionError(f"suite did not start: {exc}\n{proc.tail_log()}") from exc
-    return proc
+    return proc, address
 
 
 def _consume(address: str, group: str, want: int, idle_s: float) -> list:
@@ -39,8 +41,7 @@ def _consume(address: str, group: str, want: int, idle_s: float) -> list:
 def test_produce_consume_query_restart_resume(tmp_path: Path):
     data = tmp_path / "data"
     data.mkdir()
-    address = f"127.0.0.1:{free_port()}"
-    proc = _serve(data, address)
+    proc, address = _serve(data)
     try:
         with Admin(address) as admin:
             admin.create_topic("E2E", QUEUES)
@@ -84,7 +85,7 @@ def test_produce_consume_query_restart_resume(tmp_path: Path):
         assert not abort_path(data / role).exists(), f"{role} did not shut down cleanly"
     before = len(proc.tail_log(10**9))
 
-    proc = _serve(data, address)
+    proc, address = _serve(data, log_from=before)
     try:
         restart_log = proc.tail_log(10**9)[before:]
         assert "normal recovery: log ends at" in restart_log, restart_log[-3000:]

@@ -18,7 +18,6 @@ from tests.service.harness import (
     InProcessSuites,
     ServeProcess,
     SplitCluster,
-    free_port,
     poll_until,
 )
 
@@ -100,14 +99,15 @@ def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> 
 def test_split_services_each_serve_their_own_metrics(tmp_path: Path) -> None:
     """Four processes, four endpoints: the commitlog counts what was put, the gateway what
     consumers got, the dispatch service its consumers' lag, both followers their dispatch lag."""
-    metrics = {role: f"127.0.0.1:{free_port()}" for role in ("commitlog", "dispatch", "index", "gateway")}
+    roles = ("commitlog", "dispatch", "index", "gateway")
     cluster = SplitCluster(
         tmp_path / "split",
         store={"autoCreateTopicEnable": "true"},
-        role_args={role: ["--metrics-listen", address] for role, address in metrics.items()},
+        role_args={role: ["--metrics-listen", "127.0.0.1:0"] for role in roles},
     )
     try:
         cluster.start_all()
+        metrics = {role: cluster.procs[role].bound_address("Prometheus metrics on http://") for role in roles}
         topic, group = "SplitMetrics", "split-group"
         with Producer(cluster.gateway) as producer:
             producer.send_batch([OutgoingMessage(topic, b"z" * 50, queue_id=0) for _ in range(5)])

@@ -21,7 +21,15 @@ from services.client import Admin, Producer, PullConsumer
 from services.credentials import Credentials
 from services.proto import commitlog_grpc, commitlog_pb, common_pb, ha_grpc, ha_pb
 from services.serve import ServeOptions, Suite
-from tests.service.harness import SMALL_STORE, InProcessSuites, SplitCluster, free_port, poll_until
+from tests.service.harness import (
+    SMALL_STORE,
+    InProcessSuites,
+    SplitCluster,
+    free_port,
+    poll_until,
+    refusing_address,
+    wait_until,
+)
 from tests.service.test_cli import mqstore
 from tests.tls_certs import APP_CN, Pki, make_pki
 
@@ -85,12 +93,16 @@ def test_split_topology_over_mutual_tls(tls_split: SplitCluster, pki: Pki) -> No
 
 
 # -- (b) internal RPCs refused without a certificate of the CA -----------------------------------
-def _commitlog_options(root: Path, tls: TlsConfig | None, **store: object) -> ServeOptions:
+def _commitlog_options(
+    root: Path, tls: TlsConfig | None, *, port: int = 0, ha_port: int = 0, **store: object
+) -> ServeOptions:
+    """A commitlog role's options; its ports the kernel's pick unless given (a peer must know
+    the address before the process starts)."""
     return ServeOptions(
         role="commitlog",
         data_dir=root,
-        listen=f"127.0.0.1:{free_port()}",
-        ha_listen=f"127.0.0.1:{free_port()}",
+        listen=f"127.0.0.1:{port}",
+        ha_listen=f"127.0.0.1:{ha_port}",
         store={**SMALL_STORE, "autoCreateTopicEnable": "true", **store},  # topics are not the point here
         tls=tls,
     )
@@ -109,19 +121,19 @@ def test_commitlog_refuses_demote_and_append_from_peers_without_a_ca_certificate
         before_state = stub.GetHAState(commitlog_pb.GetHAStateRequest(), timeout=5)
     assert before_state.broker_role == "ASYNC_MASTER" and before_state.max_offset > 0
     before = _files(root)
-    fake_master = f"127.0.0.1:{free_port()}"
-    for refused in (None, pki.client(cert=False), pki.stranger()):
-        with _channel(address, refused) as channel:
-            stub = commitlog_grpc.CommitLogServiceStub(channel)
-            for call, request in (
-                (stub.Demote, commitlog_pb.DemoteRequest(master_address=fake_master, min_epoch=0)),
-                (stub.Append, append),
-                (stub.DeleteTopic, commitlog_pb.DeleteTopicRequest(topic="T")),
-                (stub.ReleaseTransient, commitlog_pb.ReleaseTransientRequest(below=1 << 40)),
-            ):
-                with pytest.raises(grpc.RpcError) as info:
-                    call(request, timeout=5)
-                assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    with refusing_address() as fake_master:  # were a demotion let through, it would follow nobody
+        for refused in (None, pki.client(cert=False), pki.stranger()):
+            with _channel(address, refused) as channel:
+                stub = commitlog_grpc.CommitLogServiceStub(channel)
+                for call, request in (
+                    (stub.Demote, commitlog_pb.DemoteRequest(master_address=fake_master, min_epoch=0)),
+                    (stub.Append, append),
+                    (stub.DeleteTopic, commitlog_pb.DeleteTopicRequest(topic="T")),
+                    (stub.ReleaseTransient, commitlog_pb.ReleaseTransientRequest(below=1 << 40)),
+                ):
+                    with pytest.raises(grpc.RpcError) as info:
+                        call(request, timeout=5)
+                    assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
     time.sleep(0.5)
     assert _files(root) == before, "a refused call changed the log or haState.json"
     with _channel(address, pki.client()) as channel:
@@ -139,7 +151,8 @@ def test_ha_port_refuses_slaves_without_a_ca_certificate(
     suites: InProcessSuites, tmp_path: Path, pki: Pki
 ) -> None:
     master = suites.start(_commitlog_options(tmp_path / "master", pki.server()))
-    ha_address = master.options.ha_address
+    assert master.ha_server is not None
+    ha_address = master.ha_server.address
     with _channel(master.address, pki.client()) as channel:
         stub = commitlog_grpc.CommitLogServiceStub(channel)
         for i in range(10):
@@ -171,9 +184,7 @@ def test_ha_port_refuses_slaves_without_a_ca_certificate(
     # The same slave with the CA's certificate replicates the whole log.
     good = suites.start(_commitlog_options(tmp_path / "slave", pki.server(), **slave_store))
     assert good.commit_log is not None
-    deadline = time.monotonic() + 20
-    while good.commit_log.max_offset < end and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: good.commit_log.max_offset >= end, "the slave to replicate the log")
     assert good.commit_log.max_offset == end
     assert [s.broker_id for s in master.ha.state().slaves] == [1]
 
@@ -183,8 +194,11 @@ def test_slave_finds_its_master_through_peers_over_mutual_tls(
 ) -> None:
     """The HA controller's peer calls (role discovery, fencing) use the process's certificate: a
     SLAVE given only --ha-peers finds its master by asking it over mutual TLS, then follows it."""
-    master_options = _commitlog_options(tmp_path / "a", pki.server())
-    slave_options = _commitlog_options(tmp_path / "b", pki.server(), brokerRole="SLAVE", brokerId=1)
+    # Each names the other before either starts: ports reserved up front, not the kernel's pick.
+    master_options = _commitlog_options(tmp_path / "a", pki.server(), port=free_port(), ha_port=free_port())
+    slave_options = _commitlog_options(
+        tmp_path / "b", pki.server(), port=free_port(), ha_port=free_port(), brokerRole="SLAVE", brokerId=1
+    )
     master_options.ha_peers = (slave_options.address,)
     slave_options.ha_peers = (master_options.address,)
     master = suites.start(master_options)
@@ -196,9 +210,8 @@ def test_slave_finds_its_master_through_peers_over_mutual_tls(
     slave = suites.start(slave_options)  # raises ConfigError when no peer answers as the master
     assert slave.ha is not None and slave.commit_log is not None
     assert slave.ha.state().master_address == master_options.ha_address
-    deadline = time.monotonic() + 20
-    while slave.commit_log.max_offset < master.commit_log.max_offset and time.monotonic() < deadline:
-        time.sleep(0.05)
+    master_end = master.commit_log.max_offset
+    wait_until(lambda: slave.commit_log.max_offset >= master_end, "the slave to follow its master")
     assert slave.commit_log.max_offset == master.commit_log.max_offset > 0
 
 
@@ -285,7 +298,7 @@ def test_cli_client_commands_take_tls_options_and_variables(
 
 # -- (e) mqstore serve: bad TLS files give one line, not a traceback -------------------------------
 def test_serve_with_a_missing_or_mismatched_tls_file_fails_with_one_line(tmp_path: Path, pki: Pki) -> None:
-    listen = ["--listen", f"127.0.0.1:{free_port()}", "--data", str(tmp_path / "d")]
+    listen = ["--listen", "127.0.0.1:0", "--data", str(tmp_path / "d")]
     missing = mqstore("serve", *listen, "--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(pki.key))
     assert missing.returncode == 2
     assert "server.pem does not exist" in missing.stderr and "Traceback" not in missing.stderr
@@ -403,8 +416,11 @@ def test_a_forced_promotion_never_leaves_two_masters(
     from libstore import RoleSwitchError
     from services.commitlog.client import RemoteCommitLog
 
-    master_options = _commitlog_options(tmp_path / "a", pki.server())
-    slave_options = _commitlog_options(tmp_path / "b", pki.server(), brokerRole="SLAVE", brokerId=1)
+    # Each names the other before either starts: ports reserved up front, not the kernel's pick.
+    master_options = _commitlog_options(tmp_path / "a", pki.server(), port=free_port(), ha_port=free_port())
+    slave_options = _commitlog_options(
+        tmp_path / "b", pki.server(), port=free_port(), ha_port=free_port(), brokerRole="SLAVE", brokerId=1
+    )
     master_options.ha_peers = (slave_options.address,)
     slave_options.ha_peers = (master_options.address,)
     master = suites.start(master_options)

@@ -31,7 +31,7 @@ from services.client import Admin, Producer
 from services.proto import gateway_grpc, gateway_pb
 from services.serve import ServeOptions
 from tests.rocketmq.harness import run_driver
-from tests.service.harness import REPO, SMALL_STORE, InProcessSuites, free_port
+from tests.service.harness import REPO, SMALL_STORE, InProcessSuites
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +43,19 @@ def exporter() -> InMemorySpanExporter:
 
 @pytest.fixture
 def split_in_process(suites: InProcessSuites, tmp_path: Path) -> str:
-    ports = {role: free_port() for role in ("commitlog", "dispatch", "index", "gateway")}
-    addr = {role: f"127.0.0.1:{port}" for role, port in ports.items()}
-    for role in ("commitlog", "dispatch", "index", "gateway"):
+    addr: dict[str, str] = {}
+    for role in ("commitlog", "dispatch", "index", "gateway"):  # each after what it reaches
         suite = suites.start(
             ServeOptions(
                 role=role,
                 data_dir=tmp_path / role,
-                listen=addr[role],
-                commitlog=addr["commitlog"],
-                dispatch=addr["dispatch"],
-                index=addr["index"],
+                listen="127.0.0.1:0",
                 store=SMALL_STORE,
+                **addr,  # commitlog=, dispatch=, index= of the roles already serving
             )
         )
         suites.wait_ready(suite)
+        addr[role] = suite.address
     return addr["gateway"]
 
 
@@ -151,24 +149,25 @@ def test_sync_master_wait_and_replication_lag_are_traced_and_measured(
     from services._common.telemetry import metrics_snapshot
     from services.commitlog.client import RemoteCommitLog
 
-    ports = {name: free_port() for name in ("master", "master-ha", "slave", "slave-ha")}
-    addr = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    addr: dict[str, str] = {}
     for name, role in (("master", "SYNC_MASTER"), ("slave", "SLAVE")):
-        suites.start(
+        suite = suites.start(
             ServeOptions(
                 role="commitlog",
                 data_dir=tmp_path / name,
-                listen=addr[name],
-                ha_listen=addr[f"{name}-ha"],
+                listen="127.0.0.1:0",
+                ha_listen="127.0.0.1:0",
                 store={
                     **SMALL_STORE,
                     "autoCreateTopicEnable": "true",  # off by default for the commitlog role
                     "brokerRole": role,
                     "brokerId": 0 if name == "master" else 1,
-                    "haMasterAddress": addr["master-ha"] if name == "slave" else "",
+                    "haMasterAddress": addr.get("master-ha", ""),
                 },
             )
         )
+        assert suite.ha_server is not None
+        addr[name], addr[f"{name}-ha"] = suite.address, suite.ha_server.address
 
     async def produce() -> tuple[object, object]:
         channel = open_channel(addr["master"])
