@@ -204,6 +204,14 @@ class DispatchApp(DerivedStoreApp):
             out.append(Observation(lag, {"group": group, "topic": topic}))
         return out
 
+    def transient_release_counts(self) -> list[Observation]:
+        """Transient release rounds run and transient messages freed, since start."""
+        release = self.transient_release
+        return [
+            Observation(release.rounds, {"what": "rounds"}),
+            Observation(release.messages_released, {"what": "messages"}),
+        ]
+
     async def stop(self) -> None:
         _LIVE.discard(self)
         self._background_stop.set()
@@ -225,4 +233,15 @@ def _register_consumer_metrics() -> None:
         "mqstore.consumer.lag",
         [observer(_LIVE, DispatchApp.consumer_lag)],
         description="messages a consumer group has still to consume in a topic (all its queues)",
+    )
+    meter("mqstore.dispatch").create_observable_gauge(
+        "mqstore.pull.held",
+        [observer(_LIVE, lambda app: [Observation(app.long_polling.waiting)])],
+        description="pulls and pops held on the dispatch service until a message arrives or their wait ends",
+    )
+    meter("mqstore.dispatch").create_observable_counter(
+        "mqstore.transient.release",
+        [observer(_LIVE, DispatchApp.transient_release_counts)],
+        description="transient release rounds run (what=rounds) and transient messages they freed"
+        " (what=messages) since the dispatch service started",
     )

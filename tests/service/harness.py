@@ -18,9 +18,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from services._common.tls import TlsConfig
 from services.client import Admin, PullConsumer
@@ -136,6 +139,29 @@ def poll_until(
     return got
 
 
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(address: str) -> Samples:
+    """Every sample of the endpoint at ``address``, by sample name (``*_total``, ``*_count``...)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        assert reply.status == 200
+        assert reply.headers["Content-Type"].startswith("text/plain")
+        text = reply.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The one sample of ``name`` whose labels include ``labels``."""
+    found = [v for lab, v in samples.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
+    assert len(found) == 1, f"{name} {labels}: {found} among {samples.get(name)}"
+    return found[0]
+
+
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
     """Poll ``condition`` every 20 ms until it holds; AssertionError naming ``what`` after
     ``timeout_s`` seconds."""
@@ -240,6 +266,7 @@ class ServeProcess:
     ) -> None:
         self.args = args
         self.log_path = log
+        self._log_from = log.stat().st_size if log is not None and log.exists() else 0  # this run's
         self._log = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed in stop
         self.proc = subprocess.Popen(
             [sys.executable, *launcher, *args],
@@ -270,17 +297,20 @@ class ServeProcess:
     def tail_log(self, n: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
-    def bound_address(self, what: str = "serving on", timeout_s: float = 60.0, *, after: int = 0) -> str:
-        """The host:port the process says it bound, from the first log line (past byte
-        ``after`` of the log) that reads ``what`` then an address: "serving on" for its gRPC
-        port, "Prometheus metrics on http://" for its scrape endpoint. For ``--listen
+    def bound_address(self, what: str = "serving on", timeout_s: float = 60.0) -> str:
+        """The host:port the process says it bound, from the first line this process logged
+        (a log shared with earlier runs is read from where this one began) that reads
+        ``what`` then an address: "serving on" for its gRPC port, "Prometheus metrics on
+        http://" for its scrape endpoint. For ``--listen
         127.0.0.1:0``: the kernel picks the port, so no other test can hold it. AssertionError
         (with the log's tail) when the process exits or ``timeout_s`` passes first."""
         assert self.log_path is not None, "bound_address reads the process's log"
         pattern = re.compile(re.escape(what) + r" ?(\d+\.\d+\.\d+\.\d+:\d+)")
         deadline = time.monotonic() + timeout_s
         while True:
-            found = pattern.search(self.log_path.read_text(errors="replace")[after:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_from)
+                found = pattern.search(f.read().decode(errors="replace"))
             if found:
                 return found.group(1)
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -25,9 +25,13 @@ from services._common.errors import error_reason
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.proto import common_pb, dispatch_pb, gateway_grpc, gateway_pb
 from tests.service.conftest import embedded_options
-from tests.service.harness import InProcessSuites, SplitCluster, poll_until
+from tests.service.harness import InProcessSuites, SplitCluster, poll_until, scrape, value, wait_until
 
 _topics = itertools.count()
+
+
+# Per gateway address: how many pulls its dispatch service holds now.
+_HELD: dict[str, Callable[[], float]] = {}
 
 
 @pytest.fixture(scope="module", params=["embedded", "split"])
@@ -37,13 +41,24 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         suites = InProcessSuites()
         suite = suites.start(embedded_options(root))
         suites.wait_ready(suite)
+        assert suite.dispatch_app is not None
+        polling = suite.dispatch_app.long_polling
+        _HELD[suite.address] = lambda: polling.waiting
         yield suite.address
         suites.close()
     else:
-        cluster = SplitCluster(root)
+        cluster = SplitCluster(root, role_args={"dispatch": ["--metrics-listen", "127.0.0.1:0"]})
         cluster.start_all()
+        endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
+        _HELD[cluster.gateway] = lambda: value(scrape(endpoint), "mqstore_pull_held")
         yield cluster.gateway
         cluster.stop_all()
+
+
+def _wait_held(gateway: str, pulls: int) -> None:
+    """Wait until the dispatch service behind ``gateway`` holds ``pulls`` pulls."""
+    held = _HELD[gateway]
+    wait_until(lambda: held() >= pulls, f"{pulls} held pull(s)")
 
 
 def _topic(prefix: str) -> str:
@@ -126,7 +141,7 @@ def test_long_polling_pull_returns_when_a_message_arrives(gateway: str):
         group="g", topic=topic, queue_id=0, offset=0, max_count=8, wait_ms=20_000
     )
     future = stub.Pull.future(request, timeout=30)
-    time.sleep(0.3)  # the pull is held on the server
+    _wait_held(gateway, 1)
     assert not future.done()
     t0 = time.monotonic()
     with Producer(gateway) as producer:
@@ -201,7 +216,7 @@ def test_pull_many_is_held_until_any_of_its_queues_has_a_message(gateway: str):
             wait_ms=20_000,
         )
         future = stub.PullMany.future(request, timeout=30)
-        time.sleep(0.3)  # held on the server
+        _wait_held(gateway, 1)
         assert not future.done()
         t0 = time.monotonic()
         with Producer(gateway) as producer:

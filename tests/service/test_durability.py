@@ -6,13 +6,13 @@ disk; gone after a restart, where consumers go on at the next offset."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from libstore.errors import SystemBusyError
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
-from services.dispatch.transient_release import RELEASE_INTERVAL_S
 from services.serve import ServeOptions, Suite
 from tests.rocketmq.harness import run_driver
 from tests.service.conftest import embedded_options
@@ -20,6 +20,8 @@ from tests.service.harness import (
     InProcessSuites,
     SplitCluster,
     poll_until,
+    scrape,
+    value,
     wait_derived_caught_up,
     wait_until,
 )
@@ -189,15 +191,26 @@ def _send_through_pushback(producer: Producer, batch: list[OutgoingMessage], dea
             time.sleep(0.2)
 
 
-def _release_rounds_pass(suite: Suite | None, rounds: int) -> None:
-    """Wait until the dispatch service ran ``rounds`` more release rounds (in process: counted;
-    in another process, the split topology's: that many intervals and one more)."""
-    if suite is None or suite.dispatch_app is None:
-        time.sleep((rounds + 1) * RELEASE_INTERVAL_S)
-        return
-    release = suite.dispatch_app.transient_release
-    until = release.rounds + rounds
-    wait_until(lambda: release.rounds >= until, f"{rounds} transient release rounds")
+def _release_rounds(suite: Suite | None, cluster: SplitCluster | None) -> Callable[[], float]:
+    """How many transient release rounds the dispatch service has run: counted in process, or
+    scraped from the split dispatch process's metrics endpoint (started with
+    ``--metrics-listen``, see _SPLIT_METRICS)."""
+    if suite is not None:
+        assert suite.dispatch_app is not None
+        release = suite.dispatch_app.transient_release
+        return lambda: release.rounds
+    assert cluster is not None
+    endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
+    return lambda: value(scrape(endpoint), "mqstore_transient_release_total", what="rounds")
+
+
+def _release_rounds_pass(rounds_run: Callable[[], float], rounds: int) -> None:
+    """Wait until ``rounds`` more release rounds ran (each ran whole: the count moves after)."""
+    until = rounds_run() + rounds
+    wait_until(lambda: rounds_run() >= until, f"{rounds} transient release rounds")
+
+
+_SPLIT_METRICS = {"dispatch": ["--metrics-listen", "127.0.0.1:0"]}
 
 
 @pytest.mark.parametrize("topology", ["embedded", "split"])
@@ -215,9 +228,10 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
         address, cluster = suite.address, None
     else:
         suite = None
-        cluster = SplitCluster(tmp_path / "split", store=store)
+        cluster = SplitCluster(tmp_path / "split", store=store, role_args=_SPLIT_METRICS)
         cluster.start_all()
         address = cluster.gateway
+    rounds_run = _release_rounds(suite, cluster)
     try:
         with Admin(address) as admin:
             admin.create_topic("Drained", 1, durability="transient")
@@ -228,7 +242,7 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
             assert producer.send("Unread", b"nobody reads me yet").all_ok
             early = [OutgoingMessage("Drained", b"early%04d" % i + body) for i in range(200)]
             _send_through_pushback(producer, early, deadline)
-            _release_rounds_pass(suite, 3)  # nobody consumed the topic yet: nothing may go
+            _release_rounds_pass(rounds_run, 3)  # nobody consumed the topic yet: nothing may go
             with PullConsumer(address, "fast", "Drained", batch_size=500, hold_ms=200) as fast:
                 got = poll_until(fast, 200, 20)
                 assert [r.body for r in got] == [m.body for m in early]
@@ -249,7 +263,7 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
                 _send_through_pushback(producer, late, deadline)
                 assert [r.body for r in poll_until(fast, 100, 20)] == [m.body for m in late]
                 fast.commit()
-        _release_rounds_pass(suite, 3)  # "fast" read them; "slow" has not: nothing may go
+        _release_rounds_pass(rounds_run, 3)  # "fast" read them; "slow" has not: nothing may go
         with PullConsumer(address, "slow", "Drained", batch_size=500, hold_ms=200) as slow:
             assert [r.body for r in poll_until(slow, 100, 20)] == [m.body for m in late]
             assert slow.skipped == {0: 0}
@@ -258,6 +272,14 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
             assert suite.commit_log is not None and suite.commit_log.transient is not None
             held = suite.commit_log.transient
             wait_until(lambda: len(held) == 1, "the release of what both groups read")
+        else:  # the dispatch process counts what the commitlog process freed for it
+            endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
+
+            def freed() -> float:
+                return value(scrape(endpoint), "mqstore_transient_release_total", what="messages")
+
+            wait_until(lambda: freed() >= n + len(late), "the release of what both groups read")
+            assert freed() == n + len(late)
         with PullConsumer(address, "late", "Unread") as reader:
             assert [r.body for r in poll_until(reader, 1, 20)] == [b"nobody reads me yet"]
     finally:
@@ -270,7 +292,7 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
 def test_a_restarted_dispatch_service_keeps_the_transient_messages_nobody_consumed(tmp_path: Path) -> None:
     """Split topology: the commitlog keeps running while dispatch restarts past the stubs it
     had noted (from its checkpoint); it must still hold them for the consumers to come."""
-    cluster = SplitCluster(tmp_path / "split")
+    cluster = SplitCluster(tmp_path / "split", role_args=_SPLIT_METRICS)
     cluster.start_all()
     try:
         with Admin(cluster.gateway) as admin:
@@ -278,11 +300,11 @@ def test_a_restarted_dispatch_service_keeps_the_transient_messages_nobody_consum
         early = [OutgoingMessage("Kept", b"early%04d" % i) for i in range(200)]
         with Producer(cluster.gateway, retries=0) as producer:
             assert producer.send_batch(early).all_ok
-        time.sleep(2 * RELEASE_INTERVAL_S)
+        _release_rounds_pass(_release_rounds(None, cluster), 2)  # rounds that noted the stubs
         assert cluster.procs["dispatch"].terminate() == 0
         cluster.start("dispatch")
         cluster.wait_serving()
-        time.sleep(3 * RELEASE_INTERVAL_S)  # release rounds of the new dispatch process
+        _release_rounds_pass(_release_rounds(None, cluster), 3)  # rounds of the new process
         with PullConsumer(cluster.gateway, "late", "Kept", batch_size=500, hold_ms=200) as consumer:
             got = poll_until(consumer, 200, 20)
             assert [r.body for r in got] == [m.body for m in early] and consumer.skipped == {0: 0}

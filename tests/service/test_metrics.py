@@ -5,11 +5,9 @@ topology runs one endpoint per service process."""
 
 from __future__ import annotations
 
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.client import Admin, OutgoingMessage, Producer, PullConsumer
 from services.serve import ServeOptions
@@ -19,29 +17,9 @@ from tests.service.harness import (
     ServeProcess,
     SplitCluster,
     poll_until,
+    scrape,
+    value,
 )
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def scrape(address: str) -> Samples:
-    """Every sample of the endpoint at ``address``, by sample name (``*_total``, ``*_count``...)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        assert reply.status == 200
-        assert reply.headers["Content-Type"].startswith("text/plain")
-        text = reply.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The one sample of ``name`` whose labels include ``labels``."""
-    found = [v for lab, v in samples.get(name, []) if all(lab.get(k) == w for k, w in labels.items())]
-    assert len(found) == 1, f"{name} {labels}: {found} among {samples.get(name)}"
-    return found[0]
 
 
 def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> None:

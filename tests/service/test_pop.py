@@ -28,11 +28,15 @@ def test_a_held_pop_wakes_when_a_message_is_made_visible_sooner(
         assert producer.send("Nacked", b"retry me", queue_id=0).all_ok
     assert embedded.dispatch_app is not None
     port = embedded.dispatch_app.port
+    polling = embedded.dispatch_app.long_polling
 
     async def scenario() -> tuple[int, int, float]:
         (first,) = (await port.pop("g", "Nacked", -1, invisible_ms=60_000, wait_ms=5_000)).messages
         held = asyncio.create_task(port.pop("g", "Nacked", -1, invisible_ms=60_000, wait_ms=20_000))
-        await asyncio.sleep(0.3)  # the second pop is held now, until 60 s from the first
+        deadline = time.monotonic() + 20
+        while polling.waiting < 1:  # until the second pop is held (until 60 s from the first)
+            assert time.monotonic() < deadline and not held.done(), "the second pop was not held"
+            await asyncio.sleep(0.01)
         changed = time.monotonic()
         await port.change_invisible("g", "Nacked", first.receipt_handle, 200)
         (again,) = (await held).messages
