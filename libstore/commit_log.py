@@ -48,9 +48,7 @@ import bisect
 import contextlib
 import itertools
 import logging
-import mmap
 import operator
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -61,11 +59,10 @@ from typing import cast
 from libstore.commit_log_cleaner import CleanCommitLogService
 from libstore.config import BrokerRole, FlushDiskType, StoreConfig
 from libstore.dispatch_request import DispatchRequest
-from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, hold_entries, is_stub, mark_transient
+from libstore.durability import hold_entries, mark_transient
 from libstore.errors import (
     CorruptRecordError,
     DiskFullError,
-    InvalidArgumentError,
     NotMasterError,
     OffsetOutOfRangeError,
     OSPageCacheBusyError,
@@ -76,6 +73,7 @@ from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCom
 from libstore.ha_service import HAService
 from libstore.ha_state import EpochEntry, HAState
 from libstore.log_generation import LogGeneration
+from libstore.log_reads import decode_record_at, read_record, read_records, store_timestamp_of
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
@@ -91,11 +89,7 @@ from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, QueueOffsetTable
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
-    RECORD_OVERHEAD_V1_IPV4,
-    decode_record,
     encode_blank,
-    record_size_of,
-    store_timestamp_at,
 )
 from libstore.record_encoder import EncodedBatch, RecordEncoder, assign_offsets
 from libstore.recovery import (
@@ -122,7 +116,6 @@ from libstore.topic_config import TopicConfigManager
 from libstore.transient_messages import TransientMessageStore
 
 log = logging.getLogger(__name__)
-_TOTAL_SIZE = struct.Struct(">i")  # TOTALSIZE, the first field of a record (free bytes in a blank)
 _EVERY_ONE_WAITS: frozenset[int] = frozenset()  # PutMessageResults.unwaited of most batches
 
 
@@ -1143,97 +1136,24 @@ class CommitLog:
     # read path
     # ------------------------------------------------------------------------------------------
     def get_message(self, phy_offset: int, size: int) -> bytes:
-        """The raw bytes of the record at ``phy_offset`` (``size`` bytes, as put results give).
-
-        Raises OffsetOutOfRangeError when the range is not inside one segment's readable bytes.
-        """
-        if size <= 0:
-            raise OffsetOutOfRangeError(f"size must be > 0, got {size}")
-        mf = self.queue.find_mapped_file_by_offset(phy_offset)
-        if mf is None:
-            raise OffsetOutOfRangeError(
-                f"offset {phy_offset} is outside the log [{self.min_offset}, {self.max_offset})"
-            )
-        try:
-            return mf.read(phy_offset - mf.file_from_offset, size)
-        except ValueError as exc:  # segment unmapped concurrently
-            raise OffsetOutOfRangeError(f"offset {phy_offset} is no longer in the log") from exc
+        """The raw bytes of the record at ``phy_offset`` (``size`` bytes, as put results give);
+        libstore.log_reads.read_record. Raises OffsetOutOfRangeError."""
+        return read_record(self.queue, phy_offset, size)
 
     def read_many(
         self, ranges: Sequence[tuple[int, int]], *, max_bytes: int = 0, max_record_size: int = 0
     ) -> list[bytes | None]:
-        """Raw records at (offset, size) ranges, None where the log no longer holds one; size 0
-        reads the whole record at the offset. One segment lookup per run of ranges in the same
-        segment (a pull reads many records close together).
-
-        ``max_record_size`` (0: none): a range, or a size-0 record's TOTALSIZE, larger than this
-        reads as None (no record is larger: an offset that is not a record's start). Raises
-        InvalidArgumentError, having copied at most ``max_bytes``, when the records would come
-        to more than ``max_bytes`` (0: no bound)."""
-        out: list[bytes | None] = []
-        append = out.append
-        mf = None
-        base = tail = readable = 0
-        buf: mmap.mmap | bytes = b""  # the segment's mapping once one is found
-        total = 0
-        for offset, size in ranges:
-            if mf is None or not base <= offset < tail:
-                mf = self.queue.find_mapped_file_by_offset(offset)
-                if mf is None or mf.closed:
-                    mf = None
-                    append(None)
-                    continue
-                base, tail, buf = mf.file_from_offset, mf.file_tail_offset, mf.buffer
-                readable = base + mf.readable_position
-            try:
-                if size == 0:
-                    size = _TOTAL_SIZE.unpack_from(buf, offset - base)[0] if offset + 8 <= readable else 0
-                if size <= 0 or offset + size > readable or (max_record_size and size > max_record_size):
-                    append(None)
-                    continue
-                pos = offset - base
-                if size > STUB_FLAG_BYTE and buf[pos + STUB_FLAG_BYTE] & STUB_FLAG_BIT:
-                    record = self._transient_record(offset)
-                    if record is None:
-                        append(None)
-                        continue
-                    size = len(record)
-                else:
-                    record = buf[pos : pos + size]
-                total += size
-                if max_bytes and total > max_bytes:
-                    raise InvalidArgumentError(
-                        f"a read returns at most {max_bytes} bytes; these ranges hold more"
-                    )
-                append(record)
-            except ValueError:  # segment unmapped concurrently
-                mf = None
-                append(None)
-        return out
-
-    def _transient_record(self, offset: int) -> bytes | None:
-        """The whole record of the transient message whose stub is at ``offset``, or None."""
-        return self.transient.get(offset)
+        """Whole records at (offset, size) ranges (size 0: as TOTALSIZE says), None where the
+        log no longer holds one; a transient message's stub reads as its whole record.
+        libstore.log_reads.read_records. Raises InvalidArgumentError past ``max_bytes``."""
+        return read_records(
+            self.queue, self.transient, ranges, max_bytes=max_bytes, max_record_size=max_record_size
+        )
 
     def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:
-        """Decode the record at ``phy_offset`` (a transient message's whole record for its
-        stub); raises OffsetOutOfRangeError (also for a transient message no longer held) or
-        CorruptRecordError."""
-        if size is None:
-            head = self.get_message(phy_offset, 8)
-            size = record_size_of(head, 0)
-            if size <= 0:
-                raise CorruptRecordError(f"no record starts at offset {phy_offset}")
-        raw = self.get_message(phy_offset, size)
-        if len(raw) > STUB_FLAG_BYTE and is_stub(raw):
-            held = self._transient_record(phy_offset)
-            if held is None:
-                raise OffsetOutOfRangeError(f"the transient message at {phy_offset} is no longer held")
-            raw = held
-        record = decode_record(raw, 0)
-        if record.phy_offset != phy_offset:
-            raise CorruptRecordError(f"record at {phy_offset} claims offset {record.phy_offset}")
-        return record
+        """Decode the record at ``phy_offset`` (libstore.log_reads.decode_record_at); raises
+        OffsetOutOfRangeError (also for a transient message no longer held) or CorruptRecordError."""
+        return decode_record_at(self.queue, self.transient, phy_offset, size)
 
     def scan_records(
         self, from_offset: int, end_offset: int, *, decode_properties: bool = True
@@ -1257,17 +1177,8 @@ class CommitLog:
 
     def pickup_store_timestamp(self, phy_offset: int, size: int) -> int:
         """STORETIMESTAMP (ms) of the record at ``phy_offset``, or -1 when the log no longer
-        holds it (RocketMQ ``pickupStoreTimestamp``)."""
-        mf = self.queue.find_mapped_file_by_offset(phy_offset)
-        if mf is None or size < RECORD_OVERHEAD_V1_IPV4:
-            return -1
-        pos = phy_offset - mf.file_from_offset
-        try:
-            if pos + size > mf.readable_position:
-                return -1
-            return store_timestamp_at(mf.buffer, pos)
-        except ValueError:  # segment unmapped concurrently
-            return -1
+        holds it (RocketMQ ``pickupStoreTimestamp``; libstore.log_reads.store_timestamp_of)."""
+        return store_timestamp_of(self.queue, phy_offset, size)
 
     def iter_records(
         self,
