@@ -152,6 +152,25 @@ static int as_int(PyObject *obj, long long lo, long long hi, long long *out) {
     return 1;
 }
 
+/* libstore.queue_round_robin.QueueRoundRobin, a dict of {topic: next message number}: the queue
+ * of ``topic``'s next message over ``width`` queues, the counter bumped, no Python run. -1 with
+ * an exception set on failure; -2 (nothing changed) when the counter is not a plain int, for the
+ * caller to call the object instead. */
+static long long round_robin_next(PyObject *counters, PyObject *topic, long long width) {
+    PyObject *cur = PyDict_GetItemWithError(counters, topic);
+    long long n = 0;
+    if (cur == NULL) {
+        if (PyErr_Occurred()) return -1;
+    } else if (!as_int(cur, 0, INT64_MAX - 1, &n)) {
+        return -2;
+    }
+    PyObject *next = PyLong_FromLongLong(n + 1);
+    if (next == NULL) return -1;
+    int rc = PyDict_SetItem(counters, topic, next);
+    Py_DECREF(next);
+    return rc < 0 ? -1 : n % width;
+}
+
 /* ------------------------------------------------------------ properties */
 
 /* Java String.hashCode over the UTF-16 code units of ``text`` (libstore.tags, spec §3). */
@@ -760,27 +779,40 @@ static PyObject *py_adopt_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                 Py_DECREF(checked);
                 break;
             }
-            PyObject *chosen = PyObject_CallOneArg(choose, topic);
-            if (chosen == NULL) { /* as the Python code would: the chooser's error, unchanged */
-                Py_DECREF(topic);
-                Py_DECREF(checked);
-                goto done;
+            long long next = -2; /* the queue a QueueRoundRobin gave in C; -2: call the chooser */
+            if (PyDict_Check(choose) && queue_limit <= INT32_MAX) {
+                next = round_robin_next(choose, topic, queue_limit);
+                if (next == -1) {
+                    Py_DECREF(topic);
+                    Py_DECREF(checked);
+                    goto done;
+                }
             }
-            if (!as_int(chosen, 0, queue_limit - 1, &queue_id)) {
-                /* out of range or not a plain int: hand it back (chosen once) for the Python
-                 * code to place or refuse */
-                chosen_out = chosen;
-                Py_DECREF(topic);
-                Py_DECREF(checked);
-                break;
-            }
-            Py_DECREF(chosen);
-            buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
-            if (PyByteArray_GET_SIZE(buf_obj) != limit) {
-                Py_DECREF(topic);
-                Py_DECREF(checked);
-                PyErr_SetString(PyExc_RuntimeError, "the buffer changed size during adopt_run");
-                goto done;
+            if (next >= 0) {
+                queue_id = next;
+            } else {
+                PyObject *chosen = PyObject_CallOneArg(choose, topic);
+                if (chosen == NULL) { /* as the Python code would: the chooser's error, unchanged */
+                    Py_DECREF(topic);
+                    Py_DECREF(checked);
+                    goto done;
+                }
+                if (!as_int(chosen, 0, queue_limit - 1, &queue_id)) {
+                    /* out of range or not a plain int: hand it back (chosen once) for the Python
+                     * code to place or refuse */
+                    chosen_out = chosen;
+                    Py_DECREF(topic);
+                    Py_DECREF(checked);
+                    break;
+                }
+                Py_DECREF(chosen);
+                buf = (unsigned char *)PyByteArray_AS_STRING(buf_obj);
+                if (PyByteArray_GET_SIZE(buf_obj) != limit) {
+                    Py_DECREF(topic);
+                    Py_DECREF(checked);
+                    PyErr_SetString(PyExc_RuntimeError, "the buffer changed size during adopt_run");
+                    goto done;
+                }
             }
         }
         if (!(0 <= queue_id && queue_id < queue_limit)) { /* the Python code refuses it */
@@ -1345,6 +1377,22 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
                 || !as_int(a.prepared_transaction_offset, INT64_MIN, INT64_MAX, &prepared))
                 break;
             Py_ssize_t body_len = PyBytes_GET_SIZE(a.body);
+            long long next = -2; /* as in adopt_run: a QueueRoundRobin's queue, chosen in C */
+            if (queue_id == -1 && PyDict_Check(choose) && 0 < limit && limit < INT32_MAX) {
+                next = round_robin_next(choose, a.topic, limit);
+                if (next == -1) {
+                    stop = -1;
+                    break;
+                }
+                if (next >= 0) {
+                    queue_id = next;
+                    chosen_obj = PyLong_FromLongLong(next); /* handed back as a call's would be */
+                    if (chosen_obj == NULL) {
+                        stop = -1;
+                        break;
+                    }
+                }
+            }
             if (queue_id == -1 && choose != Py_None) {
                 PyObject *q = PyObject_CallOneArg(choose, a.topic);
                 if (q == NULL) {

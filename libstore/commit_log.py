@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import itertools
 import logging
 import operator
 import threading
@@ -87,6 +86,7 @@ from libstore.producer_input import (
 )
 from libstore.quarantine import Quarantine
 from libstore.queue_offset_table import QueueKey, QueueOffsetSnapshot, QueueOffsetTable
+from libstore.queue_round_robin import QueueRoundRobin
 from libstore.record_codec import (
     END_FILE_MIN_BLANK_LENGTH,
     encode_blank,
@@ -162,7 +162,8 @@ class CommitLog:
         self._put_lock = threading.Lock()
         self._begin_time_in_lock = 0.0
         self._offsets = QueueOffsetTable(queue_offset_table_path(self.root))
-        self._round_robin: dict[str, itertools.count[int]] = {}
+        # Queues of messages sent to queue -1 (a topic's table is the store's once loaded).
+        self._round_robin = QueueRoundRobin(lambda topic: self.topic_config.write_queue_nums(topic))
         self._files: StoreFiles | None = None  # made by load(), kept (closed) after shutdown
         self._last_record_at = -1  # offset of the last record appended (-1: not known)
         self._services: list[ServiceThread] = []
@@ -507,7 +508,7 @@ class CommitLog:
             messages,
             now,
             self.topic_config.write_queue_nums,
-            choose_queue=self._next_queue if place_unassigned else None,
+            choose_queue=self._round_robin if place_unassigned else None,
         )
         mark_transient(batch, self.topic_config.transient_topics)
         return self.append_batch(batch, expected_epoch=expected_epoch)
@@ -534,7 +535,7 @@ class CommitLog:
             raw,
             time.time_ns() // 1_000_000,
             topics.write_queue_nums,
-            choose_queue=self._next_queue,
+            choose_queue=self._round_robin,
             born_host=born_host,
             check_topic=check_producer_topic,
             check_properties=check_producer_properties,
@@ -546,14 +547,6 @@ class CommitLog:
         if not batch.scheduled:  # else the caller encodes its messages again (LocalCommitLog)
             mark_transient(batch, topics.transient_topics)
         return batch
-
-    def _next_queue(self, topic: str) -> int:
-        """Round robin over ``topic``'s write queues (auto-creating it as a put would)."""
-        width = self.topic_config.write_queue_nums(topic)
-        counter = self._round_robin.get(topic)
-        if counter is None:
-            counter = self._round_robin[topic] = itertools.count()
-        return next(counter) % width
 
     def append_batch(self, batch: EncodedBatch, *, expected_epoch: int = 0) -> AppendResult:
         """Append a validated batch (from the encoder or :meth:`adopt_records`) under the put
