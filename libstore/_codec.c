@@ -49,6 +49,7 @@ typedef struct {
     PyObject *space;
     PyObject *crc_func; /* crc32(bytes-like) -> int, or NULL for zlib */
     PyObject *sep_entry; /* "\x02" */
+    PyObject *array_type; /* array.array */
     PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
     PyObject *record_descr[18];
     PyObject *decode_host; /* encoded host bytes -> (ip, port) */
@@ -82,6 +83,15 @@ static int append_index(PyObject *list, Py_ssize_t index) {
     int rc = (i_obj != NULL && PyList_Append(list, i_obj) == 0) ? 0 : -1;
     Py_XDECREF(i_obj);
     return rc;
+}
+
+/* array.array('q', values[:n]) (native byte order, as array stores it); NULL with an exception set. */
+static PyObject *int64_array(const int64_t *values, Py_ssize_t n) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)values, n * (Py_ssize_t)sizeof(int64_t));
+    if (raw == NULL) return NULL;
+    PyObject *arr = PyObject_CallFunction(S.array_type, "sO", "q", raw);
+    Py_DECREF(raw);
+    return arr;
 }
 
 static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
@@ -1850,7 +1860,7 @@ PyDoc_STRVAR(split_transient_doc,
 "their DURABILITY property is 1). None when none is; the index of the first marked record whose\n"
 "DURABILITY value is neither 1 nor 2 (nothing is changed then); else a new batch buffer with\n"
 "each transient record replaced by its stub (their whole records stay where they are in\n"
-"``buf``: record ``found[k]`` at ``whole_at[k]``, ``whole_bytes`` in all), and ``positions``,\n"
+"``buf``: record ``i`` at ``whole_at[i]``, a dict in record order, ``whole_bytes`` in all), and ``positions``,\n"
 "``sizes`` and the ``requests`` (when there is one per record: msg_size and sys_flag) updated\n"
 "in place.\n"
 "NotImplemented when a record does not parse.");
@@ -1939,7 +1949,7 @@ static PyObject *py_split_transient(PyObject *self, PyObject *const *args, Py_ss
     }
     out = PyByteArray_FromStringAndSize(NULL, stub_total);
     found = PyList_New(0);
-    whole_at = PyList_New(0);
+    whole_at = PyDict_New();
     if (out == NULL || found == NULL || whole_at == NULL) goto done;
     {
         unsigned char *dst = (unsigned char *)PyByteArray_AS_STRING(out);
@@ -1961,7 +1971,12 @@ static PyObject *py_split_transient(PyObject *self, PyObject *const *args, Py_ss
             const StubLayout *st = &lay[i];
             memcpy(dst + out_done, buf + done_to, (size_t)(pos - done_to));
             write_stub(dst + written, buf + pos, st, stub_flag, kept_flags);
-            if (append_index(found, i) < 0 || append_index(whole_at, pos) < 0) goto done;
+            PyObject *i_obj = PyLong_FromSsize_t(i), *at_obj = PyLong_FromSsize_t(pos);
+            int failed = i_obj == NULL || at_obj == NULL || PyList_Append(found, i_obj) < 0
+                         || PyDict_SetItem(whole_at, i_obj, at_obj) < 0;
+            Py_XDECREF(i_obj);
+            Py_XDECREF(at_obj);
+            if (failed) goto done;
             PyObject *new_size = PyLong_FromSsize_t(st->stub_size);
             if (new_size == NULL) goto done;
             PyList_SetItem(sizes, i, new_size);
@@ -1997,6 +2012,7 @@ done:
 PyDoc_STRVAR(hold_entries_doc,
 "hold_entries(buf, positions, ts_positions, whole_buf, transient, start, stop, delta)\n"
 "    -> (keys, ends, data)\n\n"
+"``keys`` and ``ends`` are array('q').\n"
 "libstore.durability._hold_entries_py: the stub offsets of the records of ``transient`` (record\n"
 "index -> position in ``whole_buf``, ascending) within [start, stop), and their whole records\n"
 "one after another in ``data`` (record i ends at ``ends[i]``), each with the QUEUEOFFSET,\n"
@@ -2021,10 +2037,13 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
     if (PyErr_Occurred()) return NULL;
     const unsigned char *whole = (const unsigned char *)PyByteArray_AS_STRING(args[3]);
     Py_ssize_t whole_len = PyByteArray_GET_SIZE(args[3]), buf_len = PyByteArray_GET_SIZE(args[0]);
-    Held *held = PyMem_Malloc(sizeof(Held) * (size_t)(PyDict_GET_SIZE(transient) + 1));
-    PyObject *keys = PyList_New(0), *ends = PyList_New(0), *data = NULL;
-    if (held == NULL || keys == NULL || ends == NULL) {
-        if (held == NULL) PyErr_NoMemory();
+    Py_ssize_t room = PyDict_GET_SIZE(transient) + 1;
+    Held *held = PyMem_Malloc(sizeof(Held) * (size_t)room);
+    int64_t *key_at = PyMem_Malloc(sizeof(int64_t) * (size_t)room);
+    int64_t *end_at = PyMem_Malloc(sizeof(int64_t) * (size_t)room);
+    PyObject *keys = NULL, *ends = NULL, *data = NULL;
+    if (held == NULL || key_at == NULL || end_at == NULL) {
+        PyErr_NoMemory();
         goto error;
     }
     /* First pass: check every record and add up the sizes; the dict keeps insertion order,
@@ -2076,10 +2095,13 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
             memcpy(w + h->ts_at, stub + h->ts_at, 8); /* STORETIMESTAMP */
             w += h->size;
             end += h->size;
-            if (append_index(keys, (Py_ssize_t)(h->pos + delta)) < 0 || append_index(ends, end) < 0)
-                goto error;
+            key_at[i] = (int64_t)(h->pos + delta);
+            end_at[i] = (int64_t)end;
         }
     }
+    keys = int64_array(key_at, n);
+    ends = keys == NULL ? NULL : int64_array(end_at, n);
+    if (ends == NULL) goto error;
     if (in_place) {
         PyObject *view = PyMemoryView_FromObject(args[3]);
         PyObject *part = view == NULL ? NULL : PySequence_GetSlice(view, held[0].at, held[0].at + total);
@@ -2089,6 +2111,8 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
         if (data == NULL) goto error;
     }
     PyMem_Free(held);
+    PyMem_Free(key_at);
+    PyMem_Free(end_at);
     {
         PyObject *result = PyTuple_Pack(3, keys, ends, data);
         Py_DECREF(keys);
@@ -2100,6 +2124,8 @@ outside:
     PyErr_SetString(PyExc_ValueError, "hold_entries: a record lies outside its buffer");
 error:
     PyMem_Free(held);
+    PyMem_Free(key_at);
+    PyMem_Free(end_at);
     Py_XDECREF(keys);
     Py_XDECREF(ends);
     Py_XDECREF(data);
@@ -2136,6 +2162,11 @@ PyMODINIT_FUNC PyInit__codec(void) {
     S.space = PyUnicode_FromString(" ");
     S.sep_entry = PyUnicode_FromString("\x02");
     if (S.sep_entry == NULL) return NULL;
+    PyObject *array_module = PyImport_ImportModule("array");
+    if (array_module == NULL) return NULL;
+    S.array_type = PyObject_GetAttrString(array_module, "array");
+    Py_DECREF(array_module);
+    if (S.array_type == NULL) return NULL;
     if ((S.n_topic = PyUnicode_InternFromString("topic")) == NULL
         || (S.n_body = PyUnicode_InternFromString("body")) == NULL
         || (S.n_queue_id = PyUnicode_InternFromString("queue_id")) == NULL

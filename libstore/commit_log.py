@@ -676,7 +676,8 @@ class CommitLog:
         """Put the whole records of the transient messages among records ``start``..``stop``-1
         of ``batch`` into :attr:`transient`, under their stubs' offsets, with the offsets and
         store time just assigned to the stubs (put lock held; the room was made for them)."""
-        self.transient.put_run(*hold_entries(batch, start, stop, delta))
+        keys, ends, data = hold_entries(batch, start, stop, delta)
+        self.transient.put_run(keys, ends, data, ordered=True)
 
     def _after_append(self, next_offset: int) -> None:
         self.ha_service.on_append(next_offset)

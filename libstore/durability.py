@@ -24,6 +24,7 @@ stub's offset, or nothing: the message is removed, as a record retention deleted
 from __future__ import annotations
 
 import enum
+from array import array
 from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any, Final
@@ -62,8 +63,9 @@ _STUB_KEPT_FLAGS: Final = (
 
 
 # What splitting a batch gives: the stub buffer, the transient messages' indexes, where each
-# one's whole record starts in the batch's buffer as it was, and their bytes (mark_transient).
-_Split = tuple[bytearray, list[int], list[int], int]
+# one's whole record starts in the batch's buffer as it was ({index: position}, in record
+# order), and their bytes (mark_transient).
+_Split = tuple[bytearray, list[int], dict[int, int], int]
 
 
 class Durability(enum.Enum):
@@ -131,12 +133,13 @@ def stub_of(buf: bytearray, pos: int) -> bytes:
 
 def hold_entries(
     batch: EncodedBatch, start: int, stop: int, delta: int
-) -> tuple[list[int], list[int], bytes | memoryview]:
+) -> tuple[array[int], array[int], bytes | memoryview]:
     """The stub offsets of ``batch``'s transient messages among records ``start``..``stop``-1,
     whose stubs just took their offsets (the put lock's loop, CommitLog._append_locked: the stub
     at position p of ``batch.buf`` is at CommitLog offset p + ``delta``), and their whole
     records one after another, as ``(keys, ends, data)`` (record i of ``data`` ends at
-    ``ends[i]``: TransientMessageStore.put_run). Each whole record gets its stub's QUEUEOFFSET,
+    ``ends[i]``; keys and ends are array('q'), ascending: TransientMessageStore.put_run). Each
+    whole record gets its stub's QUEUEOFFSET,
     PHYSICALOFFSET and STORETIMESTAMP. When the records are all of ``batch.whole_buf`` (a batch
     of transient messages only, in one run) they are patched there and ``data`` is a read-only
     view of it (no copy: the store's count of held bytes is then all the view keeps alive);
@@ -158,8 +161,8 @@ def hold_entries(
         and sum(size for _, _, size in held) == len(whole)
         and all(a[1] + a[2] == b[1] for a, b in pairwise(held))
     )
-    keys: list[int] = []
-    ends: list[int] = []
+    keys = array("q")
+    ends = array("q")
     copied = bytearray()
     end = 0
     for k, at, size in held:
@@ -217,8 +220,7 @@ def mark_transient(batch: EncodedBatch, transient_topics: frozenset[str]) -> Non
     if split is None:
         return
     batch.whole_buf = batch.buf
-    batch.buf, found, whole_at, batch.transient_bytes = split
-    batch.transient = dict(zip(found, whole_at, strict=True))
+    batch.buf, found, batch.transient, batch.transient_bytes = split
     if batch.no_wait:
         batch.no_wait = sorted(set(batch.no_wait).union(found))
     else:
@@ -255,7 +257,7 @@ def _split_py(batch: EncodedBatch, found: list[int]) -> _Split | None:
         return None
     buf, positions, sizes = batch.buf, batch.positions, batch.sizes
     parts: list[bytes | memoryview] = []
-    whole_at = [positions[i] for i in found]
+    whole_at = {i: positions[i] for i in found}
     whole_bytes = sum(sizes[i] for i in found)
     done = 0
     with memoryview(buf) as view:

@@ -176,27 +176,38 @@ class TransientMessageStore:
         ends = list(accumulate(map(len, records)))
         self.put_run(keys, ends, b"".join(records))
 
-    def put_run(self, keys: Sequence[int], ends: Sequence[int], data: bytes | memoryview) -> None:
+    def put_run(
+        self, keys: Sequence[int], ends: Sequence[int], data: bytes | memoryview, *, ordered: bool = False
+    ) -> None:
         """Hold the records of ``data`` (record ``i`` is bytes ``ends[i-1]``, 0 for the first,
         up to ``ends[i]``; the last end is ``len(data)``) under ``keys`` (ascending, above every
         key put before), all or none; ``data`` is held as it is, without a copy (bytes, or a
-        read-only view of bytes its owner no longer changes). Raises SystemBusyError when
-        neither memory nor scratch has room, InvalidArgumentError for keys out of order or ends
-        that do not cut ``data``."""
+        read-only view of bytes its owner no longer changes), and so are ``keys`` and ``ends``
+        when they are array('q'). ``ordered``: the caller built both to ascend (hold_entries
+        does), and they are not walked to check it. Raises SystemBusyError when neither memory
+        nor scratch has room, InvalidArgumentError for keys out of order or ends that do not
+        cut ``data``."""
         if not keys:
             return
         n = len(keys)
-        if len(ends) != n or ends[-1] != len(data) or ends[0] < 0 or any(map(operator.gt, ends, ends[1:])):
+        if (
+            len(ends) != n
+            or ends[-1] != len(data)
+            or ends[0] < 0
+            or (not ordered and any(map(operator.gt, ends, ends[1:])))
+        ):
             raise InvalidArgumentError(f"{n} transient keys for records ending at {list(ends[:8])}")
         size = len(data)
+        key_array = keys if isinstance(keys, array) and keys.typecode == "q" else array("q", keys)
+        end_array = ends if isinstance(ends, array) and ends.typecode == "q" else array("q", ends)
         with self._lock:
             last = self._last_key
-            if keys[0] <= last or any(map(operator.ge, keys, keys[1:])):
+            if keys[0] <= last or (not ordered and any(map(operator.ge, keys, keys[1:]))):
                 raise InvalidArgumentError(
                     f"transient keys must ascend, above the last one put ({last}): {list(keys[:8])}"
                 )
             self._make_room_locked(size)
-            self._chunks.append(_Chunk(array("q", keys), array("q", ends), data))
+            self._chunks.append(_Chunk(key_array, end_array, data))
             self._firsts.append(keys[0])
             self._last_key = keys[-1]
             self._count += n

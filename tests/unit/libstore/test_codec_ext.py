@@ -602,8 +602,8 @@ def test_stubs_and_held_records_match_the_python_reference(msgs, transient_topic
         assert durability.is_stub(stub) and record_codec.check_record(stub, 0, len(stub)).success
         assert decode_record(whole, transient[i]).body == msgs[i].body
     records = [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
-    assert ends[-1:] == [len(data)] if keys else data == b""
-    assert keys == [positions[i] + base for i in found if i >= 1]
+    assert list(ends[-1:]) == [len(data)] if keys else data == b""
+    assert list(keys) == [positions[i] + base for i in found if i >= 1]
     for key, record in zip(keys, records, strict=True):
         rec = decode_record(record)
         assert rec.phy_offset == key and rec.store_timestamp == 7 and not durability.is_stub(record)
