@@ -12,7 +12,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -26,6 +26,7 @@ from services.dispatch.transient_release import RELEASE_INTERVAL_S
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 SERVICE_RUNS = 3  # the services suite's rows are medians of this many runs in one suite's life
+TRANSIENT_RUNS = 5  # the interleaved transient / ASYNC_FLUSH rows: closer ratios than 3 give
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,29 +303,37 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
     """Produce and consume over the gateway, embedded and split, ASYNC_FLUSH and SYNC_FLUSH."""
     lines = [
         f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
-        f"server and load-generating clients share the cores; each row: medians of {SERVICE_RUNS} runs.",
+        f"server and load-generating clients share the cores; each row: medians of {SERVICE_RUNS} runs "
+        f"({TRANSIENT_RUNS} for the interleaved rows, after one round not counted); server µs/msg: "
+        "CPU of the server processes (every thread, user + system) per message.",
         "",
-        "| topology | flush | run | msgs/s | body MB/s | p50 ms | p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| topology | flush | run | msgs/s | body MB/s | p50 ms | p99 ms | server µs/msg |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     per_process = 60_000
     mb = service_bench.BODY / 1e6  # MB of message body per message
 
     def row(topology: str, flush: str, run: str, m: service_bench.Medians) -> None:
-        console.print(f"  {topology} {flush} {run}: {m.msgs_per_s:,.0f} msgs/s, p99 {m.p99:.1f} ms")
+        console.print(
+            f"  {topology} {flush} {run}: {m.msgs_per_s:,.0f} msgs/s, p99 {m.p99:.1f} ms, "
+            f"server {m.server_us_per_msg:.1f} µs/msg"
+        )
         lines.append(
             f"| {topology} | {flush} | {run} | {m.msgs_per_s:,.0f} | {m.msgs_per_s * mb:,.1f} | "
-            f"{m.p50:.1f} | {m.p99:.1f} |"
+            f"{m.p50:.1f} | {m.p99:.1f} | {m.server_us_per_msg:.1f} |"
         )
 
     for topology in ("embedded", "split"):
         for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             with (
                 scratch_dir(data_dir, f"svc-{topology}") as d,
-                service_bench.running_suite(d, topology, flush) as gw,
+                service_bench.running_processes(d, topology, flush) as suite,
             ):
+                gw, pids = suite.address, suite.pids
                 runs = [
-                    service_bench.produce(gw, processes=2, per_process=per_process, batch=256, inflight=4)
+                    service_bench.produce(
+                        gw, processes=2, per_process=per_process, batch=256, inflight=4, server_pids=pids
+                    )
                     for _ in range(SERVICE_RUNS)
                 ]
                 row(
@@ -336,7 +345,8 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                 if flush == "ASYNC_FLUSH":
                     # each run a fresh group, reading the first run's messages from the start
                     consumed = [
-                        service_bench.consume(gw, f"bench-{i}", runs[0].messages) for i in range(SERVICE_RUNS)
+                        service_bench.consume(gw, f"bench-{i}", runs[0].messages, server_pids=pids)
+                        for i in range(SERVICE_RUNS)
                     ]
                     row(
                         topology,
@@ -355,6 +365,7 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                                         batch=64,
                                         inflight=32,
                                         rate=offered / 2,
+                                        server_pids=pids,
                                     )
                                     for _ in range(SERVICE_RUNS)
                                 ]
@@ -364,31 +375,38 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                             run += f"{pushed})"
                             row(topology, flush, run, paced)
                         # Last: the transient store they fill would weigh on the rows above.
-                        _transient_rows(gw, per_process, row)
+                        _transient_rows(gw, pids, per_process, row)
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
     return lines
 
 
 def _transient_rows(
-    gw: str, per_process: int, row: Callable[[str, str, str, service_bench.Medians], None]
+    gw: str,
+    pids: Sequence[int],
+    per_process: int,
+    row: Callable[[str, str, str, service_bench.Medians], None],
 ) -> None:
     """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
     classes"): batches of 256 and one message per call, to a persistent and to a transient
     topic, the runs interleaved (persistent, transient, persistent, ...) so that both meet the
     same store and the same machine. Transient messages are for consumers that keep up: after
     each transient run (not timed) a group reads what it put and the store frees it, as it
-    would in use; without that the runs' 400 MB would be paged out to scratch."""
+    would in use; without that the runs' 400 MB would be paged out to scratch. One round first,
+    not counted, so that the transient store's first fill of the heap (pages the kernel
+    zero-fills on first touch, reused from then on) is not taken for its steady cost; then
+    TRANSIENT_RUNS rounds, the server's CPU per message measured in each."""
     shapes = {"batches of 256": (per_process, 256), "single messages": (4000, 1)}
     topics = {"ASYNC_FLUSH": service_bench.TOPIC, "transient": service_bench.TRANSIENT_TOPIC}
     runs: dict[tuple[str, str], list[service_bench.LoadResult]] = {}
-    for _ in range(SERVICE_RUNS):
+    for counted in [False] + [True] * TRANSIENT_RUNS:
         for shape, (count, batch) in shapes.items():
             for name, topic in topics.items():
                 result = service_bench.produce(
-                    gw, processes=2, per_process=count, batch=batch, inflight=4, topic=topic
+                    gw, processes=2, per_process=count, batch=batch, inflight=4, topic=topic, server_pids=pids
                 )
-                runs.setdefault((shape, name), []).append(result)
+                if counted:
+                    runs.setdefault((shape, name), []).append(result)
                 if topic == service_bench.TRANSIENT_TOPIC:
                     service_bench.consume(gw, "bench-transient-readers", result.messages, topic=topic)
                     time.sleep(2 * RELEASE_INTERVAL_S)  # a release round frees what it read

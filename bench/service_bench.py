@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import payload_pool
+from bench.harness import payload_pool, process_tree_cpu_s
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "bench-1kb"
@@ -119,10 +119,16 @@ class LoadResult:
     seconds: float
     latencies_ms: list[float]
     pushed_back: int = 0  # calls refused with a retry hint (SYSTEM_BUSY) and sent again
+    server_cpu_s: float = float("nan")  # CPU the server processes spent over the run (NaN: not measured)
 
     @property
     def msgs_per_s(self) -> float:
         return self.messages / self.seconds if self.seconds else 0.0
+
+    @property
+    def server_us_per_msg(self) -> float:
+        """Server CPU (user + system, every thread) per message, in µs; NaN when not measured."""
+        return self.server_cpu_s / self.messages * 1e6 if self.messages else float("nan")
 
     def pct(self, q: float) -> float:
         if not self.latencies_ms:
@@ -133,14 +139,15 @@ class LoadResult:
 
 @dataclass(frozen=True)
 class Medians:
-    """One row over repeated runs: the medians of their msgs/s, p50 and p99 latency (ms), and
-    the calls pushed back over all of them."""
+    """One row over repeated runs: the medians of their msgs/s, p50 and p99 latency (ms) and
+    server CPU per message (µs), and the calls pushed back over all of them."""
 
     runs: int
     msgs_per_s: float
     p50: float
     p99: float
     pushed_back: int
+    server_us_per_msg: float = float("nan")
 
     @classmethod
     def of(cls, results: Sequence[LoadResult]) -> Medians:
@@ -153,6 +160,7 @@ class Medians:
             statistics.median(r.pct(50) for r in results),
             statistics.median(r.pct(99) for r in results),
             sum(r.pushed_back for r in results),
+            statistics.median(r.server_us_per_msg for r in results),
         )
 
 
@@ -274,9 +282,11 @@ def produce(
     inflight: int = 4,
     rate: float = 0.0,
     topic: str = TOPIC,
+    server_pids: Sequence[int] = (),
 ) -> LoadResult:
     """Produce to ``topic`` with ``processes`` client processes; ``rate`` (msgs/s per process)
-    paces them."""
+    paces them. With ``server_pids``, the CPU those processes spend from the moment the clients
+    start sending until the last is done is measured (LoadResult.server_cpu_s)."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     start_at = time.time() + 3.0 + per_process / 40_000  # time to build the requests
@@ -289,7 +299,10 @@ def produce(
     ]
     for w in workers:
         w.start()
+    time.sleep(max(0.0, start_at - time.time()))  # the clients build their requests meanwhile
+    cpu_before = _cpu_s(server_pids)
     results = [q.get(timeout=600) for _ in workers]
+    server_cpu_s = _cpu_s(server_pids) - cpu_before
     for w in workers:
         w.join(30)
     failed = sum(r[3] for r in results)
@@ -304,17 +317,26 @@ def produce(
         max(r[1] for r in results),
         [lat for r in results for lat in r[2]],
         sum(r[5] for r in results),
+        server_cpu_s,
     )
 
 
-def consume(address: str, group: str, expected: int, topic: str = TOPIC) -> LoadResult:
+def _cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds the processes ``pids`` have used so far; NaN for none."""
+    return sum(process_tree_cpu_s(pid) for pid in pids) if pids else float("nan")
+
+
+def consume(
+    address: str, group: str, expected: int, topic: str = TOPIC, server_pids: Sequence[int] = ()
+) -> LoadResult:
     """Read ``expected`` messages of ``topic`` as ``group`` (a fresh group starts at the queues'
-    beginning), then commit; latency is per poll."""
+    beginning), then commit; latency is per poll. ``server_pids``: as for :func:`produce`."""
     from services.client import PullConsumer
 
     got = 0
     latencies: list[float] = []
     with PullConsumer(address, group, topic, batch_size=512, hold_ms=1000) as consumer:
+        cpu_before = _cpu_s(server_pids)
         t0 = time.perf_counter()
         last = time.monotonic()
         while got < expected and time.monotonic() - last < 20:
@@ -325,7 +347,8 @@ def consume(address: str, group: str, expected: int, topic: str = TOPIC) -> Load
                 got += len(batch)
                 last = time.monotonic()
         seconds = time.perf_counter() - t0
+        server_cpu_s = _cpu_s(server_pids) - cpu_before
         consumer.commit()
     if got < expected:
         raise RuntimeError(f"consumed {got} of {expected} messages")
-    return LoadResult(got, seconds, latencies)
+    return LoadResult(got, seconds, latencies, server_cpu_s=server_cpu_s)

@@ -136,6 +136,30 @@ def _register() -> None:
         m.create_observable_gauge(
             f"mqstore.commitlog.{name}", [observer(LIVE, _per_log(value))], unit="By", description=description
         )
+    held: list[tuple[str, Callable[[CommitLog], float], str, str]] = [
+        (
+            "memory",
+            lambda log: log.transient.memory_bytes,
+            "By",
+            "record bytes of transient messages in memory",
+        ),
+        (
+            "scratch",
+            lambda log: log.transient.scratch_bytes,
+            "By",
+            "scratch file bytes they were paged out to",
+        ),
+        ("messages", lambda log: len(log.transient), "", "transient messages held, in memory or paged out"),
+    ]
+    for name, value, unit, description in held:
+        m.create_observable_gauge(
+            f"mqstore.transient.{name}", [observer(LIVE, _per_log(value))], unit=unit, description=description
+        )
+    m.create_observable_counter(
+        "mqstore.transient.refused",
+        [observer(LIVE, _per_log(lambda log: log.transient.refused))],
+        description="transient puts refused with SYSTEM_BUSY: neither memory nor scratch had room",
+    )
     m.create_observable_gauge(
         "mqstore.disk.used_ratio",
         [observer(LIVE, _per_log(lambda log: used_share(shutil.disk_usage(log.config.commit_log_dir))))],

@@ -45,6 +45,11 @@ def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> 
             assert len(poll_until(consumer, 4, 20)) == 4
         with Admin(suite.address) as admin:
             admin.commit_offset(group, topic, 0, 1)  # three of the four still to consume
+            admin.create_topic("MetricsEphemeral", 1, durability="transient")
+        with Producer(suite.address) as producer:  # held in memory until consumed (libstore.durability)
+            assert producer.send_batch(
+                [OutgoingMessage("MetricsEphemeral", b"t" * 100) for _ in range(5)]
+            ).all_ok
 
         samples = scrape(suite.metrics.address)
         assert value(samples, "mqstore_put_messages_total", topic=topic) == 4
@@ -66,6 +71,10 @@ def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> 
         assert value(samples, "mqstore_commitlog_writeable", **member) == 1
         assert value(samples, "mqstore_commitlog_role", role="ASYNC_MASTER", **member) == 1
         assert 0 < value(samples, "mqstore_disk_used_ratio", **member) < 1
+        assert value(samples, "mqstore_transient_messages", **member) == 5
+        assert 5 * 100 < value(samples, "mqstore_transient_memory_bytes", **member) < 5 * 400
+        assert value(samples, "mqstore_transient_scratch_bytes", **member) == 0  # nothing paged out
+        assert value(samples, "mqstore_transient_refused_total", **member) == 0
         assert "process_cpu_seconds_total" in samples  # prometheus_client's process metrics
         address = suite.metrics.address
     finally:
