@@ -26,7 +26,7 @@ $(PB): $(STAMP) $(PROTOS) services/_protogen.py
 run: install
 	$(BIN)/mqstore serve
 
-# mypy: libstore strictly, services where they meet untyped gRPC ([tool.mypy] in pyproject.toml).
+# mypy: libstore strictly, services where they meet untyped gRPC, bench ([tool.mypy] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -66,7 +66,7 @@ def encode_copy(data_dir: Path, seconds: float, batch: int = 256) -> Sample:
         now = start
         while now < end:
             t0 = now
-            parts = []
+            parts: list[bytes] = []
             add = parts.append
             for _ in range(batch):
                 body = bodies[i & 4095]

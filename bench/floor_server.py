@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import grpc
 
@@ -58,7 +59,10 @@ async def serve(listen: str, register: Callable[[grpc.aio.Server], None] | None 
 
 
 def run_cli(
-    module: str, description: str | None, serve_on: Callable[[str], Awaitable[None]], argv: list[str] | None
+    module: str,
+    description: str | None,
+    serve_on: Callable[[str], Coroutine[Any, Any, None]],
+    argv: list[str] | None,
 ) -> None:
     """A do-nothing server's command line, ``python -m <module> --listen HOST:PORT`` (loopback
     only in the benchmarks): runs ``serve_on(listen)`` until it returns."""

@@ -73,7 +73,7 @@ def _commitlog_args(
     return args
 
 
-async def _ha_state(address: str):  # type: ignore[no-untyped-def]
+async def _ha_state(address: str):
     from services._common.remote import open_channel
     from services.commitlog.client import RemoteCommitLog
 
@@ -84,13 +84,13 @@ async def _ha_state(address: str):  # type: ignore[no-untyped-def]
         await channel.close()
 
 
-def ha_state(address: str):  # type: ignore[no-untyped-def]
+def ha_state(address: str):
     import asyncio
 
     return asyncio.run(_ha_state(address))
 
 
-def _wait(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+def _wait(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < deadline:

@@ -15,6 +15,7 @@ reason; the suite reports it as skipped. Nothing here ever listens beyond 127.0.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -71,6 +72,11 @@ def port_open(port: int, host: str = HOST) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host, port)) == 0
+
+
+def ports_open(ports: tuple[int, ...]) -> bool:
+    """Whether something accepts connections on every one of ``ports`` (loopback)."""
+    return all(port_open(port) for port in ports)
 
 
 @contextmanager
@@ -196,7 +202,7 @@ def rabbitmq_server(root: Path) -> Iterator[PeerServer]:
                     _process(
                         [str(script)],
                         home / "server.log",
-                        lambda ports=ports: port_open(ports["amqp"]) and port_open(ports["stream"]),
+                        functools.partial(ports_open, (ports["amqp"], ports["stream"])),
                         env=env,
                         cwd=home,
                         timeout_s=RABBITMQ_START_TIMEOUT_S,

@@ -39,7 +39,7 @@ class ClientRun:
     errors: int
 
 
-def _run(scenario: str, args_of: list[dict], home: Path, timeout_s: float = 900.0) -> list[dict]:  # type: ignore[type-arg]
+def _run(scenario: str, args_of: list[dict], home: Path, timeout_s: float = 900.0) -> list[dict]:
     procs = [start_driver(scenario, a, home / f"{scenario}{i}") for i, a in enumerate(args_of)]
     return [finish_driver(p, timeout_s) for p in procs]
 

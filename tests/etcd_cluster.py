@@ -131,7 +131,7 @@ class EtcdServers:
 
     @staticmethod
     async def _probe(port: int) -> None:
-        async with aetcd.Client("127.0.0.1", port, timeout=2) as client:  # type: ignore[arg-type]
+        async with aetcd.Client("127.0.0.1", port, timeout=2) as client:
             await client.put(b"/mqstore-test/health", b"ok")
 
     def read(self, key: str) -> bytes | None:
@@ -140,7 +140,7 @@ class EtcdServers:
         async def get() -> bytes | None:
             for name in self.procs:
                 try:
-                    async with aetcd.Client("127.0.0.1", self.client_ports[name], timeout=2) as client:  # type: ignore[arg-type]
+                    async with aetcd.Client("127.0.0.1", self.client_ports[name], timeout=2) as client:
                         found = await client.get(key.encode())
                         return found.value if found is not None else None
                 except (aetcd.exceptions.ClientError, OSError):

@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 PAGE = 4096
 SECTOR = 512
@@ -129,7 +130,7 @@ class DurabilityRecorder:
     def synced(self, token: object) -> None:
         if token is None:
             return
-        path, shadow, captured = token  # type: ignore[misc]
+        path, shadow, captured = cast("tuple[Path, Path, list[tuple[int, bytes]]]", token)
         if path.parent.name == "commitlog" and (delay := self._slow_sync_ms()):
             time.sleep(delay / 1000)  # a slow disk: durable only once this returns
         with self._lock:

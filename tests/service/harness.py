@@ -188,8 +188,10 @@ def wait_derived_caught_up(suite: Suite, timeout_s: float = 30.0) -> None:
     assert suite.commit_log is not None and suite.dispatch_app and suite.index_app
     deadline = time.monotonic() + timeout_s
     end = suite.commit_log.confirm_offset
+    followers = suite.dispatch_app.follower, suite.index_app.follower
+    assert followers[0] is not None and followers[1] is not None, "the derived services have started"
     while time.monotonic() < deadline:
-        if min(suite.dispatch_app.follower.reput_offset, suite.index_app.follower.reput_offset) >= end:
+        if min(followers[0].reput_offset, followers[1].reput_offset) >= end:
             return
         time.sleep(0.02)
     raise AssertionError("dispatch/index did not catch up")
