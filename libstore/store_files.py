@@ -90,8 +90,8 @@ class StoreFiles:
                 pool = TransientStorePool(
                     config.transient_store_pool_size, config.mapped_file_size_commit_log
                 )
+                undo.callback(pool.destroy)  # also what init() mapped before it failed
                 pool.init()
-                undo.callback(pool.destroy)
             allocator = AllocateMappedFileService(
                 preload=config.preload_mapped_file_enable,
                 warm=config.warm_mapped_file_enable,

@@ -323,6 +323,18 @@ def serve(
     bad = [p for p in peers if not _is_host_port(p)]
     if bad:
         raise _fail(f"--ha-peers takes host:port,host:port..., got {bad[0]!r}")
+    if peers or election:
+        # Peers and the election are told this member's addresses before anything binds.
+        for text, advertised, flag in (
+            (listen, advertise, "--listen"),
+            (ha_listen or listen, ha_advertise, "--ha-listen"),  # unset: --listen's port + 1, or 0
+        ):
+            if text.endswith(":0") and not advertised:
+                real = flag.replace("listen", "advertise")
+                raise _fail(
+                    f"{flag} {text}: with --ha-peers or --election this member's address is handed to "
+                    f"its peers, so it needs a port (or {real} with the real one)"
+                )
     try:
         tls = TlsConfig.load(
             tls_cert or _TLS_ARGS.get("cert"),

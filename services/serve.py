@@ -117,12 +117,13 @@ class ServeOptions:
     @property
     def ha_address(self) -> str:
         """Where the HA (replication) server listens: ``ha_listen``, else for the commitlog role
-        the service port + 1; "" (no HA server) for the embedded suite unless asked."""
+        the service port + 1 (0 when that is 0); "" (no HA server) for the embedded suite unless
+        asked."""
         if self.ha_listen:
             return self.ha_listen
         if self.role == "commitlog":
             host, _, port = self.address.rpartition(":")
-            return f"{host}:{int(port) + 1}"
+            return f"{host}:{int(port) + 1 if int(port) else 0}"  # port 0: the kernel picks both
         return ""
 
 
@@ -223,6 +224,8 @@ class Suite:
             await self.server.set_serving(True)
         assert self.server is not None
         log.info("mqstore %s serving on %s", role, self.server.address)
+        if self.server.health_server is not None:
+            log.info("mqstore %s: plaintext health on %s:%d", role, self.server.host, self.server.health_port)
 
     async def _start_gateway(
         self, commitlog: CommitLogPort, dispatch: DispatchPort, index: IndexPort, cfg: StoreConfig

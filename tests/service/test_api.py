@@ -61,6 +61,13 @@ def _wait_held(gateway: str, pulls: int) -> None:
     wait_until(lambda: held() >= pulls, f"{pulls} held pull(s)")
 
 
+def _wait_none_held(gateway: str) -> None:
+    """Wait until no pull of an earlier test is held (the server is shared by the module), so
+    that a count of held pulls counts the test's own."""
+    held = _HELD[gateway]
+    wait_until(lambda: held() == 0, "earlier tests' held pulls to end", timeout_s=30)
+
+
 def _topic(prefix: str) -> str:
     return f"{prefix}{next(_topics)}"
 
@@ -140,6 +147,7 @@ def test_long_polling_pull_returns_when_a_message_arrives(gateway: str):
     request = gateway_pb.PullRequest(
         group="g", topic=topic, queue_id=0, offset=0, max_count=8, wait_ms=20_000
     )
+    _wait_none_held(gateway)
     future = stub.Pull.future(request, timeout=30)
     _wait_held(gateway, 1)
     assert not future.done()
@@ -215,6 +223,7 @@ def test_pull_many_is_held_until_any_of_its_queues_has_a_message(gateway: str):
             queues=[gateway_pb.QueuePull(queue_id=q, offset=0, max_count=8) for q in (0, 1, 2)],
             wait_ms=20_000,
         )
+        _wait_none_held(gateway)
         future = stub.PullMany.future(request, timeout=30)
         _wait_held(gateway, 1)
         assert not future.done()

@@ -125,6 +125,14 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(embedded: Suite):
         assert ha_down.returncode == 1 and "not available" in _one_line_error(ha_down)
     assert "--ha-peers" in _one_line_error(mqstore("serve", "--role", "commitlog", "--ha-peers", "a,b"))
     assert "--master-role takes" in _one_line_error(mqstore("serve", "--master-role", "SLAVE"))
+    # A member that names its peers hands them its addresses before it binds: no port 0 there.
+    peer = ["serve", "--role", "commitlog", "--ha-peers", "127.0.0.1:20911"]
+    assert "--listen 127.0.0.1:0: with --ha-peers" in _one_line_error(
+        mqstore(*peer, "--listen", "127.0.0.1:0")
+    )
+    assert "--ha-listen 127.0.0.1:0" in _one_line_error(
+        mqstore(*peer, "--listen", "127.0.0.1:0", "--advertise", "127.0.0.1:10911")
+    )
     assert "holds no CommitLog file" in _one_line_error(mqstore("spark", "verify", str(REPO / "k8s")))
 
 
