@@ -39,7 +39,8 @@ TEST_WORKERS ?= 2
 test: lint test-deps
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
-# The inner loop: ruff and the unit tests (real files, no servers; under a minute on 2 cores).
+# The inner loop: lint (ruff, mypy) and the unit tests (real files, no servers; under a minute
+# on 2 cores).
 # `make test` before a commit lands.
 test-fast: lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/unit
