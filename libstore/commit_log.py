@@ -889,6 +889,10 @@ class CommitLog:
 
     @property
     def topic_config(self) -> TopicConfigManager:
+        """The topic table: the one given to the constructor (also before :meth:`load`), else
+        the store's own, opened by load(). ServiceNotAvailableError before load without one."""
+        if self._files is None and self._topic_config is not None:
+            return self._topic_config
         return self.files.topic_config
 
     @property
