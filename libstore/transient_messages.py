@@ -55,6 +55,11 @@ _MAX_RUN = 512  # chunks per pwritev (under IOV_MAX, 1024 on Linux)
 _EMPTY: array[int] = array("q")
 
 
+def _int64s(values: Sequence[int]) -> array[int]:
+    """``values`` as array('q'): the array itself when it is one already (held, not copied)."""
+    return values if isinstance(values, array) and values.typecode == "q" else array("q", values)
+
+
 class _Chunk:
     """Records put together (one :meth:`TransientMessageStore.put_run`): ``keys`` ascending;
     record ``i`` is bytes ``ends[i-1]`` (0 for the first) up to ``ends[i]`` of ``data`` while the
@@ -198,8 +203,7 @@ class TransientMessageStore:
         ):
             raise InvalidArgumentError(f"{n} transient keys for records ending at {list(ends[:8])}")
         size = len(data)
-        key_array = keys if isinstance(keys, array) and keys.typecode == "q" else array("q", keys)
-        end_array = ends if isinstance(ends, array) and ends.typecode == "q" else array("q", ends)
+        key_array, end_array = _int64s(keys), _int64s(ends)
         with self._lock:
             last = self._last_key
             if keys[0] <= last or (not ordered and any(map(operator.ge, keys, keys[1:]))):

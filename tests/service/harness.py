@@ -299,6 +299,10 @@ class ServeProcess:
     def tail_log(self, n: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
+    def metrics_address(self, timeout_s: float = 60.0) -> str:
+        """The host:port of the process's Prometheus endpoint (``--metrics-listen``), as bound."""
+        return self.bound_address("Prometheus metrics on http://", timeout_s)
+
     def bound_address(self, what: str = "serving on", timeout_s: float = 60.0) -> str:
         """The host:port the process says it bound, from the first line this process logged
         (a log shared with earlier runs is read from where this one began) that reads

@@ -49,7 +49,7 @@ def gateway(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     else:
         cluster = SplitCluster(root, role_args={"dispatch": ["--metrics-listen", "127.0.0.1:0"]})
         cluster.start_all()
-        endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
+        endpoint = cluster.procs["dispatch"].metrics_address()
         _HELD[cluster.gateway] = lambda: value(scrape(endpoint), "mqstore_pull_held")
         yield cluster.gateway
         cluster.stop_all()

@@ -191,17 +191,19 @@ def _send_through_pushback(producer: Producer, batch: list[OutgoingMessage], dea
             time.sleep(0.2)
 
 
-def _release_rounds(suite: Suite | None, cluster: SplitCluster | None) -> Callable[[], float]:
-    """How many transient release rounds the dispatch service has run: counted in process, or
-    scraped from the split dispatch process's metrics endpoint (started with
-    ``--metrics-listen``, see _SPLIT_METRICS)."""
+def _release_count(
+    suite: Suite | None, cluster: SplitCluster | None, what: str = "rounds"
+) -> Callable[[], float]:
+    """How many transient release rounds the dispatch service has run (``what`` "rounds") or
+    messages they freed ("messages"): counted in process, or scraped from the split dispatch
+    process's metrics endpoint (started with ``--metrics-listen``, see _SPLIT_METRICS)."""
     if suite is not None:
         assert suite.dispatch_app is not None
         release = suite.dispatch_app.transient_release
-        return lambda: release.rounds
+        return lambda: release.rounds if what == "rounds" else release.messages_released
     assert cluster is not None
-    endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
-    return lambda: value(scrape(endpoint), "mqstore_transient_release_total", what="rounds")
+    endpoint = cluster.procs["dispatch"].metrics_address()
+    return lambda: value(scrape(endpoint), "mqstore_transient_release_total", what=what)
 
 
 def _release_rounds_pass(rounds_run: Callable[[], float], rounds: int) -> None:
@@ -231,7 +233,7 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
         cluster = SplitCluster(tmp_path / "split", store=store, role_args=_SPLIT_METRICS)
         cluster.start_all()
         address = cluster.gateway
-    rounds_run = _release_rounds(suite, cluster)
+    rounds_run = _release_count(suite, cluster)
     try:
         with Admin(address) as admin:
             admin.create_topic("Drained", 1, durability="transient")
@@ -273,11 +275,7 @@ def test_transient_messages_every_group_consumed_are_freed_and_the_rest_are_kept
             held = suite.commit_log.transient
             wait_until(lambda: len(held) == 1, "the release of what both groups read")
         else:  # the dispatch process counts what the commitlog process freed for it
-            endpoint = cluster.procs["dispatch"].bound_address("Prometheus metrics on http://")
-
-            def freed() -> float:
-                return value(scrape(endpoint), "mqstore_transient_release_total", what="messages")
-
+            freed = _release_count(None, cluster, "messages")
             wait_until(lambda: freed() >= n + len(late), "the release of what both groups read")
             assert freed() == n + len(late)
         with PullConsumer(address, "late", "Unread") as reader:
@@ -300,11 +298,11 @@ def test_a_restarted_dispatch_service_keeps_the_transient_messages_nobody_consum
         early = [OutgoingMessage("Kept", b"early%04d" % i) for i in range(200)]
         with Producer(cluster.gateway, retries=0) as producer:
             assert producer.send_batch(early).all_ok
-        _release_rounds_pass(_release_rounds(None, cluster), 2)  # rounds that noted the stubs
+        _release_rounds_pass(_release_count(None, cluster), 2)  # rounds that noted the stubs
         assert cluster.procs["dispatch"].terminate() == 0
         cluster.start("dispatch")
         cluster.wait_serving()
-        _release_rounds_pass(_release_rounds(None, cluster), 3)  # rounds of the new process
+        _release_rounds_pass(_release_count(None, cluster), 3)  # rounds of the new process
         with PullConsumer(cluster.gateway, "late", "Kept", batch_size=500, hold_ms=200) as consumer:
             got = poll_until(consumer, 200, 20)
             assert [r.body for r in got] == [m.body for m in early] and consumer.skipped == {0: 0}

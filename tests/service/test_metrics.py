@@ -94,7 +94,7 @@ def test_split_services_each_serve_their_own_metrics(tmp_path: Path) -> None:
     )
     try:
         cluster.start_all()
-        metrics = {role: cluster.procs[role].bound_address("Prometheus metrics on http://") for role in roles}
+        metrics = {role: cluster.procs[role].metrics_address() for role in roles}
         topic, group = "SplitMetrics", "split-group"
         with Producer(cluster.gateway) as producer:
             producer.send_batch([OutgoingMessage(topic, b"z" * 50, queue_id=0) for _ in range(5)])

@@ -99,16 +99,21 @@ class ConsumeActivity:
         self.ctx.releases.add(task)
         task.add_done_callback(self.ctx.releases.discard)
 
+    def _authorize_subscriber(self, context: grpc.aio.ServicerContext, topic: str, group: str) -> None:
+        """Refuse an empty consumer group (ILLEGAL_CONSUMER_GROUP), then check that the caller may
+        subscribe to ``topic`` as ``group`` (the ACL)."""
+        if not group:
+            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        self.ctx.authorize(context, SUB, topic, group)
+
     async def _receive(
         self, request: service.ReceiveMessageRequest, context: grpc.aio.ServicerContext, taken: list[str]
     ) -> list[service.ReceiveMessageResponse]:
         """The responses of one receive; the receipt handles it pops are added to ``taken``
         as soon as the pop returns."""
         group = request.group.name
-        if not group:
-            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         resource = request.message_queue.topic
-        self.ctx.authorize(context, SUB, resource.name, group)
+        self._authorize_subscriber(context, resource.name, group)
         config = await self.ctx.topic(resource.name)
         if not config.readable:
             raise V2Error(Code.FORBIDDEN, f"topic {config.topic_name} is not readable")
@@ -268,9 +273,7 @@ class ConsumeActivity:
     async def change_invisible_duration(
         self, request: service.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
     ) -> service.ChangeInvisibleDurationResponse:
-        if not request.group.name:
-            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
-        self.ctx.authorize(context, SUB, request.topic.name, request.group.name)
+        self._authorize_subscriber(context, request.topic.name, request.group.name)
         invisible_ms = convert.to_ms(request.invisible_duration)
         self.ctx.check_invisible(invisible_ms, 0)
         # A nack: the client's back-off decides from now on, so renewal stops.
@@ -283,9 +286,7 @@ class ConsumeActivity:
     async def forward_to_dead_letter_queue(
         self, request: service.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
     ) -> service.ForwardMessageToDeadLetterQueueResponse:
-        if not request.group.name:
-            raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
-        self.ctx.authorize(context, SUB, request.topic.name, request.group.name)
+        self._authorize_subscriber(context, request.topic.name, request.group.name)
         async with self.ctx.renewer.settling([request.receipt_handle]) as (current,):
             await self.ctx.dispatch.forward_to_dead_letter(request.group.name, request.topic.name, current)
         return service.ForwardMessageToDeadLetterQueueResponse(status=convert.status())
