@@ -19,6 +19,7 @@ from tests.service.harness import (
     poll_until,
     scrape,
     value,
+    wait_until,
 )
 
 
@@ -51,7 +52,16 @@ def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> 
                 [OutgoingMessage("MetricsEphemeral", b"t" * 100) for _ in range(5)]
             ).all_ok
 
-        samples = scrape(suite.metrics.address)
+        address = suite.metrics.address
+
+        def followers_caught_up() -> bool:  # the reput threads tail the log on their own time
+            samples = scrape(address)
+            return all(
+                value(samples, "mqstore_dispatch_lag_bytes", follower=f) == 0 for f in ("dispatch", "index")
+            )
+
+        wait_until(followers_caught_up, "dispatch and index to reach the end of the log")
+        samples = scrape(address)
         assert value(samples, "mqstore_put_messages_total", topic=topic) == 4
         put_bytes = value(samples, "mqstore_put_bytes_total", topic=topic)
         assert 3 * 100 + 10 < put_bytes < 4 * 400  # whole records: headers and properties too
@@ -76,7 +86,6 @@ def test_embedded_suite_serves_put_get_lag_and_store_metrics(tmp_path: Path) -> 
         assert value(samples, "mqstore_transient_scratch_bytes", **member) == 0  # nothing paged out
         assert value(samples, "mqstore_transient_refused_total", **member) == 0
         assert "process_cpu_seconds_total" in samples  # prometheus_client's process metrics
-        address = suite.metrics.address
     finally:
         suites.close()
     with pytest.raises(OSError):
@@ -104,8 +113,11 @@ def test_split_services_each_serve_their_own_metrics(tmp_path: Path) -> None:
         assert value(scrape(metrics["commitlog"]), "mqstore_put_messages_total", topic=topic) == 5
         assert value(scrape(metrics["gateway"]), "mqstore_get_messages_total", topic=topic, group=group) == 5
         assert value(scrape(metrics["dispatch"]), "mqstore_consumer_lag", topic=topic, group=group) == 0
-        for follower in ("dispatch", "index"):
-            assert value(scrape(metrics[follower]), "mqstore_dispatch_lag_bytes", follower=follower) == 0
+        for follower in ("dispatch", "index"):  # the index service tails the log on its own time
+            wait_until(
+                lambda f=follower: value(scrape(metrics[f]), "mqstore_dispatch_lag_bytes", follower=f) == 0,
+                f"the {follower} service to reach the end of the log",
+            )
         assert "mqstore_put_messages_total" not in scrape(metrics["gateway"])  # each process its own
     finally:
         cluster.stop_all()
