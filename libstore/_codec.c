@@ -50,6 +50,8 @@ typedef struct {
     PyObject *crc_func; /* crc32(bytes-like) -> int, or NULL for zlib */
     PyObject *sep_entry; /* "\x02" */
     PyObject *array_type; /* array.array */
+    PyObject *typecode_q; /* "q" */
+    PyObject *n_toreadonly; /* "toreadonly" */
     PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
     PyObject *record_descr[18];
     PyObject *decode_host; /* encoded host bytes -> (ip, port) */
@@ -89,7 +91,7 @@ static int append_index(PyObject *list, Py_ssize_t index) {
 static PyObject *int64_array(const int64_t *values, Py_ssize_t n) {
     PyObject *raw = PyBytes_FromStringAndSize((const char *)values, n * (Py_ssize_t)sizeof(int64_t));
     if (raw == NULL) return NULL;
-    PyObject *arr = PyObject_CallFunction(S.array_type, "sO", "q", raw);
+    PyObject *arr = PyObject_CallFunctionObjArgs(S.array_type, S.typecode_q, raw, NULL);
     Py_DECREF(raw);
     return arr;
 }
@@ -2010,15 +2012,16 @@ done:
 }
 
 PyDoc_STRVAR(hold_entries_doc,
-"hold_entries(buf, positions, ts_positions, whole_buf, transient, start, stop, delta)\n"
+"hold_entries(buf, positions, ts_positions, whole_buf, transient, start, stop, delta, min_view_bytes)\n"
 "    -> (keys, ends, data)\n\n"
 "``keys`` and ``ends`` are array('q').\n"
 "libstore.durability._hold_entries_py: the stub offsets of the records of ``transient`` (record\n"
 "index -> position in ``whole_buf``, ascending) within [start, stop), and their whole records\n"
 "one after another in ``data`` (record i ends at ``ends[i]``), each with the QUEUEOFFSET,\n"
 "PHYSICALOFFSET and STORETIMESTAMP of its stub in ``buf`` (at ``positions[index]``, CommitLog\n"
-"offset position + ``delta``). When the records are all of ``whole_buf``, back to back, they\n"
-"are patched there and ``data`` is a read-only view of it; else ``data`` is new bytes.");
+"offset position + ``delta``). When the records are all of ``whole_buf``, back to back, and\n"
+"at least ``min_view_bytes`` long, they are patched there and ``data`` is a read-only view of\n"
+"it; else ``data`` is new bytes.");
 
 /* One record of hold_entries: where its whole record and its stub are. */
 typedef struct {
@@ -2026,14 +2029,16 @@ typedef struct {
 } Held;
 
 static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
+    if (nargs != 9 || !PyByteArray_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2])
         || !PyByteArray_Check(args[3]) || !PyDict_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "hold_entries(bytearray, list, list, bytearray, dict, int, int, int)");
+        PyErr_SetString(PyExc_TypeError,
+                        "hold_entries(bytearray, list, list, bytearray, dict, int, int, int, int)");
         return NULL;
     }
     PyObject *positions = args[1], *ts_positions = args[2], *transient = args[4];
     Py_ssize_t start = PyLong_AsSsize_t(args[5]), stop = PyLong_AsSsize_t(args[6]);
     long long delta = PyLong_AsLongLong(args[7]);
+    Py_ssize_t min_view = PyLong_AsSsize_t(args[8]);
     if (PyErr_Occurred()) return NULL;
     const unsigned char *whole = (const unsigned char *)PyByteArray_AS_STRING(args[3]);
     Py_ssize_t whole_len = PyByteArray_GET_SIZE(args[3]), buf_len = PyByteArray_GET_SIZE(args[0]);
@@ -2073,8 +2078,9 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
         n++;
     }
     /* In place only when the records are all of whole_buf: a view keeps the whole buffer alive,
-     * and the store counts only the bytes it holds. */
-    int in_place = n > 0 && held[0].at == 0 && total == whole_len;
+     * and the store counts only the bytes it holds. Below min_view bytes a copy costs less than
+     * the view (and is not an object the garbage collector tracks). */
+    int in_place = n > 0 && held[0].at == 0 && total == whole_len && total >= min_view;
     for (Py_ssize_t i = 1; i < n && in_place; i++) in_place = held[i].at == held[i - 1].at + held[i - 1].size;
     unsigned char *w;
     if (in_place) {
@@ -2103,11 +2109,10 @@ static PyObject *py_hold_entries(PyObject *self, PyObject *const *args, Py_ssize
     ends = keys == NULL ? NULL : int64_array(end_at, n);
     if (ends == NULL) goto error;
     if (in_place) {
+        /* held[0].at is 0 and total the buffer's length: the view is of all of it */
         PyObject *view = PyMemoryView_FromObject(args[3]);
-        PyObject *part = view == NULL ? NULL : PySequence_GetSlice(view, held[0].at, held[0].at + total);
+        data = view == NULL ? NULL : PyObject_CallMethodNoArgs(view, S.n_toreadonly);
         Py_XDECREF(view);
-        data = part == NULL ? NULL : PyObject_CallMethod(part, "toreadonly", NULL);
-        Py_XDECREF(part);
         if (data == NULL) goto error;
     }
     PyMem_Free(held);
@@ -2167,6 +2172,9 @@ PyMODINIT_FUNC PyInit__codec(void) {
     S.array_type = PyObject_GetAttrString(array_module, "array");
     Py_DECREF(array_module);
     if (S.array_type == NULL) return NULL;
+    if ((S.typecode_q = PyUnicode_InternFromString("q")) == NULL
+        || (S.n_toreadonly = PyUnicode_InternFromString("toreadonly")) == NULL)
+        return NULL;
     if ((S.n_topic = PyUnicode_InternFromString("topic")) == NULL
         || (S.n_body = PyUnicode_InternFromString("body")) == NULL
         || (S.n_queue_id = PyUnicode_InternFromString("queue_id")) == NULL

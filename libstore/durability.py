@@ -45,6 +45,10 @@ from libstore.system_topics import SYSTEM_TOPICS, is_system_topic
 
 TRANSIENT = "1"  # DURABILITY values: RabbitMQ's delivery modes
 PERSISTENT = "2"
+# hold_entries: a batch's transient records of at least this many bytes (all of the request) are
+# held as a view of the request's buffer; smaller ones are copied, which costs less than the
+# view (a one-message put's record: measured 2026-11-28, see bench/README's services notes).
+HOLD_VIEW_MIN_BYTES: Final = 8192
 _STUB_PREFIXES: Final = tuple(
     name.encode() + b"\x01" for name in (MessageConst.TAGS, MessageConst.KEYS, MessageConst.UNIQ_KEY)
 )
@@ -132,7 +136,7 @@ def stub_of(buf: bytearray, pos: int) -> bytes:
 
 
 def hold_entries(
-    batch: EncodedBatch, start: int, stop: int, delta: int
+    batch: EncodedBatch, start: int, stop: int, delta: int, min_view_bytes: int = HOLD_VIEW_MIN_BYTES
 ) -> tuple[array[int], array[int], bytes | memoryview]:
     """The stub offsets of ``batch``'s transient messages among records ``start``..``stop``-1,
     whose stubs just took their offsets (the put lock's loop, CommitLog._append_locked: the stub
@@ -141,15 +145,16 @@ def hold_entries(
     ``ends[i]``; keys and ends are array('q'), ascending: TransientMessageStore.put_run). Each
     whole record gets its stub's QUEUEOFFSET,
     PHYSICALOFFSET and STORETIMESTAMP. When the records are all of ``batch.whole_buf`` (a batch
-    of transient messages only, in one run) they are patched there and ``data`` is a read-only
-    view of it (no copy: the store's count of held bytes is then all the view keeps alive);
-    else ``data`` is new bytes. In C when the
+    of transient messages only, in one run) and at least ``min_view_bytes`` long, they are
+    patched there and ``data`` is a read-only view of it (no copy: the store's count of held
+    bytes is then all the view keeps alive); else ``data`` is new bytes (a small batch: a copy
+    costs less than the view). In C when the
     extension is built (libstore._codec.hold_entries)."""
     buf, positions, ts_positions = batch.buf, batch.positions, batch.store_ts_positions
     ext = native()
     if ext is not None:
         return ext.hold_entries(  # type: ignore[no-any-return]
-            buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta
+            buf, positions, ts_positions, batch.whole_buf, batch.transient, start, stop, delta, min_view_bytes
         )
     whole = batch.whole_buf
     held = [(k, at, record_size_of(whole, at)) for k, at in batch.transient.items() if start <= k < stop]
@@ -158,7 +163,7 @@ def hold_entries(
     in_place = (
         bool(held)
         and held[0][1] == 0
-        and sum(size for _, _, size in held) == len(whole)
+        and sum(size for _, _, size in held) == len(whole) >= min_view_bytes
         and all(a[1] + a[2] == b[1] for a, b in pairwise(held))
     )
     keys = array("q")

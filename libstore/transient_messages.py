@@ -226,6 +226,10 @@ class TransientMessageStore:
         """Page out until ``size`` more bytes of records fit in memory, so that puts of that
         many bytes that follow (with no other put in between) cannot be refused. Raises
         SystemBusyError when neither memory nor scratch has room."""
+        if self.memory_bytes + size <= self.max_bytes:
+            # Room already: only puts take room, and the caller's put comes next (the pager,
+            # releases and truncations only free), so the lock is not needed to know it.
+            return
         with self._lock:
             self._make_room_locked(size)
 

@@ -530,10 +530,19 @@ def test_a_chooser_is_asked_once_per_message_whatever_it_answers():
     assert calls == ["T", "T"] and adopted.queue_keys == [("T", 1), ("T", 0)]
 
 
-def _split(msgs: list, transient_topics: frozenset[str], adopted: bool, pure: bool, base: int) -> tuple:
+def _split(
+    msgs: list,
+    transient_topics: frozenset[str],
+    adopted: bool,
+    pure: bool,
+    base: int,
+    start: int,
+    min_view: int,
+) -> tuple:
     """A batch of ``msgs`` (encoded, or ``adopted`` from client records) split into stubs and
-    whole records (libstore.durability.mark_transient) and held after its offsets are
-    assigned, by one implementation."""
+    whole records (libstore.durability.mark_transient) and held from record ``start`` on after
+    its offsets are assigned (as a view of the request from ``min_view`` bytes on), by one
+    implementation."""
     with _implementation(pure):
         if adopted:
             batch = RecordEncoder(STORE_HOST, 4096).adopt_records(
@@ -560,7 +569,12 @@ def _split(msgs: list, transient_topics: frozenset[str], adopted: bool, pure: bo
             7,
             qoffs,
         )
-        held = durability.hold_entries(batch, 1, len(msgs), base)
+        held = durability.hold_entries(batch, start, len(msgs), base, min_view)
+        keys, _, data = held
+        # Every record of the request held, and enough bytes of them: a view of the request's
+        # buffer, no copy; else a copy.
+        whole = len(keys) == len(msgs) and len(data) >= min_view
+        assert isinstance(data, memoryview) == whole and (data.readonly if whole else isinstance(data, bytes))
     return (
         bytes(batch.buf),
         batch.positions,
@@ -581,12 +595,17 @@ def _split(msgs: list, transient_topics: frozenset[str], adopted: bool, pure: bo
     st.sampled_from([frozenset(), frozenset({"T"}), frozenset({"Other", "T"})]),
     st.booleans(),
     st.integers(0, 2**40),
+    st.sampled_from([0, 1]),
+    st.sampled_from([0, durability.HOLD_VIEW_MIN_BYTES]),
 )
-def test_stubs_and_held_records_match_the_python_reference(msgs, transient_topics, adopted, base):
+def test_stubs_and_held_records_match_the_python_reference(
+    msgs, transient_topics, adopted, base, start, min_view
+):
     """Which messages are transient (topic, DURABILITY 1 or 2, any other value refused), their
-    stubs, whole records, requests and held records: the C pass and the Python reference agree."""
-    c_out = _split(msgs, transient_topics, adopted, False, base)
-    assert c_out == _split(msgs, transient_topics, adopted, True, base)
+    stubs, whole records, requests and held records (held in place or copied): the C pass and
+    the Python reference agree."""
+    c_out = _split(msgs, transient_topics, adopted, False, base, start, min_view)
+    assert c_out == _split(msgs, transient_topics, adopted, True, base, start, min_view)
     if c_out[0] == "refused":
         assert "DURABILITY" in c_out[1]
         return
@@ -601,9 +620,9 @@ def test_stubs_and_held_records_match_the_python_reference(msgs, transient_topic
         stub = buf[positions[i] : positions[i] + sizes[i]]
         assert durability.is_stub(stub) and record_codec.check_record(stub, 0, len(stub)).success
         assert decode_record(whole, transient[i]).body == msgs[i].body
-    records = [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+    records = [data[a:b] for a, b in zip([0, *ends], ends, strict=False)]
     assert list(ends[-1:]) == [len(data)] if keys else data == b""
-    assert list(keys) == [positions[i] + base for i in found if i >= 1]
+    assert list(keys) == [positions[i] + base for i in found if i >= start]
     for key, record in zip(keys, records, strict=True):
         rec = decode_record(record)
         assert rec.phy_offset == key and rec.store_timestamp == 7 and not durability.is_stub(record)

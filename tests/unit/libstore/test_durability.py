@@ -17,7 +17,7 @@ from libstore import (
     TopicConfig,
 )
 from libstore.config import BrokerRole, FlushDiskType
-from libstore.durability import Durability, is_stub, is_transient_value
+from libstore.durability import HOLD_VIEW_MIN_BYTES, Durability, is_stub, is_transient_value
 from libstore.errors import InvalidArgumentError, SystemBusyError
 from libstore.record_codec import check_record, decode_record
 from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
@@ -232,18 +232,29 @@ def test_the_spark_commitlog_source_skips_stubs_in_its_messages_view_and_keeps_t
 
 
 def test_the_store_counts_every_byte_a_held_record_keeps_alive(open_log):
-    """A batch of transient messages only is held without a copy (a view of the batch's
-    buffer, all of it counted); a transient message among persistent ones is copied, so that
-    the persistent records' bytes are not kept alive uncounted by the view."""
+    """A batch of transient messages only, of HOLD_VIEW_MIN_BYTES or more, is held without a
+    copy (a view of the batch's buffer, all of it counted); a smaller one, and a transient
+    message among persistent ones, are copied (the latter so that the persistent records'
+    bytes are not kept alive uncounted by the view)."""
     cl: CommitLog = open_log()
-    only = cl.adopt_records(encode_records([_transient(i) for i in range(4)]))
-    held_before = cl.transient.memory_bytes
-    cl.append_batch(only)
-    assert cl.transient.memory_bytes - held_before == len(only.whole_buf) == only.transient_bytes
-    mixed = cl.adopt_records(encode_records([_persistent(5), _transient(6), _persistent(7)]))
+    only = cl.adopt_records(encode_records([_transient(i) for i in range(40)]))
+    assert len(only.whole_buf) >= HOLD_VIEW_MIN_BYTES
+    small = cl.adopt_records(encode_records([_transient(i) for i in range(40, 43)]))
+    assert len(small.whole_buf) < HOLD_VIEW_MIN_BYTES
+    appended = {}
+    for name, batch in (("only", only), ("small", small)):
+        held_before = cl.transient.memory_bytes
+        appended[name] = cl.append_batch(batch).results
+        assert cl.transient.memory_bytes - held_before == len(batch.whole_buf) == batch.transient_bytes
+    mixed = cl.adopt_records(encode_records([_persistent(50), _transient(51), _persistent(52)]))
     held_before = cl.transient.memory_bytes
     cl.append_batch(mixed)
     assert cl.transient.memory_bytes - held_before == mixed.transient_bytes < len(mixed.whole_buf)
-    with pytest.raises(BufferError):  # the view pins the all-transient batch's buffer ...
+    with pytest.raises(BufferError):  # the view pins the large all-transient batch's buffer ...
         only.whole_buf.extend(b"x")
-    mixed.whole_buf.extend(b"x")  # ... the mixed batch's buffer is not held at all
+    small.whole_buf.extend(b"x")  # ... the small one's was copied ...
+    mixed.whole_buf.extend(b"x")  # ... and the mixed batch's is not held at all
+    res = appended["small"]
+    small.whole_buf[:] = bytes(len(small.whole_buf))  # the copy the store holds is its own
+    read = [cl.read_message(o).body for o in res.phy_offsets]
+    assert read == [_transient(i).body for i in range(40, 43)]
