@@ -305,10 +305,12 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
         f"Measured {facts['date']} on {facts['cpu']} ({facts['cores']} cores), Python {facts['python']}; "
         f"server and load-generating clients share the cores; each row: medians of {SERVICE_RUNS} runs "
         f"({TRANSIENT_RUNS} for the interleaved rows, after one round not counted); server µs/msg: "
-        "CPU of the server processes (every thread, user + system) per message.",
+        "CPU of the server processes (every thread, user + system) per message; server written "
+        "B/msg: bytes they dirtied for storage per message (/proc/<pid>/io write_bytes).",
         "",
-        "| topology | flush | run | msgs/s | body MB/s | p50 ms | p99 ms | server µs/msg |",
-        "|---|---|---|---|---|---|---|---|",
+        "| topology | flush | run | msgs/s | body MB/s | p50 ms | p99 ms | server µs/msg "
+        "| server written B/msg |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     per_process = 60_000
     mb = service_bench.BODY / 1e6  # MB of message body per message
@@ -320,7 +322,7 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
         )
         lines.append(
             f"| {topology} | {flush} | {run} | {m.msgs_per_s:,.0f} | {m.msgs_per_s * mb:,.1f} | "
-            f"{m.p50:.1f} | {m.p99:.1f} | {m.server_us_per_msg:.1f} |"
+            f"{m.p50:.1f} | {m.p99:.1f} | {m.server_us_per_msg:.1f} | {m.server_write_bytes_per_msg:,.0f} |"
         )
 
     for topology in ("embedded", "split"):
@@ -375,7 +377,8 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                             run += f"{pushed})"
                             row(topology, flush, run, paced)
                         # Last: the transient store they fill would weigh on the rows above.
-                        _transient_rows(gw, pids, per_process, row)
+                        paired = _transient_rows(gw, pids, per_process, row)
+    lines += ["", *paired]
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
     return lines
@@ -386,7 +389,7 @@ def _transient_rows(
     pids: Sequence[int],
     per_process: int,
     row: Callable[[str, str, str, service_bench.Medians], None],
-) -> None:
+) -> list[str]:
     """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
     classes"): batches of 256 and one message per call, to a persistent and to a transient
     topic, the runs interleaved (persistent, transient, persistent, ...) so that both meet the
@@ -395,7 +398,9 @@ def _transient_rows(
     would in use; without that the runs' 400 MB would be paged out to scratch. One round first,
     not counted, so that the transient store's first fill of the heap (pages the kernel
     zero-fills on first touch, reused from then on) is not taken for its steady cost; then
-    TRANSIENT_RUNS rounds, the server's CPU per message measured in each."""
+    TRANSIENT_RUNS rounds, the server's CPU per message measured in each. Returns the lines
+    that compare the two round by round (each transient run over the persistent run just before
+    it: the pairs that met the same moment of the machine)."""
     shapes = {"batches of 256": (per_process, 256), "single messages": (4000, 1)}
     topics = {"ASYNC_FLUSH": service_bench.TOPIC, "transient": service_bench.TRANSIENT_TOPIC}
     runs: dict[tuple[str, str], list[service_bench.LoadResult]] = {}
@@ -417,6 +422,22 @@ def _transient_rows(
             f"produce, 2 clients x 4 {shape} in flight (interleaved)",
             service_bench.Medians.of(results),
         )
+    out = ["Transient over ASYNC_FLUSH, round by round (median, lowest-highest of the rounds):", ""]
+    for shape in shapes:
+        pairs = list(zip(runs[(shape, "ASYNC_FLUSH")], runs[(shape, "transient")], strict=True))
+        cpu = [t.server_us_per_msg / p.server_us_per_msg for p, t in pairs]
+        rate = [t.msgs_per_s / p.msgs_per_s for p, t in pairs]
+        written = [t.server_write_bytes_per_msg / p.server_write_bytes_per_msg for p, t in pairs]
+        out.append(
+            f"- {shape}: server µs/msg {_spread(cpu)}, msgs/s {_spread(rate)}, "
+            f"server written B/msg {_spread(written)}"
+        )
+    return out
+
+
+def _spread(ratios: Sequence[float]) -> str:
+    """``median (lowest-highest)`` of ``ratios``, as x-fold ratios."""
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _ha_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> list[str]:

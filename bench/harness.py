@@ -148,6 +148,21 @@ def process_tree_cpu_s(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def process_write_bytes(pid: int) -> int:
+    """Bytes process ``pid`` (all its threads) has caused to be written to storage so far:
+    ``write_bytes`` of /proc/<pid>/io, which counts page-cache pages as they are dirtied (once a
+    page until it is written back), so a log appended through the page cache counts about what
+    it appended, before any writeback happened; 0 for a pid that is gone."""
+    try:
+        with open(f"/proc/{pid}/io") as io:
+            for line in io:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 @contextmanager
 def scratch_dir(parent: Path, name: str) -> Iterator[Path]:
     """A fresh folder under ``parent`` for one scenario, removed afterwards."""

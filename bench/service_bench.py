@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness import payload_pool, process_tree_cpu_s
+from bench.harness import payload_pool, process_tree_cpu_s, process_write_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "bench-1kb"
@@ -120,6 +120,7 @@ class LoadResult:
     latencies_ms: list[float]
     pushed_back: int = 0  # calls refused with a retry hint (SYSTEM_BUSY) and sent again
     server_cpu_s: float = float("nan")  # CPU the server processes spent over the run (NaN: not measured)
+    server_write_bytes: float = float("nan")  # bytes they dirtied for storage meanwhile (process_write_bytes)
 
     @property
     def msgs_per_s(self) -> float:
@@ -130,6 +131,11 @@ class LoadResult:
         """Server CPU (user + system, every thread) per message, in µs; NaN when not measured."""
         return self.server_cpu_s / self.messages * 1e6 if self.messages else float("nan")
 
+    @property
+    def server_write_bytes_per_msg(self) -> float:
+        """Bytes the server processes dirtied for storage per message; NaN when not measured."""
+        return self.server_write_bytes / self.messages if self.messages else float("nan")
+
     def pct(self, q: float) -> float:
         if not self.latencies_ms:
             return float("nan")
@@ -139,8 +145,9 @@ class LoadResult:
 
 @dataclass(frozen=True)
 class Medians:
-    """One row over repeated runs: the medians of their msgs/s, p50 and p99 latency (ms) and
-    server CPU per message (µs), and the calls pushed back over all of them."""
+    """One row over repeated runs: the medians of their msgs/s, p50 and p99 latency (ms),
+    server CPU per message (µs) and bytes the server dirtied for storage per message, and the
+    calls pushed back over all of them."""
 
     runs: int
     msgs_per_s: float
@@ -148,6 +155,7 @@ class Medians:
     p99: float
     pushed_back: int
     server_us_per_msg: float = float("nan")
+    server_write_bytes_per_msg: float = float("nan")
 
     @classmethod
     def of(cls, results: Sequence[LoadResult]) -> Medians:
@@ -161,6 +169,7 @@ class Medians:
             statistics.median(r.pct(99) for r in results),
             sum(r.pushed_back for r in results),
             statistics.median(r.server_us_per_msg for r in results),
+            statistics.median(r.server_write_bytes_per_msg for r in results),
         )
 
 
@@ -285,8 +294,9 @@ def produce(
     server_pids: Sequence[int] = (),
 ) -> LoadResult:
     """Produce to ``topic`` with ``processes`` client processes; ``rate`` (msgs/s per process)
-    paces them. With ``server_pids``, the CPU those processes spend from the moment the clients
-    start sending until the last is done is measured (LoadResult.server_cpu_s)."""
+    paces them. With ``server_pids``, the CPU those processes spend and the bytes they dirty for
+    storage from the moment the clients start sending until the last is done are measured
+    (LoadResult.server_cpu_s, server_write_bytes)."""
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     start_at = time.time() + 3.0 + per_process / 40_000  # time to build the requests
@@ -300,9 +310,10 @@ def produce(
     for w in workers:
         w.start()
     time.sleep(max(0.0, start_at - time.time()))  # the clients build their requests meanwhile
-    cpu_before = _cpu_s(server_pids)
+    cpu_before, written_before = _cpu_s(server_pids), _written(server_pids)
     results = [q.get(timeout=600) for _ in workers]
     server_cpu_s = _cpu_s(server_pids) - cpu_before
+    server_write_bytes = _written(server_pids) - written_before
     for w in workers:
         w.join(30)
     failed = sum(r[3] for r in results)
@@ -318,12 +329,18 @@ def produce(
         [lat for r in results for lat in r[2]],
         sum(r[5] for r in results),
         server_cpu_s,
+        server_write_bytes,
     )
 
 
 def _cpu_s(pids: Sequence[int]) -> float:
     """CPU seconds the processes ``pids`` have used so far; NaN for none."""
     return sum(process_tree_cpu_s(pid) for pid in pids) if pids else float("nan")
+
+
+def _written(pids: Sequence[int]) -> float:
+    """Bytes the processes ``pids`` have dirtied for storage so far; NaN for none."""
+    return float(sum(process_write_bytes(pid) for pid in pids)) if pids else float("nan")
 
 
 def consume(
@@ -336,7 +353,7 @@ def consume(
     got = 0
     latencies: list[float] = []
     with PullConsumer(address, group, topic, batch_size=512, hold_ms=1000) as consumer:
-        cpu_before = _cpu_s(server_pids)
+        cpu_before, written_before = _cpu_s(server_pids), _written(server_pids)
         t0 = time.perf_counter()
         last = time.monotonic()
         while got < expected and time.monotonic() - last < 20:
@@ -348,7 +365,10 @@ def consume(
                 last = time.monotonic()
         seconds = time.perf_counter() - t0
         server_cpu_s = _cpu_s(server_pids) - cpu_before
+        server_write_bytes = _written(server_pids) - written_before
         consumer.commit()
     if got < expected:
         raise RuntimeError(f"consumed {got} of {expected} messages")
-    return LoadResult(got, seconds, latencies, server_cpu_s=server_cpu_s)
+    return LoadResult(
+        got, seconds, latencies, server_cpu_s=server_cpu_s, server_write_bytes=server_write_bytes
+    )

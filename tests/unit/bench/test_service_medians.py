@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
+from bench.harness import process_write_bytes
 from bench.service_bench import LoadResult, Medians
 
 
@@ -21,3 +27,25 @@ def test_medians_of_three_runs() -> None:
 def test_medians_of_nothing_is_refused() -> None:
     with pytest.raises(ValueError):
         Medians.of([])
+
+
+def test_server_cost_per_message_is_a_median_of_each_runs_own() -> None:
+    runs = [
+        LoadResult(1000, 1.0, [1.0], server_cpu_s=0.010, server_write_bytes=1_200_000),
+        LoadResult(2000, 1.0, [1.0], server_cpu_s=0.030, server_write_bytes=600_000),
+        LoadResult(1000, 1.0, [1.0], server_cpu_s=0.020, server_write_bytes=300_000),
+    ]
+    m = Medians.of(runs)
+    assert m.server_us_per_msg == pytest.approx(15.0)  # 10, 15 and 20 µs a message
+    assert m.server_write_bytes_per_msg == pytest.approx(300.0)  # 1,200, 300 and 300 bytes
+    assert math.isnan(Medians.of([LoadResult(10, 1.0, [1.0])]).server_write_bytes_per_msg)  # not measured
+
+
+def test_write_bytes_count_what_this_process_dirtied_and_nothing_for_a_gone_pid() -> None:
+    # /var/tmp, not pytest's tmp_path: /tmp may be a tmpfs, whose pages never go to storage
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+        before = process_write_bytes(os.getpid())
+        with open(Path(d) / "f", "wb") as f:
+            f.write(os.urandom(1 << 20))  # into the page cache: counted as the pages are dirtied
+        assert process_write_bytes(os.getpid()) - before >= 1 << 20
+    assert process_write_bytes(2**22 + 1) == 0  # above pid_max's default: never a live pid
