@@ -392,21 +392,25 @@ def _transient_rows(
 ) -> list[str]:
     """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
     classes"): batches of 256 and one message per call, to a persistent and to a transient
-    topic, the runs interleaved (persistent, transient, persistent, ...) so that both meet the
-    same store and the same machine. Transient messages are for consumers that keep up: after
-    each transient run (not timed) a group reads what it put and the store frees it, as it
-    would in use; without that the runs' 400 MB would be paged out to scratch. One round first,
+    topic, the runs interleaved (persistent, transient, transient, persistent, ...: the order
+    alternates round by round) so that both meet the same store and the same machine.
+    Transient messages are for consumers that keep up: after each transient run (not timed) a
+    group reads what it put and the store frees it, as it would in use; without that the runs'
+    400 MB would be paged out to scratch. One round first,
     not counted, so that the transient store's first fill of the heap (pages the kernel
     zero-fills on first touch, reused from then on) is not taken for its steady cost; then
     TRANSIENT_RUNS rounds, the server's CPU per message measured in each. Returns the lines
-    that compare the two round by round (each transient run over the persistent run just before
-    it: the pairs that met the same moment of the machine)."""
+    that compare the two round by round (each transient run over the persistent run of its
+    round, just before or after it: the pairs that met the same moment of the machine)."""
     shapes = {"batches of 256": (per_process, 256), "single messages": (4000, 1)}
     topics = {"ASYNC_FLUSH": service_bench.TOPIC, "transient": service_bench.TRANSIENT_TOPIC}
     runs: dict[tuple[str, str], list[service_bench.LoadResult]] = {}
-    for counted in [False] + [True] * TRANSIENT_RUNS:
+    for round_no, counted in enumerate([False] + [True] * TRANSIENT_RUNS):
         for shape, (count, batch) in shapes.items():
-            for name, topic in topics.items():
+            # Which goes first alternates round by round: whatever one run leaves the next (the
+            # flush of its dirty pages, a release round) then weighs on both alike.
+            order = list(topics.items()) if round_no % 2 else list(topics.items())[::-1]
+            for name, topic in order:
                 result = service_bench.produce(
                     gw, processes=2, per_process=count, batch=batch, inflight=4, topic=topic, server_pids=pids
                 )

@@ -113,6 +113,11 @@ class DedupWindow:
     def __len__(self) -> int:
         return len(self._seq)
 
+    @property
+    def version(self) -> tuple[int, int]:
+        """Changes whenever the window does (a put, a clear): equal versions, equal windows."""
+        return self._head, self._clears
+
     def _placed(self, seq: int) -> Placed:
         i = seq % self.capacity
         return Placed(self._phy[i], self._size[i], self._qoff[i], self._ts[i])
