@@ -102,6 +102,7 @@ class QueueOffsetTable:
         self.offsets: dict[QueueKey, int] = {}
         self.covered_to = 0
         self._snapshot_lock = threading.Lock()
+        self._saved: QueueOffsetSnapshot | None = None  # what ``path`` holds, as this table wrote it
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next record of (``topic``, ``queue_id``) takes."""
@@ -132,11 +133,25 @@ class QueueOffsetTable:
         return QueueOffsetSnapshot(phy_offset, table, generation.log_id, generation.generation)
 
     def save(self, snapshot: QueueOffsetSnapshot, generation: LogGeneration) -> None:
-        """Write ``snapshot`` unless the log's generation moved on since it was taken. Raises
-        StoreIOError."""
+        """Write ``snapshot`` unless the log's generation moved on since it was taken, or the
+        file already holds the same one (an idle store: the periodic snapshot writes nothing).
+        Raises StoreIOError."""
         with self._snapshot_lock:
-            if snapshot.generation == generation.generation:
-                save_snapshot(self.path, snapshot)
+            if snapshot.generation != generation.generation:
+                return
+            last = self._saved
+            if (
+                last is not None
+                and (last.phy_offset, last.log_id, last.generation)
+                == (snapshot.phy_offset, snapshot.log_id, snapshot.generation)
+                and last.offsets == snapshot.offsets
+            ):
+                return
+            save_snapshot(self.path, snapshot)
+            # A copy: the snapshot of a cut holds the live table, which appends go on changing.
+            self._saved = QueueOffsetSnapshot(
+                snapshot.phy_offset, dict(snapshot.offsets), snapshot.log_id, snapshot.generation
+            )
 
     def load(self, end_offset: int, generation: LogGeneration) -> QueueOffsetSnapshot | None:
         """The saved snapshot when it can be trusted for a log ending at ``end_offset``: taken
