@@ -193,9 +193,9 @@ class TransientRelease:
         wanted.sort(key=lambda w: w[0])
         for count, cq, consumed in wanted:
             if len(keep) + count <= KEEP_MAX:
-                units = cq.read_units(consumed, count)
-                if len(units) == count:
-                    keep += (u.phy_offset for u in units)
+                phys = cq.read_columns(consumed, count).phy_offsets  # no object per unit
+                if len(phys) == count:
+                    keep += phys
                     continue
             unit = cq.read_unit(consumed)
             if unit is None:  # not readable now (being cut or cleaned): hold everything
