@@ -392,8 +392,9 @@ def _transient_rows(
 ) -> list[str]:
     """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
     classes"): batches of 256 and one message per call, to a persistent and to a transient
-    topic, the runs interleaved (persistent, transient, transient, persistent, ...: the order
-    alternates round by round) so that both meet the same store and the same machine.
+    topic, the runs interleaved: in each round each shape runs both topics back to back, the
+    persistent one first in odd rounds and the transient one first in even rounds (the
+    uncounted round 0 included), so that both meet the same store and the same machine.
     Transient messages are for consumers that keep up: after each transient run (not timed) a
     group reads what it put and the store frees it, as it would in use; without that the runs'
     400 MB would be paged out to scratch. One round first,
@@ -429,9 +430,9 @@ def _transient_rows(
     out = ["Transient over ASYNC_FLUSH, round by round (median, lowest-highest of the rounds):", ""]
     for shape in shapes:
         pairs = list(zip(runs[(shape, "ASYNC_FLUSH")], runs[(shape, "transient")], strict=True))
-        cpu = [t.server_us_per_msg / p.server_us_per_msg for p, t in pairs]
-        rate = [t.msgs_per_s / p.msgs_per_s for p, t in pairs]
-        written = [t.server_write_bytes_per_msg / p.server_write_bytes_per_msg for p, t in pairs]
+        cpu = [_ratio(t.server_us_per_msg, p.server_us_per_msg) for p, t in pairs]
+        rate = [_ratio(t.msgs_per_s, p.msgs_per_s) for p, t in pairs]
+        written = [_ratio(t.server_write_bytes_per_msg, p.server_write_bytes_per_msg) for p, t in pairs]
         out.append(
             f"- {shape}: server µs/msg {_spread(cpu)}, msgs/s {_spread(rate)}, "
             f"server written B/msg {_spread(written)}"
@@ -439,8 +440,17 @@ def _transient_rows(
     return out
 
 
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; NaN when ``b`` is 0 or either was not measured (a data folder on tmpfs
+    dirties nothing for storage, say)."""
+    return a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
 def _spread(ratios: Sequence[float]) -> str:
-    """``median (lowest-highest)`` of ``ratios``, as x-fold ratios."""
+    """``median (lowest-highest)`` of ``ratios``, as x-fold ratios; "not measured" when any
+    ratio is NaN."""
+    if any(math.isnan(r) for r in ratios):
+        return "not measured"
     return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 

@@ -9,6 +9,7 @@ not in unit tests; these machines are shared and noisy).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -148,19 +149,22 @@ def process_tree_cpu_s(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def process_write_bytes(pid: int) -> int:
+def process_write_bytes(pid: int) -> float:
     """Bytes process ``pid`` (all its threads) has caused to be written to storage so far:
     ``write_bytes`` of /proc/<pid>/io, which counts page-cache pages as they are dirtied (once a
     page until it is written back), so a log appended through the page cache counts about what
-    it appended, before any writeback happened; 0 for a pid that is gone."""
+    it appended, before any writeback happened; 0.0 for a pid that is gone, NaN when the file
+    cannot be read or lacks the field (not measured, rather than nothing written)."""
     try:
         with open(f"/proc/{pid}/io") as io:
             for line in io:
                 if line.startswith("write_bytes:"):
-                    return int(line.split()[1])
+                    return float(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
     except OSError:
-        pass
-    return 0
+        return math.nan
+    return math.nan
 
 
 @contextmanager

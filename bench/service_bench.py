@@ -340,7 +340,7 @@ def _cpu_s(pids: Sequence[int]) -> float:
 
 def _written(pids: Sequence[int]) -> float:
     """Bytes the processes ``pids`` have dirtied for storage so far; NaN for none."""
-    return float(sum(process_write_bytes(pid) for pid in pids)) if pids else float("nan")
+    return sum(process_write_bytes(pid) for pid in pids) if pids else float("nan")
 
 
 def consume(

@@ -589,6 +589,20 @@ def _split(
     )
 
 
+@pytest.mark.parametrize("adopted", [False, True])
+def test_held_records_are_a_view_from_min_view_bytes_on(adopted: bool) -> None:
+    """At the threshold itself, one byte below and one above: both implementations hold a view
+    of the request when all of it is at least ``min_view`` bytes, else a copy, with the same
+    bytes either way."""
+    msgs = [Message("T", bytes([65 + i]) * (200 + 50 * i), 0) for i in range(5)]
+    whole = len(_split(msgs, frozenset({"T"}), adopted, False, 4096, 0, 0)[3])
+    for min_view, view in ((whole - 1, True), (whole, True), (whole + 1, False)):
+        outs = [_split(msgs, frozenset({"T"}), adopted, pure, 4096, 0, min_view) for pure in (False, True)]
+        assert outs[0] == outs[1]
+        keys, ends, data = outs[0][-1]
+        assert isinstance(data, memoryview) is view and len(data) == whole == ends[-1] and len(keys) == 5
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(_good_message, min_size=1, max_size=10),
