@@ -26,7 +26,7 @@ from services.dispatch.transient_release import RELEASE_INTERVAL_S
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
 SERVICE_RUNS = 3  # the services suite's rows are medians of this many runs in one suite's life
-TRANSIENT_RUNS = 5  # the interleaved transient / ASYNC_FLUSH rows: closer ratios than 3 give
+TRANSIENT_RUNS = 5  # the interleaved transient / ASYNC_FLUSH rows differ by a few percent: more rounds than 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,10 +397,10 @@ def _transient_rows(
     uncounted round 0 included), so that both meet the same store and the same machine.
     Transient messages are for consumers that keep up: after each transient run (not timed) a
     group reads what it put and the store frees it, as it would in use; without that the runs'
-    400 MB would be paged out to scratch. One round first,
-    not counted, so that the transient store's first fill of the heap (pages the kernel
-    zero-fills on first touch, reused from then on) is not taken for its steady cost; then
-    TRANSIENT_RUNS rounds, the server's CPU per message measured in each. Returns the lines
+    400 MB would be paged out to scratch. One round first, not counted, so that the transient
+    store's first fill of the heap (pages the kernel zero-fills on first touch, reused from then
+    on) is not taken for its steady cost; then TRANSIENT_RUNS rounds, the server's CPU per
+    message measured in each. Returns the lines
     that compare the two round by round (each transient run over the persistent run of its
     round, just before or after it: the pairs that met the same moment of the machine)."""
     shapes = {"batches of 256": (per_process, 256), "single messages": (4000, 1)}

@@ -224,11 +224,7 @@ class PutMessageResults(Sequence[PutMessageResult]):
             furthest: int = max(map(operator.add, phys, sizes[:n]))
             return furthest
         if self.in_log_order:
-            if n - 1 not in skip:  # the last waits: it is the furthest
-                return phys[n - 1] + sizes[n - 1]
-            if len(skip) >= n and all(i in skip for i in range(n)):
-                return None  # none waits (a batch of transient messages, say)
-            last = next((i for i in range(n - 2, -1, -1) if i not in skip), None)
+            last = next((i for i in range(n - 1, -1, -1) if i not in skip), None)
             return None if last is None else phys[last] + sizes[last]
         ends = [phys[i] + sizes[i] for i in range(n) if i not in skip]
         return max(ends) if ends else None

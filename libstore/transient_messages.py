@@ -210,8 +210,7 @@ class TransientMessageStore:
                 raise InvalidArgumentError(
                     f"transient keys must ascend, above the last one put ({last}): {list(keys[:8])}"
                 )
-            if self.memory_bytes + size > self.max_bytes:
-                self._make_room_locked(size)
+            self._make_room_locked(size)
             self._chunks.append(_Chunk(key_array, end_array, data))
             self._firsts.append(keys[0])
             self._last_key = keys[-1]

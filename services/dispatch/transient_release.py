@@ -103,19 +103,8 @@ class TransientRelease:
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
         """CommitLogDispatcher: note the transient stubs among ``requests`` (idempotent)."""
-        if len(requests) == 1:  # a one-message put: no dict to gather it in
-            req = requests[0]
-            if req.sys_flag & _STUB:
-                key, offset = (req.topic, req.queue_id), req.consume_queue_offset
-                with self._lock:
-                    if offset > self._last_stub.get(key, -1):
-                        self._last_stub[key] = offset
-                        self._changes += 1
-            return
-        seen: dict[tuple[str, int], int] = {}
-        for req in requests:
-            if req.sys_flag & _STUB:
-                seen[(req.topic, req.queue_id)] = req.consume_queue_offset
+        # Each queue's last stub: requests come in log order, so its queue offsets ascend.
+        seen = {(r.topic, r.queue_id): r.consume_queue_offset for r in requests if r.sys_flag & _STUB}
         if seen:
             with self._lock:
                 last = self._last_stub
