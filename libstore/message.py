@@ -199,7 +199,8 @@ class Message:
 
 @dataclass(slots=True)
 class MessageRecord:
-    """A decoded CommitLog record (all fields of spec §1; hosts as (ip, port))."""
+    """A decoded CommitLog record (all fields of spec §1; hosts as (ip, port)). Those the C
+    decoder makes are not tracked by the cyclic garbage collector (record_codec.decode_records)."""
 
     total_size: int
     magic_code: int

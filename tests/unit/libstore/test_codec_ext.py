@@ -193,6 +193,29 @@ def test_decode_records_matches_the_python_reference(msgs, edits, damaged):
                 assert got == [decode_record(r, check_crc=check_crc) for r in batch]
 
 
+def test_decoded_records_are_left_out_of_the_cycle_collector_and_freed_by_refcount():
+    """A pull's records hold no object that could refer back to them, so the C decoder leaves
+    them untracked (young collections used to walk and promote every record a consumer held);
+    a record still goes as soon as its last reference does, and what it holds with it."""
+    import gc
+    import sys
+
+    raw = _encoded([Message("T", os.urandom(512), 0, tags="t", keys=["k1"]) for _ in range(64)])
+    raws, pos = [], 0
+    while pos < len(raw):
+        size = int.from_bytes(raw[pos : pos + 4], "big")
+        raws.append(raw[pos : pos + size])
+        pos += size
+    records = record_codec.decode_records(raws)
+    assert [gc.is_tracked(r) for r in records] == [False] * len(raws)
+    assert record_codec.decode_record(raws[0]) == records[0]
+    assert not gc.is_tracked(record_codec.decode_record(raws[0]))
+    body = records[0].body
+    assert sys.getrefcount(body) == 3  # the record, ``body``, getrefcount's argument
+    del records
+    assert sys.getrefcount(body) == 2  # the record went with the list, without a collection
+
+
 def test_check_record_reads_blanks_mmaps_and_odd_positions_like_python(tmp_path):
     import mmap
 
