@@ -102,7 +102,8 @@ class QueueOffsetTable:
         self.offsets: dict[QueueKey, int] = {}
         self.covered_to = 0
         self._snapshot_lock = threading.Lock()
-        self._saved: QueueOffsetSnapshot | None = None  # what ``path`` holds, as this table wrote it
+        # What ``path`` holds, as this table wrote it: (log offset, log id, generation, table).
+        self._saved: tuple[int, str, int, dict[QueueKey, int]] | None = None
 
     def next_offset(self, topic: str, queue_id: int) -> int:
         """The queue offset the next record of (``topic``, ``queue_id``) takes."""
@@ -139,19 +140,12 @@ class QueueOffsetTable:
         with self._snapshot_lock:
             if snapshot.generation != generation.generation:
                 return
-            last = self._saved
-            if (
-                last is not None
-                and (last.phy_offset, last.log_id, last.generation)
-                == (snapshot.phy_offset, snapshot.log_id, snapshot.generation)
-                and last.offsets == snapshot.offsets
-            ):
+            said = (snapshot.phy_offset, snapshot.log_id, snapshot.generation, snapshot.offsets)
+            if said == self._saved:  # the table, the largest part, is compared last
                 return
             save_snapshot(self.path, snapshot)
             # A copy: the snapshot of a cut holds the live table, which appends go on changing.
-            self._saved = QueueOffsetSnapshot(
-                snapshot.phy_offset, dict(snapshot.offsets), snapshot.log_id, snapshot.generation
-            )
+            self._saved = (*said[:3], dict(snapshot.offsets))
 
     def load(self, end_offset: int, generation: LogGeneration) -> QueueOffsetSnapshot | None:
         """The saved snapshot when it can be trusted for a log ending at ``end_offset``: taken
