@@ -159,6 +159,8 @@ class CommitLog:
         self._topic_config = topic_config  # the caller's, else load() opens the store's own
         # (topic table version, {topic: write queue count}) for adopt_records; see there.
         self._adopt_topics: tuple[int, dict[str, int]] = (-1, {})
+        # The same for append_messages' encoder: (version, {topic: (prefix, magic, queue count)}).
+        self._encode_topics: tuple[int, dict[str, tuple[bytes, int, int]]] = (-1, {})
         self._put_lock = threading.Lock()
         self._begin_time_in_lock = 0.0
         self._offsets = QueueOffsetTable(queue_offset_table_path(self.root))
@@ -504,13 +506,20 @@ class CommitLog:
         now = time.time_ns() // 1_000_000
         if hold_scheduled:  # delay/timer: held in the timer topic
             messages = hold_all_scheduled(messages, now)
+        topics = self.topic_config
+        # Topics met by earlier puts, while the table is unchanged (a batch of one message of a
+        # known topic is encoded in C from its first message on).
+        version, known = self._encode_topics
+        if version != topics.version:
+            version, known = self._encode_topics = (topics.version, {})
         batch = self._encoder.encode_batch(
             messages,
             now,
-            self.topic_config.write_queue_nums,
+            topics.write_queue_nums,
             choose_queue=self._round_robin if place_unassigned else None,
+            known_topics=known,
         )
-        mark_transient(batch, self.topic_config.transient_topics)
+        mark_transient(batch, topics.transient_topics)
         return self.append_batch(batch, expected_epoch=expected_epoch)
 
     def adopt_records(

@@ -150,6 +150,9 @@ class EncodedBatch:
 
 
 _BODY_TYPES = (bytes, bytearray, memoryview)
+# A caller's known_topics of encode_batch is cleared past this many topics (a store with more
+# looks some of them up again, nothing worse).
+_KNOWN_TOPICS_MAX = 10_000
 
 
 class RecordEncoder:
@@ -222,6 +225,7 @@ class RecordEncoder:
         *,
         unassigned_queue_ok: bool = False,
         choose_queue: Callable[[str], int] | None = None,
+        known_topics: dict[str, tuple[bytes, int, int]] | None = None,
     ) -> EncodedBatch:
         """Validate and encode ``messages``; nothing is written anywhere.
 
@@ -235,14 +239,23 @@ class RecordEncoder:
         as -1 with ``unassigned_queue_ok`` (a client leaving the choice to the store), or placed
         by ``choose_queue(topic)`` (the messages themselves are not changed). Raises MessageIllegalError
         (or a subclass) naming the first bad message; then no message of the batch is encoded.
+
+        ``known_topics`` (topic -> (TOPICLEN + TOPIC bytes, magic code, queue count)), when
+        given, holds topics that earlier calls with the same ``queue_nums`` already met under the
+        same topic table: their messages take the C path from the first one on (a batch of one
+        message of a known topic runs no Python per message). Topics met here are added to it;
+        the caller drops it when the table changes. Without it, topics are looked up once per
+        batch.
         """
         out = EncodedBatch()
         buf = out.buf
         sizes = out.sizes
         queue_keys = out.queue_keys
-        # topic -> (TOPICLEN+TOPIC, magic, write queue count), for this batch only: the queue
-        # count may change between batches.
-        topics: dict[str, tuple[bytes, int, int]] = {}
+        # topic -> (TOPICLEN+TOPIC, magic, write queue count): the caller's while its topic
+        # table is unchanged, else this batch's only (the queue count may change between batches).
+        topics: dict[str, tuple[bytes, int, int]] = {} if known_topics is None else known_topics
+        if len(topics) > _KNOWN_TOPICS_MAX:
+            topics.clear()
         wide_born: list[int] = []
         msgs = messages if type(messages) is list else list(messages)
         n = len(msgs)

@@ -421,3 +421,37 @@ def test_adopted_records_of_a_known_topic_skip_the_per_record_python_path(open_l
     # A topic producers may not use is refused however warm the cache is.
     with pytest.raises(MessageIllegalError):
         cl.adopt_records(_client_batch("RMQ_SYS_TRANS_HALF_TOPIC"))
+
+
+def test_messages_of_a_known_topic_skip_the_per_message_python_encoder(open_log, monkeypatch):
+    """append_messages remembers a topic met once, so a put of one message of it (a RocketMQ 5
+    send, a pop-journal record) is encoded by the C run alone; a change to the topic table is
+    seen by the next put."""
+    from libstore.record_codec import _ext
+    from libstore.record_encoder import RecordEncoder
+
+    assert _ext is not None, "make install builds libstore._codec"
+    cl: CommitLog = open_log()
+    cl.topic_config.create_or_update(TopicConfig("Known", 4, 4))
+    slow: list[str] = []
+    real = RecordEncoder._encode_one
+
+    def counting(self, out, m, *args, **kw):
+        slow.append(m.topic)
+        return real(self, out, m, *args, **kw)
+
+    monkeypatch.setattr(RecordEncoder, "_encode_one", counting)
+    first = cl.append_messages([Message("Known", b"x", 3, keys="k0")])
+    assert slow == ["Known"]  # the first message of a new topic meets it in Python
+    for i in range(3):
+        cl.append_messages([Message("Known", b"x", -1, keys=f"k{i + 1}")], place_unassigned=True)
+    assert slow == ["Known"] and first.results.appended == 1
+    res = first.results[0]
+    record = cl.read_message(res.phy_offset, res.size)
+    assert (record.topic, record.queue_id, record.keys) == ("Known", 3, ["k0"])
+    # Fewer queues now: queue 3 is gone, and the table's change drops what was remembered.
+    cl.topic_config.create_or_update(TopicConfig("Known", 2, 2))
+    with pytest.raises(QueueIdOutOfRangeError, match="has 2 queues"):
+        cl.append_messages([Message("Known", b"x", 3)])
+    placed = cl.append_messages([Message("Known", b"x", -1) for _ in range(4)], place_unassigned=True)
+    assert {cl.read_message(r.phy_offset, r.size).queue_id for r in placed.results} == {0, 1}
