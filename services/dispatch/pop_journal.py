@@ -5,7 +5,8 @@ class is the rest of the loop (see the PopState module docstring for the record 
 
 * **Writing** (the master's dispatch): :meth:`commit` hands the records made since the last call
   to one appender task, which appends whatever is waiting as one batch (group commit: one
-  CommitLog append for many operations, in the order they were made), then resolves each
+  CommitLog append for many operations, in the order they were made; an operation that finds
+  the appender idle and nothing queued appends its own records at once), then resolves each
   waiter once its records are appended and as durable as the log's policy makes any put
   (flushed under SYNC_FLUSH, held by a slave under SYNC_MASTER). An operation answers its
   caller only then. An ack must be as durable as a put (flushed under SYNC_FLUSH, held by a
@@ -104,6 +105,7 @@ class PopJournal:
         self.reput_offset = reput_offset
         self.snapshot_every = snapshot_every
         self._pending: list[_Pending] = []
+        self._appending = False  # an append is under way (the appender's or a caller's own)
         self._work = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -209,10 +211,37 @@ class PopJournal:
         if self._term is None or self._reload:
             raise ServiceNotAvailableError("the pop state is being reloaded from the log; retry")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(records, future, self._term[0], self._generation, durable))
+        pending = _Pending(records, future, self._term[0], self._generation, durable)
         self._idle.clear()
-        self._work.set()
+        if self._appending or self._pending:
+            self._pending.append(pending)
+            self._work.set()
+        else:
+            await self._append_here(pending)
         await future
+
+    async def _append_here(self, pending: _Pending) -> None:
+        """Append a lone operation's records from its caller's task, the appender being idle:
+        handing them to the appender costs two task switches, and the followers that the
+        append wakes then run before the caller answers. Operations made meanwhile queue for
+        the appender, which goes on with them once this one is done (``_appending``). A caller
+        cancelled inside the append (a client gone) leaves it unknown whether the records are
+        in the log (a remote commitlog's call may or may not have arrived): the state is then
+        reloaded from the log, as after a failed append."""
+        self._appending = True
+        try:
+            await self._append([pending])
+        except asyncio.CancelledError:
+            if not pending.future.done():
+                self._lost([], ServiceNotAvailableError("a pop journal append was cancelled"))
+                pending.future.cancel()
+            raise
+        finally:
+            self._appending = False
+            if self._pending:
+                self._work.set()
+            else:
+                self._idle.set()
 
     async def _wait_durable(self) -> None:
         """Wait until the records appended short of PUT_OK are confirmed (dispatch reads only
@@ -233,11 +262,17 @@ class PopJournal:
         while True:
             await self._work.wait()
             self._work.clear()
+            if self._appending:  # a caller appends its own records; it wakes this loop after
+                continue
             batch, self._pending = self._pending, []
             if not batch:
                 self._idle.set()
                 continue
-            await self._append(batch)
+            self._appending = True
+            try:
+                await self._append(batch)
+            finally:
+                self._appending = False
             if not self._pending:
                 self._idle.set()
 
@@ -269,11 +304,7 @@ class PopJournal:
         except Exception as exc:  # a transport error: the records may or may not be in the log
             error = ServiceNotAvailableError(f"pop state not journaled: {exc}")
         if error is not None:
-            log.warning("pop journal append failed (%s); reloading the pop state from the log", error)
-            self._term = None
-            self._reload = True
-            self._fail([*live, *self._pending], error)
-            self._pending = []
+            self._lost(live, error)
             return
         end = results.phy_offsets[-1] + results.sizes[-1]
         self._last_appended_end = end
@@ -292,6 +323,15 @@ class PopJournal:
                 p.future.set_exception(short)
             else:
                 p.future.set_result(None)
+
+    def _lost(self, batch: list[_Pending], error: StoreError) -> None:
+        """An append of ``batch`` failed or ended unknown: the state may be ahead of the log,
+        so it is reloaded from the log; the batch and everything queued fail with ``error``."""
+        log.warning("pop journal append failed (%s); reloading the pop state from the log", error)
+        self._term = None
+        self._reload = True
+        self._fail([*batch, *self._pending], error)
+        self._pending = []
 
     def _reload_state(self) -> None:
         """Replace the state by the newest snapshot; the reader applies the journal after it."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from libstore.pop_state import ReceiptHandle
 from services.client import Producer
 from services.gateway.rocketmq.pb import Code, service_grpc
 from services.serve import Suite
@@ -128,3 +129,99 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
     assert replies[0].status.code == Code.OK, replies[0].status
     delivered = [r.message for r in replies if r.HasField("message")]
     assert [(m.body, m.system_properties.delivery_attempt) for m in delivered] == [(b"never written", 2)]
+
+
+def test_a_lone_operation_journals_from_its_own_task_and_concurrent_ones_in_one_batch(
+    suites: InProcessSuites, embedded: Suite
+) -> None:
+    """An ack that finds the journal's appender idle appends its record itself (no hand-over
+    to the appender task); acks made while an append is under way queue and go in one later
+    append by the appender, after it, in the order they were made."""
+    with Producer(embedded.address) as producer:
+        for i in range(6):
+            assert producer.send("Lone", f"m{i}".encode(), queue_id=0).all_ok
+    assert embedded.dispatch_app is not None
+    port = embedded.dispatch_app.port
+    journal = port.pop_service.journal
+    commitlog = journal.commitlog
+    original = commitlog.append
+
+    async def scenario() -> list[tuple[str, list[int]]]:
+        appends: list[tuple[str, list[int]]] = []
+        release = asyncio.Event()
+
+        async def watched(messages: Any, **kwargs: Any) -> Any:
+            task = asyncio.current_task()
+            name = task.get_name() if task is not None else ""
+            appends.append((name, [int(m.properties["POP_SEQ"]) for m in messages]))
+            if len(appends) == 1:  # the first ack's own append: hold it while others queue
+                await release.wait()
+            return await original(messages, **kwargs)
+
+        popped = (await port.pop("g", "Lone", -1, invisible_ms=60_000, max_count=6)).messages
+        assert len(popped) == 6
+        commitlog.append = watched  # type: ignore[method-assign]
+        try:
+            first = asyncio.create_task(port.ack("g", "Lone", [popped[0].receipt_handle]), name="ack-0")
+            while not appends:
+                await asyncio.sleep(0.001)
+            rest = [
+                asyncio.create_task(port.ack("g", "Lone", [p.receipt_handle]), name=f"ack-{i}")
+                for i, p in enumerate(popped[1:], 1)
+            ]
+            await asyncio.sleep(0.05)
+            release.set()
+            results = await asyncio.gather(first, *rest)
+        finally:
+            del commitlog.append  # back to the class's method
+        assert all(r == [None] for r in results)
+        return appends
+
+    appends = suites.loop.run(scenario(), 60)
+    (first_task, first_seqs), (later_task, later_seqs) = appends
+    assert first_task == "ack-0" and len(first_seqs) == 1  # appended from its own task
+    assert later_task == "pop-journal-append" and len(later_seqs) == 5  # queued, one batch
+    assert later_seqs == sorted(later_seqs) and later_seqs[0] > first_seqs[0]
+
+
+def test_an_ack_cancelled_inside_its_own_journal_append_reloads_the_state(
+    suites: InProcessSuites, embedded: Suite
+) -> None:
+    """An ack whose caller goes away while it appends its own journal record leaves it unknown
+    whether the record is in the log: the state is reloaded from the log, so an ack the log
+    does not hold is not taken as done, and the message can be acked again."""
+    with Producer(embedded.address) as producer:
+        assert producer.send("Gone", b"ack me twice", queue_id=0).all_ok
+    assert embedded.dispatch_app is not None
+    port = embedded.dispatch_app.port
+    journal = port.pop_service.journal
+    commitlog = journal.commitlog
+
+    async def scenario() -> tuple[int, list[object], int]:
+        (popped,) = (await port.pop("g", "Gone", -1, invisible_ms=60_000)).messages
+        entered = asyncio.Event()
+
+        async def never(messages: Any, **kwargs: Any) -> Any:  # the record never reaches the log
+            entered.set()
+            await asyncio.sleep(60)
+
+        commitlog.append = never  # type: ignore[method-assign]
+        try:
+            ack = asyncio.create_task(port.ack("g", "Gone", [popped.receipt_handle]))
+            await entered.wait()
+            ack.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ack
+        finally:
+            del commitlog.append
+        await journal.ready()  # reloads the state from the log
+        service = port.pop_service
+        handle = ReceiptHandle.decode(service.signer.verify("g", "Gone", popped.receipt_handle))
+        held = service.state.in_flight("g", "Gone", handle, int(time.time() * 1000))
+        again = await port.ack("g", "Gone", [popped.receipt_handle])
+        left = await port.pop("g", "Gone", -1, invisible_ms=60_000, wait_ms=0)
+        return held.queue_offset, again, len(left.messages)
+
+    offset, again, left = suites.loop.run(scenario(), 60)
+    # The lost ack is not in the state: the delivery is still in flight, and acked again.
+    assert offset == 0 and again == [None] and left == 0
