@@ -32,8 +32,10 @@ _PUT_STATUS_TO_PB = {
 _PUT_STATUS_FROM_PB = {v: k for k, v in _PUT_STATUS_TO_PB.items()}
 
 
+@functools.lru_cache(maxsize=1024)
 def peer_host(peer: str) -> tuple[str, int]:
-    """The caller's address from a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    """The caller's address from a gRPC peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``);
+    cached: a connection's peer string repeats on every call it makes."""
     kind, _, rest = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
         host, _, port = rest.rpartition(":")

@@ -257,18 +257,18 @@ class ConsumeActivity:
         self.ctx.authorize(context, SUB, request.topic.name, request.group.name)
         async with self.ctx.renewer.settling([e.receipt_handle for e in request.entries]) as handles:
             errors = await self.ctx.dispatch.ack(request.group.name, request.topic.name, handles)
-        entries = [
-            service.AckMessageResultEntry(
-                message_id=e.message_id,
-                receipt_handle=e.receipt_handle,
-                status=convert.status()
-                if err is None
-                else convert.status(convert.code_of_error(err), str(err)),
-            )
-            for e, err in zip(request.entries, errors, strict=True)
-        ]
-        top = overall([e.status for e in entries], "acks")
-        return service.AckMessageResponse(status=top, entries=entries)
+        response = service.AckMessageResponse()
+        entries = response.entries
+        for e, err in zip(request.entries, errors, strict=True):
+            entry = entries.add()  # filled in place: no entry built and then copied in
+            entry.message_id = e.message_id
+            entry.receipt_handle = e.receipt_handle
+            if err is None:
+                convert.set_status(entry.status)
+            else:
+                convert.set_status(entry.status, convert.code_of_error(err), str(err))
+        response.status.CopyFrom(overall([e.status for e in entries], "acks"))
+        return response
 
     async def change_invisible_duration(
         self, request: service.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext

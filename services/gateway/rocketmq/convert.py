@@ -94,6 +94,13 @@ def status(code: int = Code.OK, message: str = "OK") -> definition.Status:
     return definition.Status(code=code, message=message)  # type: ignore[arg-type]
 
 
+def set_status(target: definition.Status, code: int = Code.OK, message: str = "OK") -> None:
+    """Fill ``target`` (a response's own Status field) in place: cheaper than building a
+    Status and copying it in through a constructor, on every entry of every answer."""
+    target.code = code  # type: ignore[assignment]
+    target.message = message
+
+
 def timestamp_ms(ms: int) -> Timestamp:
     return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
@@ -171,33 +178,39 @@ def _check_text(what: str, value: str, code: int) -> None:
 def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[Message, int, str]:
     """The libstore Message for a v2 message, its v2 type, and its message group ("" if none).
     Raises V2Error with the proxy's code for what the proxy refuses."""
+    # Each read of a protobuf field makes a new Python object (a body is copied each time):
+    # every field is read once.
     sp = m.system_properties
-    if not m.body:
+    body = m.body
+    if not body:
         raise V2Error(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-    if len(m.body) > MAX_BODY_SIZE:
+    if len(body) > MAX_BODY_SIZE:
         raise V2Error(Code.MESSAGE_BODY_TOO_LARGE, f"message body is larger than {MAX_BODY_SIZE} bytes")
-    if not sp.message_id:
+    message_id = sp.message_id
+    if not message_id:
         raise V2Error(Code.ILLEGAL_MESSAGE_ID, "message id is missing")
-    _check_text("message id", sp.message_id, Code.ILLEGAL_MESSAGE_ID)
-    if len(m.user_properties) > MAX_USER_PROPERTIES:
+    _check_text("message id", message_id, Code.ILLEGAL_MESSAGE_ID)
+    user_properties = m.user_properties
+    if len(user_properties) > MAX_USER_PROPERTIES:
         raise V2Error(Code.MESSAGE_PROPERTIES_TOO_LARGE, f"more than {MAX_USER_PROPERTIES} user properties")
-    props: dict[str, str] = {}
+    props: dict[str, str] = dict(user_properties)
     size = 0
-    for key, value in m.user_properties.items():
+    for key, value in props.items():
         if not key or key in SYSTEM_PROPERTY_NAMES:
             raise V2Error(Code.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {key!r} is reserved or empty")
-        _check_text(f"property {key!r}", key + value, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
+        if _CONTROL_CHARACTERS.search(key) or _CONTROL_CHARACTERS.search(value):
+            _check_text(f"property {key!r}", key + value, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)
         size += len(key.encode()) + len(value.encode())
-        props[key] = value
     if size > MAX_USER_PROPERTIES_BYTES:
         raise V2Error(
             Code.MESSAGE_PROPERTIES_TOO_LARGE, f"user properties exceed {MAX_USER_PROPERTIES_BYTES} bytes"
         )
     if sp.HasField("tag"):
-        if not sp.tag.strip() or "|" in sp.tag:
-            raise V2Error(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or holds '|'")
-        _check_text("tag", sp.tag, Code.ILLEGAL_MESSAGE_TAG)
-        props[MessageConst.TAGS] = sp.tag
+        tag = sp.tag
+        if not tag.strip() or "|" in tag:
+            raise V2Error(Code.ILLEGAL_MESSAGE_TAG, f"tag {tag!r} is blank or holds '|'")
+        _check_text("tag", tag, Code.ILLEGAL_MESSAGE_TAG)
+        props[MessageConst.TAGS] = tag
     keys = list(sp.keys)
     for key in keys:
         if not key.strip() or MessageConst.KEY_SEPARATOR in key:
@@ -205,7 +218,7 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
         _check_text("key", key, Code.ILLEGAL_MESSAGE_KEY)
     if keys:
         props[MessageConst.KEYS] = MessageConst.KEY_SEPARATOR.join(keys)
-    props[MessageConst.UNIQ_KEY] = sp.message_id
+    props[MessageConst.UNIQ_KEY] = message_id
     # The client's send (W3C traceparent text), kept only when it could be one: a tracing
     # field never fails a send.
     trace_context = sp.trace_context if sp.HasField("trace_context") else ""
@@ -238,7 +251,7 @@ def store_message(m: definition.Message, *, peer_ip: str, now_ms: int) -> tuple[
     born_ms = to_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else now_ms
     msg = Message(
         m.topic.name,
-        bytes(m.body),
+        body,
         -1,
         properties=props,
         born_timestamp=born_ms or now_ms,

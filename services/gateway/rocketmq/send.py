@@ -83,23 +83,23 @@ class SendActivity:
             if half_topics:
                 self.ctx.sessions.add_topics(metadata(context, "x-mq-client-id"), half_topics)
             results = await self.ctx.commitlog.append(messages)
-            entries = []
+            response = service.SendMessageResponse()
+            entries = response.entries
             for r, msg, mid in zip(results, messages, ids, strict=True):
-                code = convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR)
-                tid = ""
-                if msg.topic == HALF_TOPIC and r.status.appended:
-                    tid = TransactionId(r.queue_offset, r.phy_offset, r.size).encode()
-                entries.append(
-                    service.SendResultEntry(
-                        status=convert.status(code, r.status.name),
-                        message_id=mid,
-                        transaction_id=tid,
-                        offset=max(r.queue_offset, 0),
-                    )
+                entry = entries.add()  # filled in place: no entry built and then copied in
+                convert.set_status(
+                    entry.status,
+                    convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR),
+                    r.status.name,
                 )
+                entry.message_id = mid
+                entry.offset = max(r.queue_offset, 0)
+                if msg.topic == HALF_TOPIC and r.status.appended:
+                    entry.transaction_id = TransactionId(r.queue_offset, r.phy_offset, r.size).encode()
             top = overall([e.status for e in entries], "messages")
-            span.set_attribute("mqstore.status", definition.Code.Name(top.code))
-            return service.SendMessageResponse(status=top, entries=entries)
+            response.status.CopyFrom(top)
+            span.set_attribute("mqstore.status", Code.Name(top.code))
+            return response
 
     @staticmethod
     def _queue_for(config: TopicConfig, group: str) -> int:
