@@ -42,7 +42,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
 typedef struct {
     PyTypeObject *request_type; /* libstore.record_codec.DispatchRequest */
     PyObject *descr[F_COUNT];   /* its member descriptors */
-    PyObject *system_topics;    /* frozenset[str]: decoded by the Python code */
+    PyObject *system_codes;     /* dict str -> bytes | None: system_topics.SYSTEM_CODE_PROPERTIES */
     PyObject *topic_names;      /* dict bytes -> str */
     PyObject *empty_tuple;
     PyObject *empty_str;
@@ -272,6 +272,33 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
         if (stop == NULL) break;
         i = e + 1;
     }
+}
+
+/* The number in the last ``name`` entry of the properties p[0..n), as
+ * system_topics._number reads it: 1 to 19 ASCII digits, capped at 2**63 - 1; 0 when there is no
+ * such entry or its value is anything else. */
+static long long property_number(const unsigned char *p, Py_ssize_t n, const char *name, Py_ssize_t name_len) {
+    const unsigned char *found = NULL;
+    Py_ssize_t found_len = 0, i = 0;
+    while (i <= n) {
+        const unsigned char *start = p + i;
+        const unsigned char *stop = memchr(start, 0x02, (size_t)(n - i));
+        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
+        const unsigned char *sep = memchr(start, 0x01, (size_t)(e - i));
+        if (sep != NULL && sep - start == name_len && memcmp(start, name, (size_t)name_len) == 0) {
+            found = sep + 1;
+            found_len = (p + e) - found;
+        }
+        if (stop == NULL) break;
+        i = e + 1;
+    }
+    if (found == NULL || found_len < 1 || found_len > 19) return 0;
+    unsigned long long v = 0; /* 19 digits stay below 2**64 */
+    for (Py_ssize_t k = 0; k < found_len; k++) {
+        if (found[k] < '0' || found[k] > '9') return 0;
+        v = v * 10 + (unsigned long long)(found[k] - '0');
+    }
+    return v > (unsigned long long)LLONG_MAX ? LLONG_MAX : (long long)v;
 }
 
 static int is_ascii(const unsigned char *p, Py_ssize_t n) {
@@ -524,11 +551,18 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
             return ok < 0 ? NULL : refused(0, total);
         }
     }
+    /* A system topic's entry of SYSTEM_CODE_PROPERTIES (borrowed): its units' tags code comes
+       from it, not from TAGS. Callers that build no request leave such records to Python. */
+    PyObject *code_name = NULL;
     if (decode_props) {
-        int system = PySet_Contains(S.system_topics, topic);
-        if (system != 0) {
+        code_name = PyDict_GetItemWithError(S.system_codes, topic);
+        if (code_name == NULL && PyErr_Occurred()) {
             Py_DECREF(topic);
-            return system < 0 ? NULL : FALLBACK;
+            return NULL;
+        }
+        if (code_name != NULL && (!build || (code_name != Py_None && !PyBytes_Check(code_name)))) {
+            Py_DECREF(topic);
+            return FALLBACK;
         }
     }
     if (!build) { /* a good record, and the caller wants no request: Py_None, ``out`` filled */
@@ -591,6 +625,16 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
             values[F_TRACE_CONTEXT] = PyUnicode_DecodeUTF8((const char *)f.trace, f.trace_len, "replace");
             if (values[F_TRACE_CONTEXT] == NULL) goto error;
         }
+    }
+    if (code_name != NULL) { /* system_topics.system_tags_code */
+        long long code = 0;
+        if (code_name == Py_None) {
+            code = h.store_ts;
+        } else if (PyBytes_GET_SIZE(code_name) > 0 && prop_len > 0) {
+            code = property_number(r + p, prop_len, PyBytes_AS_STRING(code_name), PyBytes_GET_SIZE(code_name));
+        }
+        Py_XSETREF(values[F_TAGS_CODE], PyLong_FromLongLong(code));
+        if (values[F_TAGS_CODE] == NULL) goto error;
     }
     values[F_SUCCESS] = Py_NewRef(Py_True);
     if ((values[F_MSG_SIZE] = PyLong_FromLong(total)) == NULL
@@ -1551,15 +1595,16 @@ static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t
 /* ------------------------------------------------------------- configure */
 
 PyDoc_STRVAR(configure_doc,
-"configure(request_type, system_topics, crc32) -> None\n\n"
-"Tell the module the DispatchRequest class it builds (its slots, in __init__ order), the\n"
-"topics whose properties the Python code decodes, and the CRC-32 function to call for bodies\n"
-"(None: zlib's).");
+"configure(request_type, system_codes, crc32) -> None\n\n"
+"Tell the module the DispatchRequest class it builds (its slots, in __init__ order), where\n"
+"each system topic's units keep their tags code (system_topics.SYSTEM_CODE_PROPERTIES: topic ->\n"
+"property name, None for the store time, b'' for none) and the CRC-32 function to call for\n"
+"bodies (None: zlib's).");
 
 static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyType_Check(args[0]) || !PyFrozenSet_Check(args[1])
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyDict_Check(args[1])
         || (args[2] != Py_None && !PyCallable_Check(args[2]))) {
-        PyErr_SetString(PyExc_TypeError, "configure(request_type: type, system_topics: frozenset, crc32)");
+        PyErr_SetString(PyExc_TypeError, "configure(request_type: type, system_codes: dict, crc32)");
         return NULL;
     }
     PyObject *descr[F_COUNT];
@@ -1575,7 +1620,8 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         Py_XSETREF(S.descr[i], descr[i]);
     }
     Py_XSETREF(S.request_type, (PyTypeObject *)Py_NewRef(args[0]));
-    Py_XSETREF(S.system_topics, Py_NewRef(args[1]));
+    Py_XSETREF(S.system_codes, PyDict_Copy(args[1]));
+    if (S.system_codes == NULL) return NULL;
     Py_XSETREF(S.crc_func, args[2] == Py_None ? NULL : Py_NewRef(args[2]));
     S.configured = 1;
     Py_RETURN_NONE;

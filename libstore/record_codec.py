@@ -58,7 +58,7 @@ from libstore.message import (
     MessageSysFlag,
 )
 from libstore.message_id import create_message_id, decode_host
-from libstore.system_topics import SYSTEM_TOPICS, system_tags_code
+from libstore.system_topics import SYSTEM_CODE_PROPERTIES, SYSTEM_TOPICS, system_tags_code
 from libstore.tags import tags_code as compute_tags_code
 
 try:  # ISA-L's CRC-32 is the same function as zlib's (java.util.zip.CRC32), about 3x faster per KiB.
@@ -588,7 +588,7 @@ def store_timestamp_at(buf: Any, pos: int) -> int:
 
 
 if _ext is not None:
-    _ext.configure(DispatchRequest, SYSTEM_TOPICS, _crc32)
+    _ext.configure(DispatchRequest, SYSTEM_CODE_PROPERTIES, _crc32)
     _ext.configure_record(
         MessageRecord, tuple(f.name for f in dataclasses.fields(MessageRecord)), _decoded_host
     )

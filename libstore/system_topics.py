@@ -93,6 +93,17 @@ SYSTEM_TOPICS = frozenset(
 )
 
 _MAX_CODE = (1 << 63) - 1
+# Where a unit of each system topic keeps its tags code (see the module text), for dispatch's
+# one-pass parse (libstore.record_codec, in Python and in C alike): the name of the property
+# holding the number, None for the record's store time, b"" for none (the code is 0).
+SYSTEM_CODE_PROPERTIES: dict[str, bytes | None] = {
+    TIMER_TOPIC: b"TIMER_DELIVER_MS",
+    HALF_TOPIC: None,
+    OP_TOPIC: b"TRAN_HALF_OFFSET",
+    TIMER_DONE_TOPIC: b"TIMER_UNIT",
+    POP_JOURNAL_TOPIC: b"POP_SEQ",
+    QUARANTINE_TOPIC: b"",
+}
 
 
 def is_system_topic(topic: str) -> bool:
@@ -101,21 +112,17 @@ def is_system_topic(topic: str) -> bool:
 
 
 def system_tags_code(topic: str, properties: Mapping[bytes, bytes], store_timestamp: int) -> int | None:
-    """The tags code of a unit of ``topic`` when it is a system topic (see the module text),
-    from the record's properties as dispatch's one-pass parse found them (raw name -> raw
-    value) and its store time (ms); None for other topics. A missing or malformed number gives
-    0 (a timer due at once, an op for offset 0)."""
-    if topic == TIMER_TOPIC:
-        return _number(properties.get(b"TIMER_DELIVER_MS"))
-    if topic == HALF_TOPIC:
+    """The tags code of a unit of ``topic`` when it is a system topic (see the module text and
+    :data:`SYSTEM_CODE_PROPERTIES`), from the record's properties as dispatch's one-pass parse
+    found them (raw name -> raw value) and its store time (ms); None for other topics. A missing
+    or malformed number gives 0 (a timer due at once, an op for offset 0): at most 19 ASCII
+    digits, capped at 2**63 - 1."""
+    if topic not in SYSTEM_CODE_PROPERTIES:
+        return None
+    name = SYSTEM_CODE_PROPERTIES[topic]
+    if name is None:
         return store_timestamp
-    if topic == OP_TOPIC:
-        return _number(properties.get(b"TRAN_HALF_OFFSET"))
-    if topic == TIMER_DONE_TOPIC:
-        return _number(properties.get(b"TIMER_UNIT"))
-    if topic == POP_JOURNAL_TOPIC:
-        return _number(properties.get(b"POP_SEQ"))
-    return None
+    return _number(properties.get(name)) if name else 0
 
 
 def _number(raw: bytes | None) -> int:
