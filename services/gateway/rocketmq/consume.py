@@ -200,12 +200,14 @@ class ConsumeActivity:
                     if not filt.matches_tags(rec.tags):
                         skipped.append(popped.receipt_handle)  # a tags-code collision: not for this group
                         continue
-                    message = convert.consumer_message(
+                    response = service.ReceiveMessageResponse()
+                    convert.consumer_message(  # filled in place: no copy into the response
                         rec,
                         namespace=resource.resource_namespace,
                         receipt_handle=popped.receipt_handle,
                         attempt=popped.attempt,
                         invisible_ms=invisible_ms,
+                        into=response.message,
                     )
                 except Exception:  # one bad record must not fail the batch: it is moved aside
                     log.exception(
@@ -221,7 +223,7 @@ class ConsumeActivity:
                     self.ctx.renewer.track(
                         client_id, group, resource.name, popped.receipt_handle, popped.visible_at_ms
                     )
-                out.append(service.ReceiveMessageResponse(message=message))
+                out.append(response)
                 delivered_bytes += len(raw)
                 sends.append(message_trace.traceparent_of(rec.properties))
             if skipped:

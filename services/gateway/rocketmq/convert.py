@@ -270,10 +270,6 @@ def _numeric_ip(host: str) -> str:
 
 
 # -- store -> consumer ---------------------------------------------------------------------------------
-def body_digest(body: bytes) -> definition.Digest:
-    return definition.Digest(type=definition.MD5, checksum=hashlib.md5(body).hexdigest().upper())
-
-
 _MAX_TIMESTAMP_MS = 253402300799999  # 9999-12-31T23:59:59.999Z, protobuf Timestamp's last instant
 
 
@@ -296,27 +292,37 @@ def consumer_message(
     receipt_handle: str,
     attempt: int,
     invisible_ms: int,
+    into: definition.Message | None = None,
 ) -> definition.Message:
-    """The v2 Message a consumer receives for a stored record (spec sheet §5 table)."""
+    """The v2 Message a consumer receives for a stored record (spec sheet §5 table). With
+    ``into`` (an empty Message: a response's own field), that one is filled in place and
+    returned: building a Message and copying it into a response copied the body and every
+    field once more, for each message delivered."""
+    msg = definition.Message() if into is None else into
     props = rec.properties
-    sp = definition.SystemProperties(
-        keys=rec.keys,
-        message_id=rec.uniq_key or rec.msg_id,
-        body_digest=body_digest(rec.body),
-        body_encoding=definition.GZIP
-        if rec.sys_flag & MessageSysFlag.COMPRESSED_FLAG
-        else definition.IDENTITY,
-        message_type=message_type_of(props),  # type: ignore[arg-type]
-        born_timestamp=timestamp_ms(rec.born_timestamp),
-        born_host=rec.born_host[0],
-        store_timestamp=timestamp_ms(rec.store_timestamp),
-        store_host=host_text(rec.store_host),
-        receipt_handle=receipt_handle,
-        queue_id=rec.queue_id,
-        queue_offset=rec.queue_offset,
-        invisible_duration=duration_ms(invisible_ms),
-        delivery_attempt=attempt,
-    )
+    topic = msg.topic
+    topic.resource_namespace = namespace
+    topic.name = rec.topic
+    sp = msg.system_properties
+    if rec.keys:
+        sp.keys.extend(rec.keys)
+    sp.message_id = rec.uniq_key or rec.msg_id
+    body = rec.body
+    digest = sp.body_digest
+    digest.type = definition.MD5
+    digest.checksum = hashlib.md5(body).hexdigest().upper()
+    compressed = rec.sys_flag & MessageSysFlag.COMPRESSED_FLAG
+    sp.body_encoding = definition.GZIP if compressed else definition.IDENTITY
+    sp.message_type = message_type_of(props)  # type: ignore[assignment]
+    _set_ms(sp.born_timestamp, rec.born_timestamp)
+    sp.born_host = rec.born_host[0]
+    _set_ms(sp.store_timestamp, rec.store_timestamp)
+    sp.store_host = host_text(rec.store_host)
+    sp.receipt_handle = receipt_handle
+    sp.queue_id = rec.queue_id
+    sp.queue_offset = rec.queue_offset
+    _set_ms(sp.invisible_duration, invisible_ms)
+    sp.delivery_attempt = attempt
     if rec.tags is not None:
         sp.tag = rec.tags
     if SHARDING_KEY in props:
@@ -325,18 +331,19 @@ def consumer_message(
         sp.trace_context = props[TRACEPARENT]
     deliver_at = _delivery_ms(props.get(TIMER_DELIVER_MS))
     if deliver_at is not None:
-        sp.delivery_timestamp.CopyFrom(timestamp_ms(deliver_at))
+        _set_ms(sp.delivery_timestamp, deliver_at)
     if MessageConst.DLQ_ORIGIN_TOPIC in props:
-        sp.dead_letter_queue.CopyFrom(
-            definition.DeadLetterQueue(
-                topic=props[MessageConst.DLQ_ORIGIN_TOPIC],
-                message_id=props.get(MessageConst.DLQ_ORIGIN_MESSAGE_ID, ""),
-            )
-        )
+        dlq = sp.dead_letter_queue
+        dlq.topic = props[MessageConst.DLQ_ORIGIN_TOPIC]
+        dlq.message_id = props.get(MessageConst.DLQ_ORIGIN_MESSAGE_ID, "")
     user = {k: v for k, v in props.items() if k not in HIDDEN_ON_DELIVERY}
-    return definition.Message(
-        topic=definition.Resource(resource_namespace=namespace, name=rec.topic),
-        user_properties=user,
-        system_properties=sp,
-        body=rec.body,
-    )
+    if user:
+        msg.user_properties.update(user)
+    msg.body = body
+    return msg
+
+
+def _set_ms(target: Timestamp | Duration, ms: int) -> None:
+    """Fill a Timestamp or Duration field in place with ``ms`` milliseconds (as timestamp_ms)."""
+    target.seconds = ms // 1000
+    target.nanos = (ms % 1000) * 1_000_000

@@ -49,3 +49,27 @@ def test_a_trace_context_that_cannot_be_one_is_dropped_not_refused() -> None:
     for bad in ("00-\x01bad", "x" * 600):
         msg, _, _ = convert.store_message(_v2({}, bad), peer_ip="127.0.0.1", now_ms=1)
         assert "traceparent" not in msg.properties
+
+
+def test_a_delivered_message_fills_a_response_in_place_as_it_would_build_one() -> None:
+    """consumer_message(into=...) fills the response's own Message field (no copy of the body
+    into the response afterwards); what the consumer gets is the same message either way."""
+    from services.gateway.rocketmq.pb import service
+
+    msg, _, _ = convert.store_message(_v2({"k": "v"}, TRACE), peer_ip="10.0.0.9", now_ms=1)
+    msg.queue_id = 0
+    raw = RecordEncoder(encode_host("127.0.0.1", 10911), 1024).encode_batch([msg], 1).buf
+    rec = decode_record(bytes(raw))
+    kw = {"namespace": "ns", "receipt_handle": "h", "attempt": 2, "invisible_ms": 1500}
+    built = convert.consumer_message(rec, **kw)  # type: ignore[arg-type]
+    response = service.ReceiveMessageResponse()
+    filled = convert.consumer_message(rec, into=response.message, **kw)  # type: ignore[arg-type]
+    assert response.message == built and filled == built
+    sp = response.message.system_properties
+    assert (sp.message_id, sp.born_host, sp.delivery_attempt, sp.invisible_duration.nanos) == (
+        "01ABC",
+        "10.0.0.9",
+        2,
+        500_000_000,
+    )
+    assert response.message.topic.resource_namespace == "ns" and response.message.body == b"x"
