@@ -215,6 +215,8 @@ typedef struct {
     int durability; /* a DURABILITY entry is there (libstore.durability reads its value) */
     const unsigned char *durability_value; /* the last one's */
     Py_ssize_t durability_len;
+    const unsigned char *wanted; /* the last entry of the name the caller asked for, or NULL */
+    Py_ssize_t wanted_len;
 } Found;
 
 static int name_is(const unsigned char *p, Py_ssize_t n, const char *name) {
@@ -235,7 +237,10 @@ static int is_true_text(const void *p, Py_ssize_t n) {
     return 1;
 }
 
-static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
+/* One pass over the properties p[0..n) filling ``f``; ``want`` (``want_len`` bytes, or NULL) is
+ * one more name to find (a system topic's tags-code property), whichever other it is. */
+static void find_properties(const unsigned char *p, Py_ssize_t n, const char *want, Py_ssize_t want_len,
+                            Found *f) {
     memset(f, 0, sizeof(*f));
     f->tags_len = f->keys_len = f->uniq_len = f->trace_len = -1;
     Py_ssize_t i = 0;
@@ -249,6 +254,10 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
             Py_ssize_t name_len = sep - start;
             const unsigned char *value = sep + 1;
             Py_ssize_t value_len = (p + e) - value;
+            if (want != NULL && name_len == want_len && memcmp(start, want, (size_t)want_len) == 0) {
+                f->wanted = value;
+                f->wanted_len = value_len;
+            }
             if (name_is(start, name_len, "TAGS")) {
                 f->tags = value; f->tags_len = value_len;
             } else if (name_is(start, name_len, "KEYS")) {
@@ -274,29 +283,14 @@ static void find_properties(const unsigned char *p, Py_ssize_t n, Found *f) {
     }
 }
 
-/* The number in the last ``name`` entry of the properties p[0..n), as
- * system_topics._number reads it: 1 to 19 ASCII digits, capped at 2**63 - 1; 0 when there is no
- * such entry or its value is anything else. */
-static long long property_number(const unsigned char *p, Py_ssize_t n, const char *name, Py_ssize_t name_len) {
-    const unsigned char *found = NULL;
-    Py_ssize_t found_len = 0, i = 0;
-    while (i <= n) {
-        const unsigned char *start = p + i;
-        const unsigned char *stop = memchr(start, 0x02, (size_t)(n - i));
-        Py_ssize_t e = stop ? (Py_ssize_t)(stop - p) : n;
-        const unsigned char *sep = memchr(start, 0x01, (size_t)(e - i));
-        if (sep != NULL && sep - start == name_len && memcmp(start, name, (size_t)name_len) == 0) {
-            found = sep + 1;
-            found_len = (p + e) - found;
-        }
-        if (stop == NULL) break;
-        i = e + 1;
-    }
-    if (found == NULL || found_len < 1 || found_len > 19) return 0;
+/* ``p[0..n)`` as system_topics._number reads a property value: 1 to 19 ASCII digits, capped at
+ * 2**63 - 1; 0 for no value (NULL) or anything else. */
+static long long ascii_number(const unsigned char *p, Py_ssize_t n) {
+    if (p == NULL || n < 1 || n > 19) return 0;
     unsigned long long v = 0; /* 19 digits stay below 2**64 */
-    for (Py_ssize_t k = 0; k < found_len; k++) {
-        if (found[k] < '0' || found[k] > '9') return 0;
-        v = v * 10 + (unsigned long long)(found[k] - '0');
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (p[k] < '0' || p[k] > '9') return 0;
+        v = v * 10 + (unsigned long long)(p[k] - '0');
     }
     return v > (unsigned long long)LLONG_MAX ? LLONG_MAX : (long long)v;
 }
@@ -575,9 +569,18 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
     PyObject *values[F_COUNT] = {NULL};
     values[F_TOPIC] = topic; /* owned by values from here */
     int no_wait = 0, durability = 0;
+    /* system_topics.system_tags_code: the store time, or the number in a property (0 without) */
+    long long system_code = code_name == Py_None ? h.store_ts : 0;
+    const char *want = NULL; /* b"": no property, the code is 0 */
+    Py_ssize_t want_len = 0;
+    if (code_name != NULL && code_name != Py_None && PyBytes_GET_SIZE(code_name) > 0) {
+        want = PyBytes_AS_STRING(code_name);
+        want_len = PyBytes_GET_SIZE(code_name);
+    }
     if (decode_props && prop_len) {
         Found f;
-        find_properties(r + p, prop_len, &f);
+        find_properties(r + p, prop_len, want, want_len, &f);
+        if (want != NULL && f.wanted != NULL) system_code = ascii_number(f.wanted, f.wanted_len);
         no_wait = f.no_wait;
         durability = f.durability;
         if (f.tags_len > 0) {
@@ -626,14 +629,8 @@ static PyObject *check_one(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t 
             if (values[F_TRACE_CONTEXT] == NULL) goto error;
         }
     }
-    if (code_name != NULL) { /* system_topics.system_tags_code */
-        long long code = 0;
-        if (code_name == Py_None) {
-            code = h.store_ts;
-        } else if (PyBytes_GET_SIZE(code_name) > 0 && prop_len > 0) {
-            code = property_number(r + p, prop_len, PyBytes_AS_STRING(code_name), PyBytes_GET_SIZE(code_name));
-        }
-        Py_XSETREF(values[F_TAGS_CODE], PyLong_FromLongLong(code));
+    if (code_name != NULL) { /* a system topic: its code, not TAGS' hash */
+        Py_XSETREF(values[F_TAGS_CODE], PyLong_FromLongLong(system_code));
         if (values[F_TAGS_CODE] == NULL) goto error;
     }
     values[F_SUCCESS] = Py_NewRef(Py_True);
@@ -1977,7 +1974,7 @@ static PyObject *py_split_transient(PyObject *self, PyObject *const *args, Py_ss
         StubLayout probe;
         if (pos < 0 || size < 0 || pos + size > buf_len || stub_layout(buf + pos, size, &probe) < 0) goto cannot;
         Found f;
-        find_properties(buf + pos + probe.props_at, probe.props_len, &f);
+        find_properties(buf + pos + probe.props_at, probe.props_len, NULL, 0, &f);
         if (!f.durability) continue; /* absent, or only empty values: persistent */
         const unsigned char *v = f.durability_value;
         if (f.durability_len != 1 || (v[0] != '1' && v[0] != '2')) { /* refused, in Python's words */

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import grpc
@@ -18,6 +19,25 @@ from services.client import Producer
 from services.gateway.rocketmq.pb import Code, service_grpc
 from services.serve import Suite
 from tests.service.harness import InProcessSuites, v2_receive_request
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, stand_in: Any) -> Iterator[None]:
+    """``owner.<name>`` is ``stand_in`` inside the block, its class's method again after."""
+    setattr(owner, name, stand_in)
+    try:
+        yield
+    finally:
+        delattr(owner, name)
+
+
+async def _cancel_once(started: asyncio.Event, call: Coroutine[Any, Any, Any]) -> None:
+    """Run ``call`` as a task, cancel it once ``started`` is set and wait until it has ended."""
+    task = asyncio.create_task(call)
+    await started.wait()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def test_a_held_pop_wakes_when_a_message_is_made_visible_sooner(
@@ -74,15 +94,8 @@ def test_a_pop_cancelled_after_taking_messages_gives_them_back(
                 committed.set()
                 await asyncio.sleep(60)
 
-        journal.commit = slow_commit  # type: ignore[method-assign]
-        try:
-            cut = asyncio.create_task(port.pop("g", "Cut", -1, invisible_ms=60_000))
-            await committed.wait()
-            cut.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cut
-        finally:
-            del journal.commit  # back to the class's method
+        with _replaced(journal, "commit", slow_commit):
+            await _cancel_once(committed, port.pop("g", "Cut", -1, invisible_ms=60_000))
         again = (await port.pop("g", "Cut", -1, invisible_ms=60_000, wait_ms=20_000)).messages
         return len(again), again[0].attempt if again else 0
 
@@ -160,8 +173,7 @@ def test_a_lone_operation_journals_from_its_own_task_and_concurrent_ones_in_one_
 
         popped = (await port.pop("g", "Lone", -1, invisible_ms=60_000, max_count=6)).messages
         assert len(popped) == 6
-        commitlog.append = watched  # type: ignore[method-assign]
-        try:
+        with _replaced(commitlog, "append", watched):
             first = asyncio.create_task(port.ack("g", "Lone", [popped[0].receipt_handle]), name="ack-0")
             while not appends:
                 await asyncio.sleep(0.001)
@@ -172,8 +184,6 @@ def test_a_lone_operation_journals_from_its_own_task_and_concurrent_ones_in_one_
             await asyncio.sleep(0.05)
             release.set()
             results = await asyncio.gather(first, *rest)
-        finally:
-            del commitlog.append  # back to the class's method
         assert all(r == [None] for r in results)
         return appends
 
@@ -205,15 +215,8 @@ def test_an_ack_cancelled_inside_its_own_journal_append_reloads_the_state(
             entered.set()
             await asyncio.sleep(60)
 
-        commitlog.append = never  # type: ignore[method-assign]
-        try:
-            ack = asyncio.create_task(port.ack("g", "Gone", [popped.receipt_handle]))
-            await entered.wait()
-            ack.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ack
-        finally:
-            del commitlog.append
+        with _replaced(commitlog, "append", never):
+            await _cancel_once(entered, port.ack("g", "Gone", [popped.receipt_handle]))
         await journal.ready()  # reloads the state from the log
         service = port.pop_service
         handle = ReceiptHandle.decode(service.signer.verify("g", "Gone", popped.receipt_handle))
