@@ -93,3 +93,59 @@ def test_methods_are_wrapped_once_outermost_first_and_errors_are_mapped() -> Non
     )
     assert mine.index(("inner", f"/{SERVICE}/Echo")) < mine.index(("outer", f"/{SERVICE}/Echo"))
     assert calls == ["outer", "inner"] * 6  # every call through both, outermost first
+
+
+def test_registered_methods_are_served_through_one_generic_table() -> None:
+    # grpc.aio waits on a pending task per registered method for every call it takes, so the
+    # registrar serves registered methods through a generic handler instead: a servicer that
+    # only registers its methods (no generic handler) is still reachable, wrapped, and the
+    # server itself is given no registered method.
+    given: list[str] = []
+    calls: list[str] = []
+
+    def counting(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        inner = handler.unary_unary
+        if inner is None:
+            return handler
+
+        async def unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            calls.append(method)
+            return await inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary)
+
+    def register_only(server: grpc.aio.Server) -> list[str]:
+        server.add_registered_method_handlers(SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(_echo)})
+        return [SERVICE]
+
+    async def scenario() -> None:
+        real = grpc.aio.server
+
+        def spying_server(*args: Any, **kwargs: Any) -> grpc.aio.Server:
+            server = real(*args, **kwargs)
+            inner = server.add_registered_method_handlers
+            server.add_registered_method_handlers = (  # type: ignore[method-assign]
+                lambda name, handlers: (given.append(name), inner(name, handlers))[1]
+            )
+            return server
+
+        grpc.aio.server = spying_server  # type: ignore[assignment]
+        try:
+            server = await start_grpc_server("127.0.0.1:0", register_only, wrappers=[counting])
+        finally:
+            grpc.aio.server = real  # type: ignore[assignment]
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                echo = channel.unary_unary(f"/{SERVICE}/Echo")
+                assert await echo(b"hello", timeout=5) == b"hello"
+                unknown = channel.unary_unary(f"/{SERVICE}/Nope")
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await unknown(b"x", timeout=5)
+                assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        finally:
+            await server.stop(0)
+
+    asyncio.run(scenario())
+    assert calls == [f"/{SERVICE}/Echo"]
+    # Only reflection, which registers on the server itself, reaches it as registered methods.
+    assert given == ["grpc.reflection.v1alpha.ServerReflection"]
