@@ -209,6 +209,28 @@ class PutMessageResults(Sequence[PutMessageResult]):
             return -1
         return self.phy_offsets[-1] + self.sizes[self.appended - 1]
 
+    def part(self, start: int, stop: int) -> PutMessageResults:
+        """The results of messages ``start`` to ``stop`` (exclusive) as a batch of their own:
+        a batch that several callers' messages were sent in, answered to each caller. Status,
+        store timestamp and failure carry over; ``unwaited`` is renumbered from ``start``.
+        Raises ValueError for a range outside ``0..len(self)``."""
+        if not 0 <= start <= stop <= self._count:
+            raise ValueError(f"part {start}..{stop} outside 0..{self._count}")
+        end = max(start, min(stop, self.appended))
+        out = PutMessageResults(
+            stop - start,
+            phy_offsets=self.phy_offsets[start:end],
+            sizes=self.sizes[start:end],
+            queue_offsets=self.queue_offsets[start:end],
+            store_timestamp=self.store_timestamp,
+            store_host=self._store_host,
+            failed_status=self.failed_status,
+            unwaited=frozenset(i - start for i in self.unwaited if start <= i < stop),
+            in_log_order=self.in_log_order,
+        )
+        out.status = self.status
+        return out
+
     def durable_end(self) -> int | None:
         """CommitLog offset (bytes) just past the furthest appended record whose message waits
         for the store (not in ``unwaited``): where a SYNC_FLUSH or SYNC_MASTER wait must reach

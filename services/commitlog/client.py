@@ -11,6 +11,7 @@ from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
 from libstore.message import MessageFields
 from services._common import convert
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
+from services.commitlog.append_coalescer import AppendCoalescer
 from services.commitlog.read_plan import plan_reads
 from services.ports import LogOffsets, TailChunk
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
@@ -22,14 +23,20 @@ class RemoteCommitLog:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
         self.timeout_s = timeout_s
+        self.coalescer = AppendCoalescer(self._append_call)
 
     async def append(
         self, messages: Sequence[MessageFields], *, expected_epoch: int = 0
     ) -> PutMessageResults:
-        request = commitlog_pb.AppendRequest(
-            messages=[m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages],
-            expected_epoch=expected_epoch,
-        )
+        """Appends that arrive while another of the same topic is in flight go in one Append
+        call with the others (services.commitlog.append_coalescer)."""
+        pbs = [m if isinstance(m, common_pb.Message) else convert.message_to_pb(m) for m in messages]
+        if not pbs:
+            return await self._append_call(pbs, expected_epoch)
+        return await self.coalescer.append(pbs, expected_epoch)
+
+    async def _append_call(self, messages: list[common_pb.Message], expected_epoch: int) -> PutMessageResults:
+        request = commitlog_pb.AppendRequest(messages=messages, expected_epoch=expected_epoch)
         reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
 
