@@ -82,7 +82,7 @@ def delivery_time(props: Mapping[str, str] | None, now_ms: int) -> int | None:
 
 
 # The properties that can schedule a message (delivery_time reads nothing else to decide).
-_SCHEDULING_NAMES = frozenset({TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC, MessageConst.DELAY})
+SCHEDULING_PROPERTIES = frozenset({TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC, MessageConst.DELAY})
 
 
 def hold_if_scheduled(message: MessageFields, now_ms: int) -> MessageFields:
@@ -93,7 +93,7 @@ def hold_if_scheduled(message: MessageFields, now_ms: int) -> MessageFields:
     props = message.properties
     if not props or message.topic in SYSTEM_TOPICS:  # timer, half and op records stay where they are
         return message
-    if _SCHEDULING_NAMES.isdisjoint(props):  # the common case, decided without parsing anything
+    if SCHEDULING_PROPERTIES.isdisjoint(props):  # the common case, decided without parsing anything
         return message
     if MessageSysFlag.transaction_value(message.sys_flag) == MessageSysFlag.TRANSACTION_PREPARED_TYPE:
         return message
@@ -111,7 +111,7 @@ def hold_all_scheduled(messages: Sequence[MessageFields], now_ms: int) -> list[M
     scheduling property (nearly every batch) is told apart in C loops (a Python call per
     message was a quarter of an in-process put of 256) and comes back as the same messages."""
     try:
-        if all(map(_SCHEDULING_NAMES.isdisjoint, map(_PROPERTIES, messages))):
+        if all(map(SCHEDULING_PROPERTIES.isdisjoint, map(_PROPERTIES, messages))):
             return list(messages)
     except TypeError:  # a message whose properties are None: the per-message path decides
         pass

@@ -13,7 +13,12 @@ commit at the RPC:
   Append when it returns, in arrival order: up to :data:`MAX_MESSAGES` messages and
   :data:`MAX_BYTES` of serialized messages a call (a caller's own messages are never split
   across calls, and a caller over the bounds alone goes alone).
-* Each caller gets the results of its own messages (:meth:`PutMessageResults.part`).
+* Each caller gets the results of its own messages (:meth:`PutMessageResults.part`). A wait
+  for the store (SYNC_FLUSH, SYNC_MASTER) is the call's: when it times out, every caller of the
+  call reads the timeout status, as messages of one batch do.
+* A message whose UNIQ_KEY is already in the call being built (a client sending again while the
+  first is still queued) waits for the next call, so the commitlog's de-duplication window
+  still answers the second with the first one's result.
 
 What stays as it was for every caller:
 
@@ -27,10 +32,12 @@ What stays as it was for every caller:
   transient topic's are never held back by a persistent topic's flush. A call with a message
   that sets WAIT (to anything but a value that waits) or DURABILITY goes alone, never
   coalesced: its own condition decides when it is answered, as before.
-* **Cancellation.** A caller cancelled while queued is dropped from the queue (nothing of it is
-  sent); one cancelled while its coalesced call is in flight stops waiting, and the call goes
-  on for the others (the append may or may not happen, as when an Append is cancelled
-  mid-flight). A caller sending at once is its call: cancelling it cancels that Append.
+* **Cancellation.** A caller cancelled before its call is sent is never sent; one cancelled
+  while its coalesced call is in flight stops waiting, and the call goes on for the others
+  (the append may or may not happen, as when an Append is cancelled mid-flight; nor is it sent
+  again if the call is refused). A caller sending at once is its call: cancelling it cancels
+  that Append. A queued caller waits for the call in flight, then its own: up to twice the
+  per-call deadline.
 
 Used from one event loop.
 """
@@ -44,27 +51,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from libstore import PutMessageResults
-from libstore.errors import (
-    InvalidArgumentError,
-    MessageIllegalError,
-    PermissionDeniedError,
-    TooManyRequestsError,
-    TopicNotFoundError,
-)
+from libstore.errors import MessageIllegalError, PermissionDeniedError, StoreError, TopicNotFoundError
 from libstore.message import MessageConst, waits_for_store
+from libstore.scheduled_message import SCHEDULING_PROPERTIES
 from services.proto import common_pb
 
 MAX_MESSAGES = 1024  # maxMessagesPerRequest's default: what one Append may carry
 MAX_BYTES = 4 * 1024 * 1024  # serialized messages a coalesced call carries at most
 
-# Raised by the commitlog before it writes anything of the call.
-REFUSED_WHOLE = (
-    MessageIllegalError,
-    InvalidArgumentError,
-    TopicNotFoundError,
-    PermissionDeniedError,
-    TooManyRequestsError,
-)
+# Raised by the commitlog for a message of the call before it writes anything of it (the
+# encoder's refusals). Push back (SYSTEM_BUSY) is not one: it would be for each caller alone too.
+REFUSED_WHOLE = (MessageIllegalError, TopicNotFoundError, PermissionDeniedError)
 
 Send = Callable[[list[common_pb.Message], int], Awaitable[PutMessageResults]]
 
@@ -84,8 +81,9 @@ class _Lane:
 
 def lane_of(messages: Sequence[common_pb.Message], expected_epoch: int) -> tuple[str, int] | None:
     """The lane ``messages`` may share an Append in: (topic, expected epoch); None when they
-    must go alone (several topics, or a message that sets WAIT to a value that does not wait,
-    or DURABILITY)."""
+    must go alone: several topics, or a message that sets WAIT to a value that does not wait,
+    DURABILITY, or a delivery time (DELAY, TIMER_*: the commitlog moves it to the timer topic,
+    which is persistent, so it would make a transient topic's call wait for the store)."""
     topic = messages[0].topic
     for m in messages:
         if m.topic != topic:
@@ -94,6 +92,7 @@ def lane_of(messages: Sequence[common_pb.Message], expected_epoch: int) -> tuple
         if props and (
             MessageConst.DURABILITY in props
             or (MessageConst.WAIT in props and not waits_for_store(props[MessageConst.WAIT]))
+            or not SCHEDULING_PROPERTIES.isdisjoint(props)
         ):
             return None
     return topic, expected_epoch
@@ -146,14 +145,26 @@ class AppendCoalescer:
 
     def _next(self, key: tuple[str, int], lane: _Lane) -> None:
         """The lane's call returned: send what queued meanwhile, or free the lane."""
+        loop = asyncio.get_running_loop()  # before anything leaves the queue
         batch: list[_Waiting] = []
         count = size = 0
+        keys: set[str] = set()  # UNIQ_KEYs in the batch
         queue = lane.queue
         while queue:
             head = queue[0]
+            if head.answer.done():  # cancelled: nothing of it is sent
+                queue.popleft()
+                continue
             n = len(head.messages)
             if batch and (count + n > self.max_messages or size + head.size > self.max_bytes):
                 break
+            # A message sent again (same UNIQ_KEY) while the first is queued goes in a later
+            # call: the commitlog's de-duplication window answers it with the first one's result
+            # then, where in one call both would be written.
+            mine = [k for m in head.messages if (k := m.properties.get(MessageConst.UNIQ_KEY))]
+            if batch and not keys.isdisjoint(mine):
+                break
+            keys.update(mine)
             batch.append(queue.popleft())
             count += n
             size += head.size
@@ -161,42 +172,55 @@ class AppendCoalescer:
             lane.busy = False
             del self._lanes[key]
             return
-        task = asyncio.get_running_loop().create_task(self._run(key, lane, batch))
+        task = loop.create_task(self._run(key, lane, batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, key: tuple[str, int], lane: _Lane, batch: list[_Waiting]) -> None:
         epoch = key[1]
         try:
-            self.calls += 1
+            batch = [w for w in batch if not w.answer.done()]  # cancelled since: not sent
             if len(batch) == 1:
+                self.calls += 1
                 await _answer(batch[0], self._send(batch[0].messages, epoch))
-                return
-            self.coalesced += 1
-            messages = [m for w in batch for m in w.messages]
-            try:
-                results = await self._send(messages, epoch)
-            except REFUSED_WHOLE:
-                # Nothing was written: each caller's messages alone, so a bad one fails only its own.
-                self.calls += len(batch)
-                await asyncio.gather(*(_answer(w, self._send(w.messages, epoch)) for w in batch))
-                return
-            except asyncio.CancelledError:  # the loop is stopping
-                for w in batch:
-                    w.answer.cancel()
-                raise
-            except Exception as exc:
-                for w in batch:
-                    _settle(w, exc)
-                return
-            start = 0
-            for w in batch:
-                stop = start + len(w.messages)
-                if not w.answer.done():
-                    w.answer.set_result(results.part(start, stop))
-                start = stop
+            elif batch:
+                await self._run_together(batch, epoch)
         finally:
+            for w in batch:  # whatever went wrong above, nobody is left waiting
+                _settle(w, StoreError("the coalesced append ended without an answer"))
             self._next(key, lane)
+
+    async def _run_together(self, batch: list[_Waiting], epoch: int) -> None:
+        self.calls += 1
+        self.coalesced += 1
+        messages = [m for w in batch for m in w.messages]
+        try:
+            results = await self._send(messages, epoch)
+        except REFUSED_WHOLE:
+            # Nothing was written: each caller's messages alone (those still waiting), so a bad
+            # message fails only its own caller.
+            again = [w for w in batch if not w.answer.done()]
+            self.calls += len(again)
+            await asyncio.gather(*(_answer(w, self._send(w.messages, epoch)) for w in again))
+            return
+        except asyncio.CancelledError:  # the loop is stopping
+            for w in batch:
+                w.answer.cancel()
+            raise
+        except Exception as exc:
+            for w in batch:
+                _settle(w, exc)
+            return
+        if len(results) != len(messages):
+            for w in batch:
+                _settle(w, StoreError(f"{len(results)} results for an Append of {len(messages)} messages"))
+            return
+        start = 0
+        for w in batch:
+            stop = start + len(w.messages)
+            if not w.answer.done():
+                w.answer.set_result(results.part(start, stop))
+            start = stop
 
 
 async def _answer(waiting: _Waiting, call: Awaitable[PutMessageResults]) -> None:

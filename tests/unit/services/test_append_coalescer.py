@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from libstore import MessageIllegalError, PutMessageResults, PutMessageStatus, ServiceNotAvailableError
+from libstore import (
+    MessageIllegalError,
+    PutMessageResults,
+    PutMessageStatus,
+    ServiceNotAvailableError,
+    StoreError,
+)
+from libstore.errors import SystemBusyError
 from services.commitlog.append_coalescer import AppendCoalescer
 from services.proto import common_pb
 
@@ -145,18 +152,26 @@ def test_what_must_not_wait_for_others_goes_alone_and_topics_do_not_wait_for_eac
             [_msg(body=b"transient", DURABILITY="1")],
             [_msg(body=b"two-topics"), _msg(topic="U", body=b"u")],
             [_msg(topic="U", body=b"other-topic")],
+            [_msg(body=b"delayed", DELAY="3")],  # held in the (persistent) timer topic
         ]
         tasks += [asyncio.ensure_future(co.append(m)) for m in alone]
         await _settle()
         # All sent at once, none behind topic T's call in flight nor with each other.
-        assert log.calls == [[b"a"], [b"nowait"], [b"transient"], [b"two-topics", b"u"], [b"other-topic"]]
+        assert log.calls == [
+            [b"a"],
+            [b"nowait"],
+            [b"transient"],
+            [b"two-topics", b"u"],
+            [b"other-topic"],
+            [b"delayed"],
+        ]
         waits = asyncio.ensure_future(co.append([_msg(body=b"waits", WAIT="true")]))
         await _settle()
-        assert len(log.calls) == 5  # WAIT=true is the default: it queues in topic T's lane
-        for i in range(6):
+        assert len(log.calls) == 6  # WAIT=true is the default: it queues in topic T's lane
+        for i in range(7):
             await log.release(i)
         await asyncio.gather(*tasks, waits)
-        assert log.calls[5] == [b"waits"]
+        assert log.calls[6] == [b"waits"]
 
     asyncio.run(scenario())
 
@@ -208,3 +223,68 @@ def test_part_answers_a_slice_of_a_batch_as_a_batch_of_its_own() -> None:
     assert middle.store_timestamp == 9 and middle.next_offset == 300
     with pytest.raises(ValueError):
         results.part(3, 6)
+
+
+def test_a_message_sent_again_while_queued_goes_in_a_later_call_and_push_back_reaches_all() -> None:
+    async def scenario() -> None:
+        log = _Log()
+        co = AppendCoalescer(log.send)
+        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
+        await _settle()
+        queued = [
+            asyncio.ensure_future(co.append([_msg(body=b, UNIQ_KEY=k)]))
+            for b, k in ((b"b", "K1"), (b"c", "K2"), (b"b-again", "K1"), (b"d", "K3"))
+        ]
+        await _settle()
+        await log.release(0)
+        await first
+        await _settle()
+        # The second K1 would be written twice in one call: it starts the next one instead.
+        assert log.calls[1] == [b"b", b"c"]
+        log.fail = SystemBusyError("busy", retry_after_ms=10)
+        await log.release(1)
+        for q in queued[:2]:
+            with pytest.raises(SystemBusyError):  # each caller alone would have been pushed back too
+                await q
+        log.fail = None
+        await log.release(2)
+        assert log.calls[2] == [b"b-again", b"d"] and len(log.calls) == 3  # nothing sent again
+        assert (await queued[2]).all_ok and (await queued[3]).all_ok
+
+    asyncio.run(scenario())
+
+
+def test_callers_cancelled_before_or_during_a_refused_call_are_not_sent_and_none_hangs() -> None:
+    async def scenario() -> None:
+        log = _Log()
+        log.refuse = {b"bad"}
+        co = AppendCoalescer(log.send)
+        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
+        await _settle()
+        queued = {b: asyncio.ensure_future(co.append([_msg(body=b)])) for b in (b"b", b"bad", b"gone")}
+        await _settle()
+        await log.release(0)
+        await first
+        await _settle()
+        assert log.calls[1] == [b"b", b"bad", b"gone"]
+        queued[b"gone"].cancel()  # while its call is in flight
+        await log.release(1)
+        await log.release(2)
+        await log.release(3)
+        assert (await queued[b"b"]).all_ok
+        with pytest.raises(MessageIllegalError):
+            await queued[b"bad"]
+        assert sorted(log.calls[2:]) == [[b"b"], [b"bad"]]  # the cancelled one is not sent again
+
+        # An answer that does not match the call (a broken peer) fails every caller of it.
+        async def short(messages: list[common_pb.Message], epoch: int) -> PutMessageResults:
+            await asyncio.sleep(0)
+            return PutMessageResults(1, phy_offsets=[0], sizes=[1], queue_offsets=[0])
+
+        co = AppendCoalescer(short)
+        tasks = [asyncio.ensure_future(co.append([_msg(body=b)])) for b in (b"x", b"y", b"z")]
+        outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+        assert outcomes[0].all_ok  # type: ignore[union-attr]
+        assert all(isinstance(o, StoreError) for o in outcomes[1:])
+
+    asyncio.run(scenario())
