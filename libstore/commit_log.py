@@ -120,7 +120,9 @@ _EVERY_ONE_WAITS: frozenset[int] = frozenset()  # PutMessageResults.unwaited of 
 
 
 class AppendResult:
-    """Outcome of :meth:`CommitLog.append_messages`: per-message results before any flush wait.
+    """Outcome of :meth:`CommitLog.append_messages`: per-message results before any flush wait,
+    and the :class:`EncodedBatch` appended (``batch``: record *i* of its buffer is the log's
+    bytes at ``results.phy_offsets[i]``, offsets and store time filled in).
 
     ``next_offset`` is the CommitLog offset just past the last appended record, -1 when nothing
     was appended. ``wait_offset`` is the group commit (and SYNC_MASTER) target: just past the
@@ -129,10 +131,13 @@ class AppendResult:
     waits come to, see PutMessageResults.unwaited).
     """
 
-    __slots__ = ("results",)
+    __slots__ = ("batch", "results")
 
-    def __init__(self, results: PutMessageResults) -> None:
+    def __init__(self, results: PutMessageResults, batch: EncodedBatch | None = None) -> None:
         self.results = results
+        # The batch appended (its buffer holds the records as the log now does), None when
+        # nothing was encoded.
+        self.batch = batch
 
     @property
     def next_offset(self) -> int:
@@ -585,7 +590,7 @@ class CommitLog:
                 self._last_record_at = results.phy_offsets[-1]
         if results.appended:
             self._after_append(results.next_offset)
-        return AppendResult(results)
+        return AppendResult(results, batch)
 
     def _check_writable(self) -> None:
         if not self._running:

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 import services.commitlog.local as local
-from libstore import CommitLog, Message, StoreConfig
+from libstore import CommitLog, Message, StoreConfig, TopicConfig
+from libstore.topic_config import Durability
 from services.client import OutgoingMessage, Producer
 from services.commitlog.local import LocalCommitLog
 
@@ -183,5 +184,96 @@ def test_an_idle_tail_reports_where_the_log_stands_every_heartbeat(store_config:
             await stream.aclose()
 
         asyncio.run(run())
+    finally:
+        log.shutdown()
+
+
+def _fields(r: object) -> tuple[object, ...]:
+    return tuple(getattr(r, name) for name in type(r).__slots__)  # type: ignore[attr-defined]
+
+
+def test_message_form_appends_reach_the_followers_from_their_encoded_bytes(
+    store_config: StoreConfig, scans: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch appended from messages (RocketMQ 5 sends, pop-journal records) is kept as the
+    bytes its encoder wrote: the first in-process follower decodes those, the second shares
+    them, and neither reads the log back; what they take equals a scan of the log, for plain,
+    keyed, transient and delayed messages; a batch split by a segment roll is read back."""
+    log = CommitLog.open(store_config.replace(default_topic_queue_nums=2))
+    reads: list[int] = []
+    real_read = CommitLog.read_chunk
+
+    def counting_read(self: CommitLog, offset: int, limit: int, max_bytes: int) -> tuple[bytes, int]:
+        reads.append(offset)
+        return real_read(self, offset, limit, max_bytes)
+
+    monkeypatch.setattr(CommitLog, "read_chunk", counting_read)
+    try:
+        log.topic_config.create_or_update(TopicConfig("Tr", 2, 2, durability=Durability.TRANSIENT))
+        port = LocalCommitLog(log)
+        sends = [
+            [Message("T", b"plain", 0)],
+            [Message("T", b"keyed", 1, properties={"KEYS": "k1 k2", "TAGS": "tg"})],
+            [Message("Tr", b"transient", 0)],
+            [Message("T", b"later", 0, properties={"DELAY": "2"})],
+            [Message("T", b"%d" % i, i % 2) for i in range(5)],
+        ]
+
+        async def run() -> tuple[list[object], list[object], int]:
+            a, b = port.tail(0, decoded=True), port.tail(0, decoded=True)
+            first = [asyncio.ensure_future(a.__anext__()), asyncio.ensure_future(b.__anext__())]
+            await asyncio.sleep(0.01)  # both followers wait at the log's end
+            for messages in sends:
+                assert (await port.append(messages)).all_ok
+            end = log.max_offset
+            got: dict[int, list[object]] = {0: [], 1: []}
+            for i, (stream, pending) in enumerate(zip((a, b), first, strict=True)):
+                chunk = await pending
+                while True:
+                    got[i] += list(chunk.records or ())
+                    if chunk.next_offset >= end:
+                        break
+                    chunk = await stream.__anext__()
+            # Each stream passes its last chunk when asked for the next: then nothing is kept.
+            more = [asyncio.ensure_future(a.__anext__()), asyncio.ensure_future(b.__anext__())]
+            await asyncio.sleep(0.01)
+            assert not port._written and port._written_bytes == 0
+            for task in more:
+                task.cancel()
+            await asyncio.gather(*more, return_exceptions=True)
+            await a.aclose()
+            await b.aclose()
+            return got[0], got[1], end
+
+        first, second, end = asyncio.run(run())
+        expected = [r for r in log.scan_records(0, end) if r.msg_size]
+        assert [_fields(r) for r in first] == [_fields(r) for r in second] == [_fields(r) for r in expected]
+        assert len(first) == 9 and reads == []  # every batch taken from its bytes
+        starts = [s for s, _ in scans]
+        assert len(starts) == len(set(starts)) == len(sends)  # each decoded once, shared
+
+        # A batch that fills the segment up and rolls (a blank between two records): read back.
+        room = log.queue.get_last_mapped_file().remaining
+        big = [Message("T", b"y" * 4000, 0) for _ in range(room // 4000 + 2)]
+
+        async def across() -> list[int]:
+            stream = port.tail(end, decoded=True)
+            pending = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0.01)
+            results = await port.append(big)
+            assert results.all_ok
+            seen: list[int] = []
+            chunk = await pending
+            while True:
+                seen += [r.commit_log_offset for r in chunk.records or ()]
+                if chunk.next_offset >= results.next_offset:
+                    break
+                chunk = await stream.__anext__()
+            await stream.aclose()
+            assert seen == results.phy_offsets
+            return seen
+
+        asyncio.run(across())
+        assert reads  # not kept: the tail read it from the log
     finally:
         log.shutdown()
