@@ -51,7 +51,7 @@ from collections.abc import Callable
 
 from libstore import Message, PutMessageStatus
 from libstore.aio_deadline import wait_within
-from libstore.consume_queue import BLANK_UNIT_SIZE
+from libstore.consume_queue import BLANK_UNIT_SIZE, CqUnit
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.errors import NotMasterError, ServiceNotAvailableError, StoreError
 from libstore.pop_state import JournalRecord, PopState
@@ -148,7 +148,19 @@ class PopJournal:
         self._pending = []
 
     def wake(self) -> None:
-        """The journal queue grew (called on arrival)."""
+        """The journal queue grew (called on arrival, on the loop). Units that are all this
+        process's own records (the state holds them: every ack and receive makes one) are
+        passed over here and then, without waking the reader task for each; it wakes for
+        records made elsewhere, a state being replaced, or a snapshot that is due."""
+        if self._rollback_to is None and not self._reload:
+            units = self._new_units()
+            seq = self.state.seq
+            if len(units) < READ_BATCH and not any(
+                u.size != BLANK_UNIT_SIZE and u.tags_code > seq for u in units
+            ):
+                self._fold(units, {})
+                if self._since_snapshot < self.snapshot_every:
+                    return
         self._arrived.set()
 
     def rollback(self, log_end: int) -> None:
@@ -385,23 +397,34 @@ class PopJournal:
 
     async def _read_once(self) -> int:
         """Fold in (or pass over) the journal units past the state's position; returns how many."""
-        cq = self.queues.find(POP_JOURNAL_TOPIC, 0)
-        if cq is None:
-            return 0
-        state = self.state
-        start = max(state.position.next_unit, cq.min_offset_in_queue)
-        end = cq.max_offset_in_queue
-        if start >= end:
-            return 0
-        units = cq.read_units(start, min(READ_BATCH, end - start))
+        units = self._new_units()
         if not units:
             return 0
+        state = self.state
         generation = self._generation
         wanted = [u for u in units if u.size != BLANK_UNIT_SIZE and u.tags_code > state.seq]
         raws = await self.commitlog.read([(u.phy_offset, u.size) for u in wanted]) if wanted else []
         if generation != self._generation or self._rollback_to is not None:
             return 0  # the state was replaced (or is about to be) while reading
-        bodies = {u.queue_offset: raw for u, raw in zip(wanted, raws, strict=True)}
+        self._fold(units, {u.queue_offset: raw for u, raw in zip(wanted, raws, strict=True)})
+        return len(units)
+
+    def _new_units(self) -> list[CqUnit]:
+        """Up to READ_BATCH journal units past the state's position (none while the queue
+        does not exist yet)."""
+        cq = self.queues.find(POP_JOURNAL_TOPIC, 0)
+        if cq is None:
+            return []
+        start = max(self.state.position.next_unit, cq.min_offset_in_queue)
+        end = cq.max_offset_in_queue
+        if start >= end:
+            return []
+        return cq.read_units(start, min(READ_BATCH, end - start))
+
+    def _fold(self, units: list[CqUnit], bodies: dict[int, bytes | None]) -> None:
+        """Apply ``units``: the records read (``bodies`` by queue offset), the rest passed over
+        (this process's own records, which the state holds already, blanks, records gone)."""
+        state = self.state
         for u in units:
             raw = bodies.get(u.queue_offset)
             end_offset = u.phy_offset + u.size
@@ -420,7 +443,6 @@ class PopJournal:
                     end_offset if u.size != BLANK_UNIT_SIZE else state.position.phy_end, u.queue_offset + 1
                 )
         self._since_snapshot += len(units)
-        return len(units)
 
     # -- snapshots ------------------------------------------------------------------------------------
     async def _snapshot(self) -> None:
@@ -440,11 +462,12 @@ class PopJournal:
                 return
             generation = self._generation
             phy_end, data = self.state.snapshot_bytes()
+            folded = self._since_snapshot  # units passed over while it is written count for the next
             path = await asyncio.to_thread(self.state.write_snapshot, phy_end, data)
             if generation != self._generation:  # replaced meanwhile: this one may describe a cut log
                 path.unlink(missing_ok=True)
                 return
             self.state.retire_legacy()
-            self._since_snapshot = 0
+            self._since_snapshot -= folded
         finally:
             self._open.set()

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from libstore.pop_state import ReceiptHandle
+from libstore.system_topics import POP_JOURNAL_TOPIC
 from services.client import Producer
 from services.gateway.rocketmq.pb import Code, service_grpc
 from services.serve import Suite
@@ -228,3 +229,49 @@ def test_an_ack_cancelled_inside_its_own_journal_append_reloads_the_state(
     offset, again, left = suites.loop.run(scenario(), 60)
     # The lost ack is not in the state: the delivery is still in flight, and acked again.
     assert offset == 0 and again == [None] and left == 0
+
+
+def test_own_journal_records_are_passed_over_on_arrival_without_waking_the_reader(
+    suites: InProcessSuites, embedded: Suite
+) -> None:
+    """Every ack journals a record that the state already holds: dispatch passes it over as
+    it arrives in the journal's queue, instead of waking the reader task for each one (which
+    then read the queue again to find nothing to read)."""
+    with Producer(embedded.address) as producer:
+        for i in range(20):
+            assert producer.send("Own", f"m{i}".encode(), queue_id=0).all_ok
+    assert embedded.dispatch_app is not None
+    port = embedded.dispatch_app.port
+    journal = port.pop_service.journal
+
+    async def scenario() -> tuple[int, int, int, int]:
+        popped = (await port.pop("g", "Own", -1, invisible_ms=60_000, max_count=20)).messages
+        assert len(popped) == 20
+        reads = 0
+        original = journal._read_once
+
+        async def counting() -> int:
+            nonlocal reads
+            reads += 1
+            return await original()
+
+        with _replaced(journal, "_read_once", counting):
+            for p in popped:  # one at a time, as a client acks: dispatch keeps up in between
+                assert await port.ack("g", "Own", [p.receipt_handle]) == [None]
+                await asyncio.sleep(0.005)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until dispatch put the 21 records in the queue
+                cq = journal.queues.find(POP_JOURNAL_TOPIC, 0)
+                if cq is not None and cq.max_offset_in_queue >= 21:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
+            left = await port.pop("g", "Own", -1, invisible_ms=60_000, wait_ms=0)
+        assert cq is not None
+        return reads, journal.state.position.next_unit, cq.max_offset_in_queue, len(left.messages)
+
+    reads, position, end, left = suites.loop.run(scenario(), 60)
+    assert position == end  # every record passed over: the pop's and the acks'
+    assert left == 0
+    # The reader still wakes on its own every few hundred ms; not once per record.
+    assert reads <= 3, reads
