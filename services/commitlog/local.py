@@ -577,6 +577,8 @@ class LocalCommitLog:
             beat.cancel()
             relay.unsubscribe(moved.set)
             self._readers.pop(reader, None)
+            if not self._readers:  # no in-process follower left to take them
+                self._forget_written()
 
     def _passed(self, reader: object, offset: int) -> None:
         """``reader`` (an in-process follower's stream) now stands at ``offset``: drop the

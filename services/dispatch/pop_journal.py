@@ -152,7 +152,8 @@ class PopJournal:
         process's own records (the state holds them: every ack and receive makes one) are
         passed over here and then, without waking the reader task for each; it wakes for
         records made elsewhere, a state being replaced, or a snapshot that is due."""
-        if self._rollback_to is None and not self._reload:
+        if self._term is not None and self._rollback_to is None and not self._reload:
+            # (No term: a slave's, or one catching up; its units are others' records.)
             units = self._new_units()
             seq = self.state.seq
             if len(units) < READ_BATCH and not any(
@@ -402,10 +403,13 @@ class PopJournal:
             return 0
         state = self.state
         generation = self._generation
+        position = state.position.next_unit
         wanted = [u for u in units if u.size != BLANK_UNIT_SIZE and u.tags_code > state.seq]
         raws = await self.commitlog.read([(u.phy_offset, u.size) for u in wanted]) if wanted else []
         if generation != self._generation or self._rollback_to is not None:
             return 0  # the state was replaced (or is about to be) while reading
+        if state.position.next_unit != position:
+            return 0  # wake() passed units over meanwhile: read again from where it left them
         self._fold(units, {u.queue_offset: raw for u, raw in zip(wanted, raws, strict=True)})
         return len(units)
 
@@ -468,6 +472,6 @@ class PopJournal:
                 path.unlink(missing_ok=True)
                 return
             self.state.retire_legacy()
-            self._since_snapshot -= folded
+            self._since_snapshot = max(0, self._since_snapshot - folded)
         finally:
             self._open.set()
