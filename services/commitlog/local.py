@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
+from typing import TypeVar
 
 from libstore import (
     CommitLog,
@@ -69,6 +70,7 @@ WRITTEN_BATCHES_KEPT = 256
 WRITTEN_BYTES_KEPT = 4 * 1024 * 1024
 INLINE_DECODE_BYTES = 16 * 1024  # smaller chunks are decoded on the loop, larger on a worker
 DEFAULT_HEARTBEAT_MS = 1000
+_V = TypeVar("_V")
 
 
 class LocalCommitLog:
@@ -587,19 +589,8 @@ class LocalCommitLog:
         readers[reader] = offset
         low = min(readers.values())
         self._decoded.drop_before(low)
-        chunks = self._chunks
-        while chunks:
-            start = next(iter(chunks))
-            if chunks[start][0] > low:
-                break
-            del chunks[start]
-        written = self._written
-        while written:
-            start = next(iter(written))
-            end, data = written[start]
-            if end > low:
-                break
-            del written[start]
+        _drop_passed(self._chunks, low)
+        for _, data in _drop_passed(self._written, low):
             self._written_bytes -= len(data)
 
     # -- offsets and topics ---------------------------------------------------------------------
@@ -702,3 +693,15 @@ def _born_host_bytes(text: str) -> bytes:
         return encode_host(ip, int(port))
     except InvalidArgumentError:
         return b""
+
+
+def _drop_passed(kept: OrderedDict[int, tuple[int, _V]], low: int) -> list[tuple[int, _V]]:
+    """Remove (and return) the entries of ``kept`` (start -> (end, value), in log order) that
+    end at or before ``low``."""
+    dropped = []
+    while kept:
+        start = next(iter(kept))
+        if kept[start][0] > low:
+            break
+        dropped.append(kept.pop(start))
+    return dropped

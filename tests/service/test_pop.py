@@ -145,18 +145,24 @@ def test_a_receive_cancelled_by_its_client_while_answering_gives_the_messages_ba
     assert [(m.body, m.system_properties.delivery_attempt) for m in delivered] == [(b"never written", 2)]
 
 
+def _journal_with_messages(embedded: Suite, topic: str, count: int) -> tuple[Any, Any]:
+    """(the dispatch port, its pop journal) after ``count`` messages were sent to queue 0 of
+    ``topic``."""
+    with Producer(embedded.address) as producer:
+        for i in range(count):
+            assert producer.send(topic, f"m{i}".encode(), queue_id=0).all_ok
+    assert embedded.dispatch_app is not None
+    port = embedded.dispatch_app.port
+    return port, port.pop_service.journal
+
+
 def test_a_lone_operation_journals_from_its_own_task_and_concurrent_ones_in_one_batch(
     suites: InProcessSuites, embedded: Suite
 ) -> None:
     """An ack that finds the journal's appender idle appends its record itself (no hand-over
     to the appender task); acks made while an append is under way queue and go in one later
     append by the appender, after it, in the order they were made."""
-    with Producer(embedded.address) as producer:
-        for i in range(6):
-            assert producer.send("Lone", f"m{i}".encode(), queue_id=0).all_ok
-    assert embedded.dispatch_app is not None
-    port = embedded.dispatch_app.port
-    journal = port.pop_service.journal
+    port, journal = _journal_with_messages(embedded, "Lone", 6)
     commitlog = journal.commitlog
     original = commitlog.append
 
@@ -237,12 +243,7 @@ def test_own_journal_records_are_passed_over_on_arrival_without_waking_the_reade
     """Every ack journals a record that the state already holds: dispatch passes it over as
     it arrives in the journal's queue, instead of waking the reader task for each one (which
     then read the queue again to find nothing to read)."""
-    with Producer(embedded.address) as producer:
-        for i in range(20):
-            assert producer.send("Own", f"m{i}".encode(), queue_id=0).all_ok
-    assert embedded.dispatch_app is not None
-    port = embedded.dispatch_app.port
-    journal = port.pop_service.journal
+    port, journal = _journal_with_messages(embedded, "Own", 20)
 
     async def scenario() -> tuple[int, int, int, int]:
         popped = (await port.pop("g", "Own", -1, invisible_ms=60_000, max_count=20)).messages

@@ -71,6 +71,21 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _behind_first(
+    co: AppendCoalescer, *calls: list[common_pb.Message]
+) -> tuple[asyncio.Future[PutMessageResults], list[asyncio.Future[PutMessageResults]]]:
+    """A first append (body b"a") sent at once, then ``calls`` made while it is in flight."""
+    first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
+    await _settle()
+    queued = [asyncio.ensure_future(co.append(c)) for c in calls]
+    await _settle()
+    return first, queued
+
+
+def _bodies(*bodies: bytes) -> list[list[common_pb.Message]]:
+    return [[_msg(body=b)] for b in bodies]
+
+
 def test_appends_made_while_one_is_in_flight_go_together_each_answered_with_its_own() -> None:
     async def scenario() -> None:
         log = _Log()
@@ -105,10 +120,7 @@ def test_a_refused_coalesced_call_is_sent_again_per_caller_so_only_the_bad_one_f
         log = _Log()
         log.refuse = {b"bad"}
         co = AppendCoalescer(log.send)
-        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
-        await _settle()
-        queued = [asyncio.ensure_future(co.append([_msg(body=b)])) for b in (b"b", b"bad", b"c")]
-        await _settle()
+        first, queued = await _behind_first(co, *_bodies(b"b", b"bad", b"c"))
         for i in range(5):
             await log.release(i)
         await first
@@ -125,10 +137,7 @@ def test_a_failure_that_is_not_a_refusal_reaches_every_caller_of_the_call() -> N
     async def scenario() -> None:
         log = _Log()
         co = AppendCoalescer(log.send)
-        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
-        await _settle()
-        queued = [asyncio.ensure_future(co.append([_msg(body=b)])) for b in (b"b", b"c")]
-        await _settle()
+        first, queued = await _behind_first(co, *_bodies(b"b", b"c"))
         await log.release(0)
         await first
         log.fail = ServiceNotAvailableError("commitlog gone")
@@ -180,11 +189,9 @@ def test_a_caller_cancelled_while_queued_is_never_sent_and_bounds_split_the_queu
     async def scenario() -> None:
         log = _Log()
         co = AppendCoalescer(log.send, max_messages=3)
-        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
-        await _settle()
         bodies = (b"b", b"gone", b"c", b"d", b"e")
-        queued = {b: asyncio.ensure_future(co.append([_msg(body=b)])) for b in bodies}
-        await _settle()
+        first, calls = await _behind_first(co, *_bodies(*bodies))
+        queued = dict(zip(bodies, calls, strict=True))
         queued[b"gone"].cancel()
         await _settle()
         for i in range(3):
@@ -229,13 +236,8 @@ def test_a_message_sent_again_while_queued_goes_in_a_later_call_and_push_back_re
     async def scenario() -> None:
         log = _Log()
         co = AppendCoalescer(log.send)
-        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
-        await _settle()
-        queued = [
-            asyncio.ensure_future(co.append([_msg(body=b, UNIQ_KEY=k)]))
-            for b, k in ((b"b", "K1"), (b"c", "K2"), (b"b-again", "K1"), (b"d", "K3"))
-        ]
-        await _settle()
+        keyed = ((b"b", "K1"), (b"c", "K2"), (b"b-again", "K1"), (b"d", "K3"))
+        first, queued = await _behind_first(co, *[[_msg(body=b, UNIQ_KEY=k)] for b, k in keyed])
         await log.release(0)
         await first
         await _settle()
@@ -259,10 +261,9 @@ def test_callers_cancelled_before_or_during_a_refused_call_are_not_sent_and_none
         log = _Log()
         log.refuse = {b"bad"}
         co = AppendCoalescer(log.send)
-        first = asyncio.ensure_future(co.append([_msg(body=b"a")]))
-        await _settle()
-        queued = {b: asyncio.ensure_future(co.append([_msg(body=b)])) for b in (b"b", b"bad", b"gone")}
-        await _settle()
+        bodies = (b"b", b"bad", b"gone")
+        first, calls = await _behind_first(co, *_bodies(*bodies))
+        queued = dict(zip(bodies, calls, strict=True))
         await log.release(0)
         await first
         await _settle()
