@@ -469,6 +469,21 @@ class CommitLog:
         gc.request_flush(next_offset)
         return True
 
+    def flush_inline(self, target: int) -> bool:
+        """SYNC_FLUSH: run a group-commit round up to ``target`` (bytes) on the calling thread
+        (GroupCommitService.flush_inline: an idle event loop spares the hand-off to the flush
+        thread and back); the confirm listeners hear of it on this thread before it returns.
+        True when the flushed offset moved; False under ASYNC_FLUSH. Never raises."""
+        gc = self._group_commit
+        return gc is not None and gc.flush_inline(target)
+
+    @property
+    def group_commit_flush_ms(self) -> float | None:
+        """SYNC_FLUSH: a moving average of the group commit's flush rounds (ms, fdatasync
+        included); None under ASYNC_FLUSH."""
+        gc = self._group_commit
+        return gc.flush_ms if gc is not None else None
+
     def submit_flush_request(
         self, next_offset: int, wait_store: bool = True
     ) -> Future[PutMessageStatus] | None:

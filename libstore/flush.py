@@ -33,6 +33,9 @@ from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
+# Weight of the newest round in GroupCommitService.flush_ms (an exponential moving average).
+FLUSH_MS_WEIGHT = 0.2
+
 
 class GroupCommitRequest:
     """A waiter: durable once ``flushed_where >= next_offset``; fails after ``deadline`` (monotonic s)."""
@@ -90,6 +93,10 @@ class GroupCommitService(_FlushServiceBase):
         self._pending: list[GroupCommitRequest] = []
         self._target = 0  # the highest offset asked for through request_flush
         self.flush_rounds = 0
+        # One round at a time, whichever thread runs it (this one or flush_inline's caller):
+        # on_flushed sees the flushed offset grow in order.
+        self._round_lock = threading.Lock()
+        self.flush_ms = 0.0  # moving average of a round's flush (ms), both paths
 
     def put_request(self, request: GroupCommitRequest) -> None:
         with self._lock:
@@ -118,16 +125,49 @@ class GroupCommitService(_FlushServiceBase):
         target = max(max((r.next_offset for r in requests), default=0), self._target)
         if not requests and target <= self.queue.flushed_where:
             target = self.queue.get_max_offset()  # nobody waits: flush what was written
-        moved = False
-        if not self.io_failed:
-            try:
-                if self.commit_first:
-                    self.queue.commit_to(self.queue.get_max_wrote_position(), 0)
-                before = self.queue.flushed_where
-                moved = self.queue.flush_to(target, 0) != before
-            except StoreIOError as exc:
-                self._fail(exc)
-        flushed = self.queue.flushed_where
+        with self._round_lock:
+            moved = self._flush(target)
+            flushed = self.queue.flushed_where
+            self._answer(requests, flushed)
+            if moved:
+                # After the producers' wake-ups: their acknowledgements go out first, the
+                # followers (dispatch, index, replication readers) this wakes come next.
+                self.flush_rounds += 1
+                self.on_flushed(flushed)
+
+    def flush_inline(self, target: int) -> bool:
+        """Run one round for ``target`` (bytes) on the calling thread instead of this service's:
+        flush (committing first when ``commit_first``) up to ``target`` and call ``on_flushed``
+        when the flushed offset moved. An event loop with nothing else to do calls it, sparing
+        the hand-off to this thread and back; requests queued with :meth:`put_request` are left
+        to this thread. True when the flushed offset moved. Never raises: a failed fdatasync
+        marks the store unwriteable, as on this thread."""
+        with self._round_lock:
+            if not self._flush(target):
+                return False
+            self.flush_rounds += 1
+            self.on_flushed(self.queue.flushed_where)
+            return True
+
+    def _flush(self, target: int) -> bool:
+        """Flush up to ``target``; True when the flushed offset moved (caller holds the round lock)."""
+        if self.io_failed:
+            return False
+        try:
+            if self.commit_first:
+                self.queue.commit_to(self.queue.get_max_wrote_position(), 0)
+            before = self.queue.flushed_where
+            started = time.perf_counter()
+            moved = self.queue.flush_to(target, 0) != before
+        except StoreIOError as exc:
+            self._fail(exc)
+            return False
+        if moved:
+            took_ms = (time.perf_counter() - started) * 1000.0
+            self.flush_ms += (took_ms - self.flush_ms) * FLUSH_MS_WEIGHT
+        return moved
+
+    def _answer(self, requests: list[GroupCommitRequest], flushed: int) -> None:
         now = time.monotonic()
         for req in requests:
             if req.future.done():
@@ -138,11 +178,6 @@ class GroupCommitService(_FlushServiceBase):
                 req.wakeup_customer(PutMessageStatus.FLUSH_DISK_TIMEOUT)
             else:
                 self._pending.append(req)
-        if moved:
-            # After the producers' wake-ups: their acknowledgements go out first, the followers
-            # (dispatch, index, replication readers) this wakes come next.
-            self.flush_rounds += 1
-            self.on_flushed(flushed)
 
     def on_shutdown(self) -> None:
         # Serve what was queued before shutdown: producers must not hang.

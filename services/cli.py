@@ -48,6 +48,7 @@ from libstore import (
     StoreError,
     TopicConfig,
 )
+from services._common import event_loop
 from services._common.tls import TlsConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="mqstore: a RocketMQ-style message store")
@@ -373,7 +374,7 @@ def serve(
         err_console.print(f"mqstore {role}: gateway on {options.address}, data in {data.resolve()}")
     with _Errors(options.address):
         try:
-            asyncio.run(serve_forever(options))
+            event_loop.run(serve_forever(options))
         except OSError as exc:
             raise _fail(f"cannot serve on {options.address}: {exc}", 1) from None
 

@@ -59,6 +59,7 @@ from libstore.message_filter import ACCEPT_ALL, TagFilter
 from libstore.message_id import decode_message_id
 from libstore.record_codec import decode_record
 from libstore.results import GetMessageStatus
+from services._common import event_loop
 from services.embedded import EmbeddedStore
 
 MAX_TIMESTAMP = 2**63 - 1
@@ -83,7 +84,7 @@ class MessageStore:
 
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
-        self._loop = asyncio.new_event_loop()
+        self._loop = event_loop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mqstore-store", daemon=True)
         self._store: EmbeddedStore | None = None
         self._running = False

@@ -381,13 +381,14 @@ class LocalCommitLog:
         ASYNC_FLUSH on an ASYNC_MASTER it returns without awaiting anything."""
         end = results.durable_end()
         log = self.log
+        relay = self.relay
         if end is None:
             if results.appended:
-                log.request_flush(results.next_offset)
+                relay.request_flush(results.next_offset)
             return
         target = max(end, 0)
         replica = log.submit_replica_request(target)
-        flush = self.relay.flushed(target) if log.request_flush(target) else None
+        flush = relay.flushed(target) if relay.request_flush(target) else None
         if flush is None and replica is None:
             return
         if replica is None:

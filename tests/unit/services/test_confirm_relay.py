@@ -1,5 +1,6 @@
 """ConfirmRelay (services.commitlog.confirm_relay): SYNC_FLUSH puts answered from the group
-commit's rounds on the event loop, tails woken once per move, fail-stop on an fdatasync error."""
+commit's rounds on the event loop, tails woken once per move, fail-stop on an fdatasync error;
+on a loop with select hooks, a lone put's round run by the idle loop itself."""
 
 from __future__ import annotations
 
@@ -7,26 +8,33 @@ import asyncio
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
 from libstore import CommitLog, FlushDiskType, Message, PutMessageStatus, StoreIOError
 from libstore import mapped_file as mapped_file_module
-from services.commitlog.confirm_relay import ConfirmRelay
+from services._common import event_loop
+from services.commitlog.confirm_relay import INLINE_FLUSH_MAX_MS, ConfirmRelay
 
 
 class _HeldDisk:
-    """fdatasync of CommitLog segments held until released, or failing with EIO."""
+    """fdatasync of CommitLog segments held until released, taking ``delay_s`` longer, or
+    failing with EIO; ``threads`` lists the thread of each call."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.release = threading.Event()
         self.release.set()
         self.fail = False
+        self.delay_s = 0.0
+        self.threads: list[int] = []
         real = os.fdatasync
 
         def fdatasync(fd: int) -> None:
+            self.threads.append(threading.get_ident())
             self.release.wait(30)
+            time.sleep(self.delay_s)
             if self.fail:
                 raise OSError(errno.EIO, "Input/output error")
             real(fd)
@@ -136,3 +144,91 @@ def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(held: tuple[Co
         relay.close()
 
     asyncio.run(run())
+
+
+def test_an_idle_loop_runs_a_lone_puts_round_itself(held: tuple[CommitLog, _HeldDisk]) -> None:
+    log, disk = held
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        loop_thread = threading.get_ident()
+        rounds = log.group_commit_flushes
+        end = _append(log, b"alone")
+        waiting = relay.flushed(end)
+        assert relay.request_flush(end)
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        assert disk.threads == [loop_thread]  # the loop's own fdatasync, not the thread's
+        assert relay.inline_flushes == 1 and log.group_commit_flushes == rounds + 1
+        assert log.flushed_offset >= end and log.checkpoint.flushed_phy_offset >= end
+        relay.close()
+
+    event_loop.run(run())
+
+
+def test_the_thread_flushes_when_more_puts_wait_or_the_disk_is_slow(
+    held: tuple[CommitLog, _HeldDisk],
+) -> None:
+    log, disk = held
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        loop_thread = threading.get_ident()
+        # Two puts waiting: their callers may send more while the thread flushes.
+        ends = [_append(log, b"one"), _append(log, b"two")]
+        waits = [relay.flushed(end) for end in ends]
+        for end in ends:
+            relay.request_flush(end)
+        assert await asyncio.wait_for(asyncio.gather(*waits), 10) == [PutMessageStatus.PUT_OK] * 2
+        assert disk.threads and loop_thread not in disk.threads and relay.inline_flushes == 0
+        # A slow disk: rounds of 5 ms (their average past INLINE_FLUSH_MAX_MS) stay on the thread.
+        disk.delay_s = 0.005
+        for body in (b"s1", b"s2", b"s3", b"s4", b"s5", b"s6"):
+            end = _append(log, body)
+            relay.request_flush(end)
+            await asyncio.wait_for(relay.flushed(end), 10)
+        flush_ms = log.group_commit_flush_ms
+        assert flush_ms is not None and flush_ms > INLINE_FLUSH_MAX_MS
+        assert relay.inline_flushes <= 1  # the first, before the average knew
+        inline = relay.inline_flushes
+        disk.threads.clear()
+        end = _append(log, b"alone, slow")
+        waiting = relay.flushed(end)
+        relay.request_flush(end)
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        assert disk.threads and loop_thread not in disk.threads and relay.inline_flushes == inline
+        relay.close()
+
+    event_loop.run(run())
+
+
+def test_a_failed_inline_fdatasync_answers_the_put_and_stops_the_store(
+    held: tuple[CommitLog, _HeldDisk],
+) -> None:
+    log, disk = held
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        disk.fail = True
+        end = _append(log, b"lost")
+        waiting = relay.flushed(end)
+        relay.request_flush(end)
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.FLUSH_DISK_TIMEOUT
+        assert disk.threads[0] == threading.get_ident()
+        assert relay.failed and not log.writeable and log.flush_failed
+        relay.close()
+
+    event_loop.run(run())
+
+
+def test_under_async_flush_the_relay_adds_no_hook(open_log: Callable[..., CommitLog]) -> None:
+    log = open_log()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, event_loop.HookedEventLoop)
+        relay = ConfirmRelay(log)
+        assert not relay.request_flush(_append(log, b"async"))  # nothing to flush for it
+        assert not loop._hooked_selector.hooks
+        relay.close()
+
+    event_loop.run(run())
