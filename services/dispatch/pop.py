@@ -202,22 +202,26 @@ class PopService:
         """Deliveries taken for a caller that went away before they were answered (a receive
         cancelled by its client's disconnect): visible again after ``NACK_INVISIBLE_MS``
         instead of their whole invisible time, as RocketMQ's proxy nacks a message it could not
-        write to the client. The change records go to the journal in the background."""
+        write to the client. Done in the background, once the journal is ready, as every
+        other change of the state: a record made while a reloaded state is still catching up
+        would take a seq past the journal records it has yet to fold, and they would then be
+        passed over as already held."""
         if not taken:
             return
-        now = self.clock()
-        for p in taken:
-            with contextlib.suppress(StoreError):  # finished meanwhile: nothing to give back
-                self.state.change_invisible(group, topic, p.handle, NACK_INVISIBLE_MS, now)
-        task = asyncio.create_task(self._commit_abandoned(topic))
+        task = asyncio.create_task(self._give_back(group, topic, list(taken)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _commit_abandoned(self, topic: str) -> None:
+    async def _give_back(self, group: str, topic: str, taken: list[Popped]) -> None:
         try:
+            await self.journal.ready()
+            now = self.clock()
+            for p in taken:
+                with contextlib.suppress(StoreError):  # finished meanwhile: nothing to give back
+                    self.state.change_invisible(group, topic, p.handle, NACK_INVISIBLE_MS, now)
             await self.journal.commit()
         except StoreError as exc:  # they come back after their original invisible time
-            log.warning("abandoned deliveries of %s were not journaled: %s", topic, exc)
+            log.warning("abandoned deliveries of %s were not given back: %s", topic, exc)
         self.long_polling.wake_topic(topic)
 
     def _topic_moved(self, topic: str, before: tuple[int, ...]) -> bool:

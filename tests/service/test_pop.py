@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from libstore.errors import ServiceNotAvailableError
 from libstore.pop_state import ReceiptHandle
 from libstore.system_topics import POP_JOURNAL_TOPIC
 from services.client import Producer
@@ -276,3 +277,62 @@ def test_own_journal_records_are_passed_over_on_arrival_without_waking_the_reade
     assert left == 0
     # The reader still wakes on its own every few hundred ms; not once per record.
     assert reads <= 3, reads
+
+
+def test_a_pop_given_back_while_the_state_catches_up_waits_until_it_is_ready(
+    suites: InProcessSuites, embedded: Suite
+) -> None:
+    """A pop's caller goes away while the pop state, reloaded after a failed journal append,
+    is still folding in the journal: what the pop took is given back only once the state is
+    ready. Given back at once, the change took a seq past the journal records still to fold
+    (another delivery, here), which were then passed over as held already: that message was
+    delivered a second time while its first delivery was in flight."""
+    port, journal = _journal_with_messages(embedded, "Reloaded", 2)
+    service = port.pop_service
+    original_commit = journal.commit
+    original_read = journal._read_once
+
+    async def scenario() -> tuple[list[int], list[tuple[int, int]]]:
+        committed = asyncio.Event()
+
+        async def slow_commit(**kwargs: Any) -> None:
+            await original_commit(**kwargs)
+            committed.set()  # journaled, but its caller is still waiting
+            await asyncio.sleep(60)
+
+        with _replaced(journal, "commit", slow_commit):
+            dropped = asyncio.create_task(port.pop("g", "Reloaded", -1, invisible_ms=60_000, max_count=1))
+            await committed.wait()
+        await journal._snapshot()  # holds the first delivery (queue offset 0)
+        (second,) = (await port.pop("g", "Reloaded", -1, invisible_ms=60_000, max_count=1)).messages
+        release = asyncio.Event()
+
+        async def stalled() -> int:
+            await release.wait()
+            return await original_read()
+
+        generation = journal._generation
+        with _replaced(journal, "_read_once", stalled):
+            journal._lost([], ServiceNotAvailableError("an append failed"))  # reload from the snapshot
+            readying = asyncio.create_task(journal.ready())
+            while journal._generation == generation:  # reloaded; the second delivery not folded yet
+                await asyncio.sleep(0.01)
+            dropped.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dropped
+            await asyncio.sleep(0.1)
+            release.set()
+            await asyncio.wait_for(readying, 30)
+        while service._background:  # the give-back
+            await asyncio.sleep(0.01)
+        handle = ReceiptHandle.decode(service.signer.verify("g", "Reloaded", second.receipt_handle))
+        service.state.in_flight("g", "Reloaded", handle, int(time.time() * 1000))  # raises if lost
+        at_once = await port.pop("g", "Reloaded", -1, invisible_ms=60_000, wait_ms=0)
+        back = await port.pop("g", "Reloaded", -1, invisible_ms=60_000, wait_ms=20_000)
+        return [m.queue_offset for m in at_once.messages], [
+            (m.queue_offset, m.attempt) for m in back.messages
+        ]
+
+    at_once, back = suites.loop.run(scenario(), 90)
+    assert at_once == [], "a delivery still in flight was delivered again"
+    assert back == [(0, 2)]  # the dropped one, given back after the nack's 1 s
