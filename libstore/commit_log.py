@@ -469,18 +469,19 @@ class CommitLog:
         gc.request_flush(next_offset)
         return True
 
-    def flush_inline(self, target: int) -> bool:
-        """SYNC_FLUSH: run a group-commit round up to ``target`` (bytes) on the calling thread
-        (GroupCommitService.flush_inline: an idle event loop spares the hand-off to the flush
-        thread and back); the confirm listeners hear of it on this thread before it returns.
-        True when the flushed offset moved; False under ASYNC_FLUSH. Never raises."""
+    def flush_and_wait(self, target: int, timeout_s: float) -> bool:
+        """SYNC_FLUSH: have the group commit flush up to ``target`` (bytes) now and block until
+        it did, at most ``timeout_s`` seconds (GroupCommitService.flush_and_wait); True when
+        it did (the confirm listeners have been called, on the flush thread). False after the
+        timeout, when the flush failed or the store shut down, and under ASYNC_FLUSH."""
         gc = self._group_commit
-        return gc is not None and gc.flush_inline(target)
+        return gc is not None and gc.flush_and_wait(target, timeout_s)
 
     @property
     def group_commit_flush_ms(self) -> float | None:
-        """SYNC_FLUSH: a moving average of the group commit's flush rounds (ms, fdatasync
-        included); None under ASYNC_FLUSH."""
+        """SYNC_FLUSH: how long the slowest recent group-commit round took to flush (ms,
+        fdatasync included; each round the larger of its own time and 0.9x the figure
+        before); None under ASYNC_FLUSH."""
         gc = self._group_commit
         return gc.flush_ms if gc is not None else None
 

@@ -94,6 +94,15 @@ class StoreConfig:
     sync_flush_timeout: int = _f(
         5000, "syncFlushTimeout", "ms", "SYNC_FLUSH: FLUSH_DISK_TIMEOUT after this wait"
     )
+    idle_loop_flush_wait_ms: int = _f(
+        2,
+        "idleLoopFlushWaitMs",
+        "ms",
+        "mqstore, SYNC_FLUSH: for a put that waits alone, a service's event loop with nothing else "
+        "to do blocks up to this long for the group commit's round and answers as soon as it "
+        "ends, instead of being woken for it (it runs nothing else meanwhile; skipped while the "
+        "slowest recent round took longer); 0: never blocks",
+    )
     max_message_size: int = _f(4 * 1024 * 1024, "maxMessageSize", "bytes", "largest accepted body")
     check_crc_on_recover: bool = _f(True, "checkCRCOnRecover")
     warm_mapped_file_enable: bool = _f(
@@ -488,6 +497,7 @@ class StoreConfig:
             "delete_commit_log_files_interval",
             "delete_consume_queue_files_interval",
             "access_message_in_memory_max_ratio",  # 0: no record counts as in memory
+            "idle_loop_flush_wait_ms",
         )
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -33,8 +33,9 @@ from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
-# Weight of the newest round in GroupCommitService.flush_ms (an exponential moving average).
-FLUSH_MS_WEIGHT = 0.2
+# GroupCommitService.flush_ms: the slowest recent round, each round's figure the larger of its
+# own time and this share of the figure before (a slow round is forgotten over tens of rounds).
+FLUSH_MS_DECAY = 0.9
 
 
 class GroupCommitRequest:
@@ -93,10 +94,8 @@ class GroupCommitService(_FlushServiceBase):
         self._pending: list[GroupCommitRequest] = []
         self._target = 0  # the highest offset asked for through request_flush
         self.flush_rounds = 0
-        # One round at a time, whichever thread runs it (this one or flush_inline's caller):
-        # on_flushed sees the flushed offset grow in order.
-        self._round_lock = threading.Lock()
-        self.flush_ms = 0.0  # moving average of a round's flush (ms), both paths
+        self._finished = threading.Event()  # set after every round (flush_and_wait)
+        self.flush_ms = 0.0  # the slowest recent round's flush (ms, decaying)
 
     def put_request(self, request: GroupCommitRequest) -> None:
         with self._lock:
@@ -125,32 +124,38 @@ class GroupCommitService(_FlushServiceBase):
         target = max(max((r.next_offset for r in requests), default=0), self._target)
         if not requests and target <= self.queue.flushed_where:
             target = self.queue.get_max_offset()  # nobody waits: flush what was written
-        with self._round_lock:
-            moved = self._flush(target)
-            flushed = self.queue.flushed_where
-            self._answer(requests, flushed)
-            if moved:
-                # After the producers' wake-ups: their acknowledgements go out first, the
-                # followers (dispatch, index, replication readers) this wakes come next.
-                self.flush_rounds += 1
-                self.on_flushed(flushed)
-
-    def flush_inline(self, target: int) -> bool:
-        """Run one round for ``target`` (bytes) on the calling thread instead of this service's:
-        flush (committing first when ``commit_first``) up to ``target`` and call ``on_flushed``
-        when the flushed offset moved. An event loop with nothing else to do calls it, sparing
-        the hand-off to this thread and back; requests queued with :meth:`put_request` are left
-        to this thread. True when the flushed offset moved. Never raises: a failed fdatasync
-        marks the store unwriteable, as on this thread."""
-        with self._round_lock:
-            if not self._flush(target):
-                return False
+        moved = self._flush(target)
+        flushed = self.queue.flushed_where
+        self._answer(requests, flushed)
+        if moved:
+            # After the producers' wake-ups: their acknowledgements go out first, the followers
+            # (dispatch, index, replication readers) this wakes come next.
             self.flush_rounds += 1
-            self.on_flushed(self.queue.flushed_where)
-            return True
+            self.on_flushed(flushed)
+        self._finished.set()
+
+    def flush_and_wait(self, target: int, timeout_s: float) -> bool:
+        """Have this thread flush up to ``target`` (bytes) at once and block the caller until it
+        did, for at most ``timeout_s`` seconds: True when the flushed offset reached ``target``
+        (``on_flushed`` has run on this thread). An event loop with nothing else to do waits
+        so, for a put that waits alone, instead of being woken through its selector when
+        ``on_flushed`` calls back (that wake-up cost ~100 us a put). False after the timeout, or
+        at once when the service stopped or failed; the round goes on and ``on_flushed`` calls
+        back as usual."""
+        if self.stopped or self.io_failed:
+            return False
+        deadline = time.monotonic() + timeout_s
+        self._finished.clear()
+        self.request_flush(target)
+        while self.queue.flushed_where < target:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.io_failed or not self._finished.wait(left):
+                return False
+            self._finished.clear()  # a round that ended short of it: wait for the next
+        return not self.io_failed
 
     def _flush(self, target: int) -> bool:
-        """Flush up to ``target``; True when the flushed offset moved (caller holds the round lock)."""
+        """Flush up to ``target``; True when the flushed offset moved."""
         if self.io_failed:
             return False
         try:
@@ -164,7 +169,7 @@ class GroupCommitService(_FlushServiceBase):
             return False
         if moved:
             took_ms = (time.perf_counter() - started) * 1000.0
-            self.flush_ms += (took_ms - self.flush_ms) * FLUSH_MS_WEIGHT
+            self.flush_ms = max(took_ms, self.flush_ms * FLUSH_MS_DECAY)
         return moved
 
     def _answer(self, requests: list[GroupCommitRequest], flushed: int) -> None:

@@ -9,8 +9,9 @@ waiting for the GIL): the SYNC_FLUSH group commit's fdatasync, when nothing else
 the loop (services.commitlog.confirm_relay). A hook returns True when it may have made callbacks
 ready; the loop then polls without sleeping, so they run in the same iteration.
 
-Hooks run on the loop's thread, must not raise, and bound their own blocking: while a hook
-blocks, nothing else on the loop runs (gRPC keeps receiving on its own threads).
+Hooks run on the loop's thread and bound their own blocking: while a hook blocks, nothing else on
+the loop runs (gRPC keeps receiving on its own threads). An exception a hook raises goes to the
+loop's exception handler (logged); the loop goes on.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class _HookedSelector(selectors.EpollSelector):
     def __init__(self) -> None:
         super().__init__()
         self.hooks: list[SelectHook] = []
+        self.loop: asyncio.AbstractEventLoop | None = None  # for reporting a hook's exception
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         hooks = self.hooks
@@ -41,7 +43,14 @@ class _HookedSelector(selectors.EpollSelector):
             idle = timeout is None or timeout > 0
             ran = False
             for hook in tuple(hooks):
-                ran = hook(idle) or ran
+                try:
+                    ran = hook(idle) or ran
+                except Exception as exc:  # a broken hook must not stop the loop
+                    if self.loop is not None:
+                        self.loop.call_exception_handler(
+                            {"message": f"select hook {hook!r} failed", "exception": exc}
+                        )
+                    ran = True  # the handler may have scheduled something
             if ran:
                 timeout = 0
         return super().select(timeout)
@@ -53,6 +62,7 @@ class HookedEventLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         self._hooked_selector = _HookedSelector()
         super().__init__(self._hooked_selector)
+        self._hooked_selector.loop = self
 
     def add_select_hook(self, hook: SelectHook) -> None:
         """Call ``hook(idle)`` before every select of this loop, on the loop's thread."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from services._common import event_loop
 from services._common.tls import TlsConfig
 from services.client import Admin, PullConsumer
 from services.serve import ServeOptions, Suite
@@ -198,10 +199,11 @@ def wait_derived_caught_up(suite: Suite, timeout_s: float = 30.0) -> None:
 
 
 class LoopThread:
-    """An asyncio loop on a daemon thread; ``run(coro)`` executes a coroutine there."""
+    """An asyncio loop on a daemon thread, the kind ``mqstore serve`` runs
+    (services._common.event_loop); ``run(coro)`` executes a coroutine there."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = event_loop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 

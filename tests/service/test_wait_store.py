@@ -138,3 +138,23 @@ def test_sync_flush_answers_each_message_by_its_own_wait(
         durability_hooks.install(None)
     with Producer(suite.address, encode_records=encode_records) as producer:
         assert producer.send_batch(_mixed(topic)).all_ok
+
+
+def test_one_producer_at_a_time_is_answered_right_after_the_round_the_loop_blocked_on(
+    suites: InProcessSuites, tmp_path: Path
+) -> None:
+    """SYNC_FLUSH, one put at a time: the commitlog's event loop, with nothing else to do,
+    blocks on the group commit's round and answers at once (ConfirmRelay.waited_flushes), and
+    every put answered was flushed by then."""
+    suite = suites.start(embedded_options(tmp_path / "data", flushDiskType="SYNC_FLUSH"))
+    suites.wait_ready(suite)
+    assert suite.commit_log is not None and suite.commitlog_port is not None
+    with Admin(suite.address) as admin:
+        admin.create_topic("Alone", 1)
+    with Producer(suite.address) as producer:
+        for i in range(20):
+            res = producer.send_batch([OutgoingMessage("Alone", b"one %d" % i)])
+            assert res.all_ok
+            assert suite.commit_log.flushed_offset >= res.phy_offsets[0] + res.sizes[0]
+    # The flush thread's own 10 ms round may cover a put first; most are the loop's.
+    assert suite.commitlog_port.relay.waited_flushes >= 10

@@ -1,11 +1,12 @@
 """ConfirmRelay (services.commitlog.confirm_relay): SYNC_FLUSH puts answered from the group
 commit's rounds on the event loop, tails woken once per move, fail-stop on an fdatasync error;
-on a loop with select hooks, a lone put's round run by the idle loop itself."""
+on a loop with select hooks, an idle loop blocking (boundedly) on a lone put's round."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import os
 import threading
 import time
@@ -16,7 +17,7 @@ import pytest
 from libstore import CommitLog, FlushDiskType, Message, PutMessageStatus, StoreIOError
 from libstore import mapped_file as mapped_file_module
 from services._common import event_loop
-from services.commitlog.confirm_relay import INLINE_FLUSH_MAX_MS, ConfirmRelay
+from services.commitlog.confirm_relay import ConfirmRelay
 
 
 class _HeldDisk:
@@ -146,89 +147,142 @@ def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(held: tuple[Co
     asyncio.run(run())
 
 
-def test_an_idle_loop_runs_a_lone_puts_round_itself(held: tuple[CommitLog, _HeldDisk]) -> None:
-    log, disk = held
+def _lone_put(log: CommitLog, relay: ConfirmRelay, body: bytes) -> asyncio.Future[PutMessageStatus]:
+    """Append one message and wait for its flush as a put does (LocalCommitLog._wait_durable)."""
+    end = _append(log, body)
+    waiting = relay.flushed(end)
+    assert relay.request_flush(end)
+    return waiting
+
+
+def test_an_idle_loop_blocks_on_a_lone_puts_round_and_answers_at_once(
+    held: tuple[CommitLog, _HeldDisk],
+) -> None:
+    log, _ = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
-        loop_thread = threading.get_ident()
-        rounds = log.group_commit_flushes
-        end = _append(log, b"alone")
-        waiting = relay.flushed(end)
-        assert relay.request_flush(end)
-        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
-        assert disk.threads == [loop_thread]  # the loop's own fdatasync, not the thread's
-        assert relay.inline_flushes == 1 and log.group_commit_flushes == rounds + 1
-        assert log.flushed_offset >= end and log.checkpoint.flushed_phy_offset >= end
+        for i in range(10):
+            end = _append(log, b"alone %d" % i)
+            waiting = relay.flushed(end)
+            relay.request_flush(end)
+            assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+            assert log.flushed_offset >= end and log.checkpoint.flushed_phy_offset >= end
+        # The flush thread's own 10 ms round may cover a put first; most are the loop's.
+        assert relay.waited_flushes >= 5, relay.waited_flushes
         relay.close()
 
     event_loop.run(run())
 
 
-def test_the_thread_flushes_when_more_puts_wait_or_the_disk_is_slow(
+def test_the_loop_does_not_block_when_busy_when_more_puts_wait_or_the_disk_is_slow(
     held: tuple[CommitLog, _HeldDisk],
 ) -> None:
     log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
-        loop_thread = threading.get_ident()
+        loop = asyncio.get_running_loop()
         # Two puts waiting: their callers may send more while the thread flushes.
         ends = [_append(log, b"one"), _append(log, b"two")]
         waits = [relay.flushed(end) for end in ends]
         for end in ends:
             relay.request_flush(end)
         assert await asyncio.wait_for(asyncio.gather(*waits), 10) == [PutMessageStatus.PUT_OK] * 2
-        assert disk.threads and loop_thread not in disk.threads and relay.inline_flushes == 0
-        # A slow disk: rounds of 5 ms (their average past INLINE_FLUSH_MAX_MS) stay on the thread.
-        disk.delay_s = 0.005
-        for body in (b"s1", b"s2", b"s3", b"s4", b"s5", b"s6"):
-            end = _append(log, body)
-            relay.request_flush(end)
-            await asyncio.wait_for(relay.flushed(end), 10)
-        flush_ms = log.group_commit_flush_ms
-        assert flush_ms is not None and flush_ms > INLINE_FLUSH_MAX_MS
-        assert relay.inline_flushes <= 1  # the first, before the average knew
-        inline = relay.inline_flushes
-        disk.threads.clear()
-        end = _append(log, b"alone, slow")
-        waiting = relay.flushed(end)
-        relay.request_flush(end)
+        assert relay.waited_flushes == 0
+        # A busy loop (a callback ready at every select) does not block either.
+        spinning = True
+
+        def spin() -> None:
+            if spinning:
+                loop.call_soon(spin)
+
+        spin()
+        waiting = _lone_put(log, relay, b"busy")
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
-        assert disk.threads and loop_thread not in disk.threads and relay.inline_flushes == inline
+        spinning = False
+        assert relay.waited_flushes == 0
+        # A slow disk: after a 5 ms round (past idleLoopFlushWaitMs), a lone put is not waited
+        # for by the loop until the slowest recent round is back under the bound.
+        disk.delay_s = 0.005
+        await asyncio.wait_for(_lone_put(log, relay, b"slow"), 10)
+        flush_ms = log.group_commit_flush_ms
+        assert flush_ms is not None and flush_ms > log.config.idle_loop_flush_wait_ms
+        waited = relay.waited_flushes
+        await asyncio.wait_for(_lone_put(log, relay, b"slow, alone"), 10)
+        assert relay.waited_flushes == waited
         relay.close()
 
     event_loop.run(run())
 
 
-def test_a_failed_inline_fdatasync_answers_the_put_and_stops_the_store(
+def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
     held: tuple[CommitLog, _HeldDisk],
 ) -> None:
+    """The disk hangs in the fdatasync of a lone put's round: the loop blocks for
+    idleLoopFlushWaitMs (2 ms) at most, runs everything else meanwhile, and the put is
+    answered when the fdatasync returns."""
+    log, disk = held
+
+    async def run() -> float:
+        relay = ConfirmRelay(log)
+        ticks: list[float] = []
+
+        async def ticker() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.create_task(ticker())
+        disk.release.clear()
+        waiting = _lone_put(log, relay, b"hung")
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        disk.release.set()
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        ticking.cancel()
+        relay.close()
+        return max(b - a for a, b in itertools.pairwise(ticks))
+
+    # 10 ms ticks; a loop held by the hung round would show one gap of a whole second.
+    assert event_loop.run(run()) < 0.5
+
+
+def test_a_failed_fdatasync_answers_a_lone_put_at_once(held: tuple[CommitLog, _HeldDisk]) -> None:
     log, disk = held
 
     async def run() -> None:
         relay = ConfirmRelay(log)
         disk.fail = True
-        end = _append(log, b"lost")
-        waiting = relay.flushed(end)
-        relay.request_flush(end)
+        waiting = _lone_put(log, relay, b"lost")
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.FLUSH_DISK_TIMEOUT
-        assert disk.threads[0] == threading.get_ident()
         assert relay.failed and not log.writeable and log.flush_failed
         relay.close()
 
     event_loop.run(run())
 
 
-def test_under_async_flush_the_relay_adds_no_hook(open_log: Callable[..., CommitLog]) -> None:
-    log = open_log()
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"flush_disk_type": FlushDiskType.SYNC_FLUSH, "idle_loop_flush_wait_ms": 0}],
+    ids=["async_flush", "bound_at_zero"],
+)
+def test_no_hook_under_async_flush_or_with_the_bound_at_zero(
+    open_log: Callable[..., CommitLog], overrides: dict[str, object]
+) -> None:
+    log = open_log(**overrides)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, event_loop.HookedEventLoop)
         relay = ConfirmRelay(log)
-        assert not relay.request_flush(_append(log, b"async"))  # nothing to flush for it
+        end = _append(log, b"x")
+        sync_flush = relay.request_flush(end)  # False under ASYNC_FLUSH: nothing to flush for it
+        assert sync_flush is (log.group_commit_flush_ms is not None)
         assert not loop._hooked_selector.hooks
+        if sync_flush:
+            assert await asyncio.wait_for(relay.flushed(end), 10) is PutMessageStatus.PUT_OK
+            assert relay.waited_flushes == 0
         relay.close()
 
     event_loop.run(run())
