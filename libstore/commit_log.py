@@ -471,9 +471,10 @@ class CommitLog:
 
     def flush_and_wait(self, target: int, timeout_s: float) -> bool:
         """SYNC_FLUSH: have the group commit flush up to ``target`` (bytes) now and block until
-        it did, at most ``timeout_s`` seconds (GroupCommitService.flush_and_wait); True when
-        it did (the confirm listeners have been called, on the flush thread). False after the
-        timeout, when the flush failed or the store shut down, and under ASYNC_FLUSH."""
+        it did, at most ``timeout_s`` seconds (GroupCommitService.flush_and_wait); True when the
+        flushed offset reached ``target`` (the confirm listeners may not have heard of it yet).
+        False after the timeout, when the flush failed or the flush thread is not running, and
+        under ASYNC_FLUSH."""
         gc = self._group_commit
         return gc is not None and gc.flush_and_wait(target, timeout_s)
 

@@ -142,7 +142,7 @@ class GroupCommitService(_FlushServiceBase):
         ``on_flushed`` calls back (that wake-up cost ~100 us a put). False after the timeout, or
         at once when the service stopped or failed; the round goes on and ``on_flushed`` calls
         back as usual."""
-        if self.stopped or self.io_failed:
+        if self.stopped or self.io_failed or not self.alive:
             return False
         deadline = time.monotonic() + timeout_s
         self._finished.clear()
@@ -150,6 +150,9 @@ class GroupCommitService(_FlushServiceBase):
         while self.queue.flushed_where < target:
             left = deadline - time.monotonic()
             if left <= 0 or self.io_failed or not self._finished.wait(left):
+                # As slow as the bound at least: the caller does not wait again until
+                # rounds are back under it (flush_ms decays).
+                self.flush_ms = max(self.flush_ms, timeout_s * 1000.0)
                 return False
             self._finished.clear()  # a round that ended short of it: wait for the next
         return not self.io_failed
@@ -158,11 +161,11 @@ class GroupCommitService(_FlushServiceBase):
         """Flush up to ``target``; True when the flushed offset moved."""
         if self.io_failed:
             return False
+        started = time.perf_counter()  # the commit of a transient-pool buffer counts too
         try:
             if self.commit_first:
                 self.queue.commit_to(self.queue.get_max_wrote_position(), 0)
             before = self.queue.flushed_where
-            started = time.perf_counter()
             moved = self.queue.flush_to(target, 0) != before
         except StoreIOError as exc:
             self._fail(exc)

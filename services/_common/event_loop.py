@@ -43,8 +43,8 @@ class _HookedSelector(selectors.EpollSelector):
             idle = timeout is None or timeout > 0
             ran = False
             for hook in tuple(hooks):
-                try:
-                    ran = hook(idle) or ran
+                try:  # after a hook that made callbacks ready, the loop is no longer idle
+                    ran = hook(idle and not ran) or ran
                 except Exception as exc:  # a broken hook must not stop the loop
                     if self.loop is not None:
                         self.loop.call_exception_handler(

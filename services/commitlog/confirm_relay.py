@@ -135,6 +135,7 @@ class ConfirmRelay:
         flush_ms = log.group_commit_flush_ms
         if idle and len(self._waiters) == 1 and flush_ms is not None and flush_ms <= self._wait_ms:
             if not log.flush_and_wait(wanted, self._wait_ms / 1000.0):
+                log.request_flush(wanted)  # (asked already, unless it did not run at all)
                 return False  # the round goes on; its end is delivered the usual way
             delivery, self._delivery = self._delivery, None
             if delivery is not None:

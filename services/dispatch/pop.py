@@ -131,10 +131,13 @@ class PopService:
         self.journal.start()
 
     async def close(self) -> None:
-        if self._background:  # abandoned deliveries being journaled: before the journal stops
+        if self._background:  # abandoned deliveries being given back: before the journal stops
             await asyncio.wait(list(self._background), timeout=CLOSE_WAIT_S)
-            for task in list(self._background):
-                task.cancel()
+            while self._background:  # those still waiting (a catch-up): they come back later
+                tasks = list(self._background)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         await self.journal.close()
 
     # -- pop ----------------------------------------------------------------------------------------

@@ -124,3 +124,40 @@ def test_sync_flush_with_transient_store_pool_commits_then_flushes(open_log):
     assert all(r.ok for r in res)
     assert cl.flushed_offset >= res[-1].next_offset
     assert cl.read_message(res[-1].phy_offset).body == b"p" * 3000
+
+
+def test_flush_and_wait_blocks_until_the_round_or_the_timeout(store_config: StoreConfig, slow_fsync):
+    """CommitLog.flush_and_wait (GroupCommitService): True once the flushed offset reached the
+    target; False after the timeout (the round goes on), which also marks the rounds as slow;
+    False at once when the flush failed or the service stopped."""
+    cl = CommitLog.open(store_config.replace(flush_disk_type=FlushDiskType.SYNC_FLUSH))
+    try:
+        end = cl.append_messages([Message("TopicW", b"w", 0)]).results.next_offset
+        assert cl.flushed_offset < end
+        assert cl.flush_and_wait(end, 5.0) and cl.flushed_offset >= end
+        slow_fsync["delay_s"] = 0.3
+        end = cl.append_messages([Message("TopicW", b"slow", 0)]).results.next_offset
+        started = time.monotonic()
+        assert not cl.flush_and_wait(end, 0.05)
+        assert time.monotonic() - started < 0.25  # the timeout, not the 0.3 s fdatasync
+        flush_ms = cl.group_commit_flush_ms
+        assert flush_ms is not None and flush_ms >= 50.0
+        deadline = time.monotonic() + 5
+        while cl.flushed_offset < end and time.monotonic() < deadline:  # the round went on
+            time.sleep(0.01)
+        assert cl.flushed_offset >= end
+        slow_fsync["delay_s"], slow_fsync["fail"] = 0.0, True
+        end = cl.append_messages([Message("TopicW", b"lost", 0)]).results.next_offset
+        assert not cl.flush_and_wait(end, 5.0) and cl.flush_failed
+        started = time.monotonic()
+        assert not cl.flush_and_wait(end, 5.0)  # failed already: at once
+        assert time.monotonic() - started < 1.0
+    finally:
+        cl.shutdown()
+    assert not cl.flush_and_wait(end + 1, 5.0)  # stopped: at once
+
+
+def test_flush_and_wait_is_false_under_async_flush(open_log):
+    cl: CommitLog = open_log()
+    end = cl.append_messages([Message("TopicW", b"a", 0)]).results.next_offset
+    assert not cl.flush_and_wait(end, 1.0) and cl.group_commit_flush_ms is None

@@ -46,8 +46,11 @@ class _HeldDisk:
 @pytest.fixture
 def held(open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch) -> tuple[CommitLog, _HeldDisk]:
     """A SYNC_FLUSH CommitLog whose fdatasyncs a _HeldDisk controls (a put's own timeout,
-    syncFlushTimeout, set far beyond any wait here)."""
-    log = open_log(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000)
+    syncFlushTimeout, set far beyond any wait here; the loop's bound on a lone put's round,
+    idleLoopFlushWaitMs, 50 ms: longer than a real fdatasync on a slow CI disk)."""
+    log = open_log(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=50
+    )
     return log, _HeldDisk(monkeypatch)
 
 
@@ -147,6 +150,21 @@ def test_an_io_error_outside_the_flush_leaves_puts_waiting_for_it(held: tuple[Co
     asyncio.run(run())
 
 
+class _WaitSpy:
+    """Results of every CommitLog.flush_and_wait the relay makes."""
+
+    def __init__(self, log: CommitLog, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.results: list[bool] = []
+        real = log.flush_and_wait
+
+        def spy(target: int, timeout_s: float) -> bool:
+            result = real(target, timeout_s)
+            self.results.append(result)
+            return result
+
+        monkeypatch.setattr(log, "flush_and_wait", spy)
+
+
 def _lone_put(log: CommitLog, relay: ConfirmRelay, body: bytes) -> asyncio.Future[PutMessageStatus]:
     """Append one message and wait for its flush as a put does (LocalCommitLog._wait_durable)."""
     end = _append(log, body)
@@ -161,35 +179,50 @@ def test_an_idle_loop_blocks_on_a_lone_puts_round_and_answers_at_once(
     log, _ = held
 
     async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, event_loop.HookedEventLoop)
         relay = ConfirmRelay(log)
+        waiting: asyncio.Future[PutMessageStatus] | None = None
+        seen = [0, 0]  # (waited rounds, of which the put was answered before the select)
+
+        def check(idle: bool) -> bool:  # runs right after the relay's hook, in the same select
+            if relay.waited_flushes > seen[0]:
+                seen[0] = relay.waited_flushes
+                seen[1] += waiting is not None and waiting.done()
+            return False
+
+        loop.add_select_hook(check)
         for i in range(10):
             end = _append(log, b"alone %d" % i)
             waiting = relay.flushed(end)
             relay.request_flush(end)
             assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
             assert log.flushed_offset >= end and log.checkpoint.flushed_phy_offset >= end
-        # The flush thread's own 10 ms round may cover a put first; most are the loop's.
-        assert relay.waited_flushes >= 5, relay.waited_flushes
+        # The flush thread's own 10 ms round may cover a put first; most are the loop's, and
+        # each of those was answered before the loop polled again.
+        assert relay.waited_flushes >= 5 and seen == [relay.waited_flushes] * 2, seen
+        loop.remove_select_hook(check)
         relay.close()
 
     event_loop.run(run())
 
 
 def test_the_loop_does_not_block_when_busy_when_more_puts_wait_or_the_disk_is_slow(
-    held: tuple[CommitLog, _HeldDisk],
+    held: tuple[CommitLog, _HeldDisk], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log, disk = held
+    waits = _WaitSpy(log, monkeypatch)
 
     async def run() -> None:
         relay = ConfirmRelay(log)
         loop = asyncio.get_running_loop()
         # Two puts waiting: their callers may send more while the thread flushes.
         ends = [_append(log, b"one"), _append(log, b"two")]
-        waits = [relay.flushed(end) for end in ends]
+        both = [relay.flushed(end) for end in ends]
         for end in ends:
             relay.request_flush(end)
-        assert await asyncio.wait_for(asyncio.gather(*waits), 10) == [PutMessageStatus.PUT_OK] * 2
-        assert relay.waited_flushes == 0
+        assert await asyncio.wait_for(asyncio.gather(*both), 10) == [PutMessageStatus.PUT_OK] * 2
+        assert waits.results == []
         # A busy loop (a callback ready at every select) does not block either.
         spinning = True
 
@@ -201,28 +234,29 @@ def test_the_loop_does_not_block_when_busy_when_more_puts_wait_or_the_disk_is_sl
         waiting = _lone_put(log, relay, b"busy")
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
         spinning = False
-        assert relay.waited_flushes == 0
-        # A slow disk: after a 5 ms round (past idleLoopFlushWaitMs), a lone put is not waited
-        # for by the loop until the slowest recent round is back under the bound.
-        disk.delay_s = 0.005
+        assert waits.results == [] and relay.waited_flushes == 0
+        # A slow disk: after an 80 ms round (past idleLoopFlushWaitMs), a lone put is not
+        # waited for by the loop until the slowest recent round is back under the bound.
+        disk.delay_s = 0.08
         await asyncio.wait_for(_lone_put(log, relay, b"slow"), 10)
         flush_ms = log.group_commit_flush_ms
         assert flush_ms is not None and flush_ms > log.config.idle_loop_flush_wait_ms
-        waited = relay.waited_flushes
+        calls = len(waits.results)
         await asyncio.wait_for(_lone_put(log, relay, b"slow, alone"), 10)
-        assert relay.waited_flushes == waited
+        assert len(waits.results) == calls
         relay.close()
 
     event_loop.run(run())
 
 
 def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
-    held: tuple[CommitLog, _HeldDisk],
+    held: tuple[CommitLog, _HeldDisk], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk hangs in the fdatasync of a lone put's round: the loop blocks for
-    idleLoopFlushWaitMs (2 ms) at most, runs everything else meanwhile, and the put is
+    idleLoopFlushWaitMs (50 ms here) at most, runs everything else meanwhile, and the put is
     answered when the fdatasync returns."""
     log, disk = held
+    waits = _WaitSpy(log, monkeypatch)
 
     async def run() -> float:
         relay = ConfirmRelay(log)
@@ -234,10 +268,12 @@ def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
                 await asyncio.sleep(0.01)
 
         ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0.005)  # the ticker asleep: the loop idles between its ticks
         disk.release.clear()
         waiting = _lone_put(log, relay, b"hung")
         await asyncio.sleep(1.0)
         assert not waiting.done()
+        assert waits.results[:1] == [False]  # the loop blocked on the round, then gave up
         disk.release.set()
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
         ticking.cancel()

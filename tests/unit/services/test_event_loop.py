@@ -59,3 +59,52 @@ def test_a_hook_that_readied_callbacks_keeps_the_loop_awake() -> None:
         return time.monotonic() - started
 
     assert event_loop.run(run()) < 2.5
+
+
+def test_after_a_hook_readied_callbacks_the_next_hooks_see_a_busy_loop() -> None:
+    """Two select hooks (two stores on one loop): once the first made callbacks ready, the
+    loop is no longer about to sleep, so the second must not block as if it were."""
+    seen: list[tuple[bool, bool]] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, event_loop.HookedEventLoop)
+        done: asyncio.Future[None] = loop.create_future()
+
+        def first(idle: bool) -> bool:
+            if idle and not done.done():
+                done.set_result(None)
+                return True
+            return False
+
+        def second(idle: bool) -> bool:
+            seen.append((done.done(), idle))
+            return False
+
+        loop.add_select_hook(first)
+        loop.add_select_hook(second)
+        await done
+        loop.remove_select_hook(first)
+        loop.remove_select_hook(second)
+
+    event_loop.run(run())
+    assert (True, True) not in seen and (True, False) in seen
+
+
+def test_a_hook_that_raises_is_reported_and_the_loop_goes_on() -> None:
+    reported: list[str] = []
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, event_loop.HookedEventLoop)
+        loop.set_exception_handler(lambda _loop, context: reported.append(context["message"]))
+
+        def broken(idle: bool) -> bool:
+            raise ValueError("broken hook")
+
+        loop.add_select_hook(broken)
+        await asyncio.sleep(0.02)  # selects with the hook raising each time
+        loop.remove_select_hook(broken)
+
+    event_loop.run(run())
+    assert reported and all("select hook" in m for m in reported)
