@@ -169,11 +169,13 @@ class CommitLogPort(Protocol):
         decoded: bool = False,
         log_id: str = "",
         generation: int = 0,
+        linger_ms: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset``; ``decoded`` asks for ``records`` where
         the port has them (a local CommitLog that validated them on append). With the
         ``(log_id, generation)`` the caller last read, raises LogDivergedError when the log was
-        cut since (before or while streaming)."""
+        cut since (before or while streaming). ``linger_ms`` > 0: a chunk shorter than
+        ``max_chunk_bytes`` is held up to that long for more records (fewer, larger chunks)."""
         ...
 
     async def offsets(self) -> LogOffsets: ...

@@ -44,6 +44,8 @@ class DerivedStoreApp:
     """Base of DispatchApp and IndexApp; subclasses fill in the ``_hooks``."""
 
     name = "derived"
+    # The Tail stream's linger (ms): 0 for a follower whose readers wait for each record.
+    tail_linger_ms = 0
 
     def __init__(self, config: StoreConfig, commitlog: CommitLogPort) -> None:
         self.config = config
@@ -135,6 +137,7 @@ class DerivedStoreApp:
             on_ahead=self._on_ahead,
             log_id=log_id,
             generation=generation,
+            linger_ms=self.tail_linger_ms,
         )
         cfg = self.config
         self._flusher = FlushConsumeQueueService(

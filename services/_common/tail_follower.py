@@ -59,6 +59,7 @@ class TailFollower:
         max_chunk_bytes: int = 1024 * 1024,
         log_id: str = "",
         generation: int = 0,
+        linger_ms: int = 0,
     ) -> None:
         self.name = name
         self.port = port
@@ -72,6 +73,7 @@ class TailFollower:
         self.on_arrival = on_arrival
         self.on_ahead = on_ahead
         self.max_chunk_bytes = max_chunk_bytes
+        self.linger_ms = linger_ms  # the Tail stream's linger (CommitLogPort.tail)
         self.caught_up = asyncio.Event()
         # wait_for's callers: (offset to reach, future), resolved as the position passes them.
         # A list checked only when not empty: a Condition cost a lock and a notify per chunk.
@@ -111,6 +113,7 @@ class TailFollower:
                     decoded=True,
                     log_id=self.log_id,
                     generation=self.generation,
+                    linger_ms=self.linger_ms,
                 ):
                     await self._apply(chunk)
                     delay = 0.05

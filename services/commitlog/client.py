@@ -75,6 +75,7 @@ class RemoteCommitLog:
         decoded: bool = False,
         log_id: str = "",
         generation: int = 0,
+        linger_ms: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """The Tail stream (always bytes: ``decoded`` is for in-process ports); ends with the
         mapped StoreError (LogDivergedError included, or grpc.RpcError) when it breaks: the
@@ -85,6 +86,7 @@ class RemoteCommitLog:
             heartbeat_ms=heartbeat_ms,
             log_id=log_id,
             generation=generation,
+            linger_ms=linger_ms,
         )
         stream = self.stub.Tail(request)
         try:

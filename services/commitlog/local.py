@@ -58,6 +58,7 @@ from services.commitlog.dedup_window import DedupWindow, Placed, window_keys
 from services.ports import LogOffsets, TailChunk
 
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+MAX_TAIL_LINGER_MS = 10_000  # a Tail stream's longest linger (TailRequest.linger_ms)
 _STATUS_ATTRIBUTES = {status: {"status": status.name} for status in PutMessageStatus}
 DECODED_BATCHES_KEPT = 1024
 # ... and at most this many records among them: each kept request is an object the garbage
@@ -466,6 +467,7 @@ class LocalCommitLog:
         decoded: bool = False,
         log_id: str = "",
         generation: int = 0,
+        linger_ms: int = 0,
     ) -> AsyncIterator[TailChunk]:
         """Chunks of whole records from ``from_offset`` (a record boundary), forever. With
         ``decoded`` (in-process followers) chunks come as decoded requests (``records``, no
@@ -473,7 +475,9 @@ class LocalCommitLog:
         while they are among the last DECODED_BATCHES_KEPT (from the record at the follower's
         offset on, consecutive batches joined up to ``max_chunk_bytes``); other bytes decoded
         here once and shared by the followers that read the same chunk (:meth:`_decode_chunk`),
-        a chunk ending where the next kept batch starts.
+        a chunk ending where the next kept batch starts. With ``linger_ms`` (0..MAX_TAIL_LINGER_MS),
+        a chunk that would hold less than ``max_chunk_bytes`` waits that long first, so the
+        records confirmed meanwhile join it.
 
         Raises LogDivergedError when the log was cut since the caller's ``(log_id,
         generation)`` (at the start, or later while streaming), OffsetOutOfRangeError when
@@ -485,6 +489,7 @@ class LocalCommitLog:
         assert gens is not None
         max_bytes = max_chunk_bytes or DEFAULT_CHUNK_BYTES
         heartbeat_s = (heartbeat_ms or DEFAULT_HEARTBEAT_MS) / 1000.0
+        linger_s = min(max(linger_ms, 0), MAX_TAIL_LINGER_MS) / 1000.0
         _check_divergence(gens.log_id, gens.generation, log_id, generation, gens.divergence_point)
         stream_gen = gens.generation
         if from_offset > log.max_offset:
@@ -515,6 +520,7 @@ class LocalCommitLog:
             if decoded:
                 self._readers[reader] = offset
             lid = gens.log_id
+            lingered = False  # the chunk about to be read has waited linger_s already
             while True:
                 moved.clear()
                 if gens.generation != stream_gen:
@@ -524,6 +530,11 @@ class LocalCommitLog:
                     _check_divergence(lid, gens.generation, lid, stream_gen, gens.divergence_point)
                     stream_gen = gens.generation
                 confirm = log.confirm_offset
+                if offset < confirm and linger_s and not lingered and confirm - offset < max_bytes:
+                    lingered = True
+                    await asyncio.sleep(linger_s)
+                    continue
+                lingered = False
                 if offset < confirm:
                     hit = (
                         (self._decoded.take(offset, confirm, max_bytes) or self._chunks.get(offset))

@@ -10,7 +10,7 @@ import grpc
 from libstore import BrokerRole, InvalidArgumentError, TopicNotFoundError
 from services._common import convert
 from services.commitlog.ha import HAController
-from services.commitlog.local import LocalCommitLog
+from services.commitlog.local import MAX_TAIL_LINGER_MS, LocalCommitLog
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
 
 SERVICE_NAME = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"].full_name
@@ -55,6 +55,10 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
     ) -> AsyncIterator[commitlog_pb.TailChunk]:
         if request.from_offset < 0 or request.max_chunk_bytes < 0 or request.heartbeat_ms < 0:
             raise InvalidArgumentError("from_offset, max_chunk_bytes and heartbeat_ms must be >= 0")
+        if not 0 <= request.linger_ms <= MAX_TAIL_LINGER_MS:
+            raise InvalidArgumentError(
+                f"linger_ms must be within 0..{MAX_TAIL_LINGER_MS}, got {request.linger_ms}"
+            )
         mapped_file_size = self.port.log.config.mapped_file_size_commit_log
         async for chunk in self.port.tail(
             request.from_offset,
@@ -62,6 +66,7 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
             heartbeat_ms=request.heartbeat_ms,
             log_id=request.log_id,
             generation=request.generation,
+            linger_ms=request.linger_ms,
         ):
             yield commitlog_pb.TailChunk(
                 offset=chunk.offset,

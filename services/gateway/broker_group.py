@@ -273,6 +273,7 @@ class GroupCommitLog:
         decoded: bool = False,
         log_id: str = "",
         generation: int = 0,
+        linger_ms: int = 0,
     ) -> AsyncIterator[TailChunk]:
         raise ServiceNotAvailableError("a gateway does not tail a broker group: tail one member's commitlog")
 

@@ -264,6 +264,17 @@ def test_the_commitlog_role_refuses_appends_to_unknown_topics(commitlog_role: Su
         assert "Unknown" not in {t.topic for t in topics}
 
 
+def test_a_tail_linger_out_of_range_is_refused(commitlog_role: Suite) -> None:
+    with grpc.insecure_channel(commitlog_role.address) as channel:
+        stub = commitlog_grpc.CommitLogServiceStub(channel)
+        for linger_ms in (-1, 10_001):
+            request = commitlog_pb.TailRequest(from_offset=0, linger_ms=linger_ms)
+            with pytest.raises(grpc.RpcError) as err:
+                next(iter(stub.Tail(request, timeout=10)))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "linger_ms" in (err.value.details() or "")
+
+
 def test_topic_count_is_bounded_and_existing_topics_keep_working(tmp_path: Path) -> None:
     suites = InProcessSuites()
     try:

@@ -277,3 +277,67 @@ def test_message_form_appends_reach_the_followers_from_their_encoded_bytes(
         assert reads  # not kept: the tail read it from the log
     finally:
         log.shutdown()
+
+
+@pytest.mark.parametrize("decoded", [True, False], ids=["decoded", "bytes"])
+def test_a_lingering_tail_sends_the_records_of_its_linger_in_one_chunk(
+    store_config: StoreConfig, decoded: bool
+) -> None:
+    """With linger_ms, records appended one at a time within the linger come in one chunk
+    (the index's tail); without, each comes alone. A chunk that would be full does not wait."""
+    log = CommitLog.open(store_config.replace(default_topic_queue_nums=2))
+    try:
+        port = LocalCommitLog(log)
+        producer = Producer("127.0.0.1:1")
+
+        async def send_one(body: bytes) -> int:
+            results = await port.append_records(producer._request([OutgoingMessage("T", body)]).records)
+            assert results.all_ok
+            return results.phy_offsets[0]
+
+        async def chunks_of(linger_ms: int, sends: int) -> list[list[int]]:
+            start = log.max_offset
+            got: list[list[int]] = []
+
+            async def read() -> None:  # the follower, reading as chunks come
+                stream = port.tail(start, decoded=decoded, linger_ms=linger_ms)
+                while sum(map(len, got)) < sends:
+                    chunk = await stream.__anext__()
+                    if decoded:
+                        got.append([r.commit_log_offset for r in chunk.records or ()])
+                    elif chunk.data:
+                        records = local.scan_buffer(chunk.data, chunk.offset)[0]
+                        got.append([r.commit_log_offset for r in records])
+                await stream.aclose()
+
+            reader = asyncio.create_task(read())
+            await asyncio.sleep(0.05)
+            sent = []
+            for i in range(sends):  # one record at a time, 20 ms apart
+                sent.append(await send_one(b"%d" % i))
+                await asyncio.sleep(0.02)
+            await asyncio.wait_for(reader, 10)
+            assert [o for c in got for o in c] == sent
+            return got
+
+        async def run() -> tuple[list[list[int]], list[list[int]], float]:
+            alone = await chunks_of(0, 4)
+            lingered = await chunks_of(2000, 4)
+            # A backlog of at least max_chunk_bytes goes at once, lingering or not.
+            start = log.max_offset
+            for i in range(40):
+                await send_one(b"x" * 1000 + b"%d" % i)
+            stream = port.tail(start, max_chunk_bytes=16 * 1024, decoded=decoded, linger_ms=5000)
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.wait_for(stream.__anext__(), 10)
+            waited = asyncio.get_running_loop().time() - t0
+            await stream.aclose()
+            return alone, lingered, waited
+
+        alone, lingered, waited = asyncio.run(run())
+        producer.close()
+    finally:
+        log.shutdown()
+    assert len(alone) == 4  # sent as each was confirmed
+    assert len(lingered) == 1  # 4 sends 20 ms apart, well inside the 2 s linger
+    assert waited < 2.5  # not the 5 s linger
