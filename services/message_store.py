@@ -290,6 +290,9 @@ class MessageStore:
             raise ServiceNotAvailableError("the message index is disabled (messageIndexEnable=false)")
         if self.commit_log.topic_config.get(topic) is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        app = self.embedded.index
+        if app is not None:  # what the log confirmed before this call is indexed first
+            self._call(app.settle())
         offsets = index.query_offsets(topic, key, max_num, begin_ms, end_ms)
         raws = self.commit_log.read_many([(phy, 0) for phy in offsets])  # size 0: the whole record
         out = []

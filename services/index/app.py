@@ -14,7 +14,9 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from libstore import StoreConfig
+import grpc
+
+from libstore import StoreConfig, StoreError
 from libstore.commit_log_cleaner import disk_usage_ratio
 from libstore.dispatch import CommitLogDispatcher, DispatchCheckpoint, recover_index
 from libstore.index_service import IndexService
@@ -24,6 +26,9 @@ from services.index.local import LocalIndex
 from services.ports import CommitLogPort
 
 log = logging.getLogger(__name__)
+
+# How long a query waits for the records confirmed before it to be indexed (s).
+QUERY_SETTLE_S = 0.5
 
 
 class IndexApp(DerivedStoreApp):
@@ -51,7 +56,21 @@ class IndexApp(DerivedStoreApp):
             index_dir(self.root), config.max_hash_slot_num, config.max_index_num, config.max_msgs_num_batch
         )
         self.rebuild_from: int | None = None  # where recovery restarted the IndexFiles, if it did
-        self.port = LocalIndex(self.index, lambda: self.derived_status(len(self.index.files)))
+        self.port = LocalIndex(self.index, lambda: self.derived_status(len(self.index.files)), self.settle)
+
+    async def settle(self) -> None:
+        """Before a query: wait (at most QUERY_SETTLE_S) until the records the log confirmed by
+        now are indexed, so the key of a put that was acknowledged is found although the tail
+        lingers; an unreachable log or an index far behind (rebuilding) answers from what is
+        applied."""
+        follower = self.follower
+        if follower is None:
+            return
+        try:
+            offsets = await self.commitlog.offsets()
+        except (StoreError, grpc.RpcError):
+            return
+        await follower.wait_for(offsets.confirm_offset, QUERY_SETTLE_S)
 
     def _load(self) -> None:
         self.index.load()

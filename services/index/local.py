@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from libstore import InvalidArgumentError
 from libstore.index_service import IndexService
@@ -13,9 +13,18 @@ MAX_TIMESTAMP = 2**63 - 1
 
 
 class LocalIndex:
-    def __init__(self, index: IndexService, status_of: Callable[[], DerivedStatus]) -> None:
+    """``settle``: awaited before each query, so what the log confirmed before it is applied
+    (IndexApp.settle; None: answer from what is applied)."""
+
+    def __init__(
+        self,
+        index: IndexService,
+        status_of: Callable[[], DerivedStatus],
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.index = index
         self._status_of = status_of
+        self._settle = settle
         self._tracer = tracer("mqstore.index")
 
     async def query_by_key(
@@ -26,6 +35,8 @@ class LocalIndex:
         if max_count <= 0:
             raise InvalidArgumentError(f"max_count must be > 0, got {max_count}")
         with self._tracer.start_as_current_span("index.query"):
+            if self._settle is not None:
+                await self._settle()
             return self.index.query_offsets(topic, key, max_count, begin_ms, end_ms or MAX_TIMESTAMP)
 
     async def status(self) -> DerivedStatus:

@@ -120,6 +120,18 @@ def test_tag_filter_and_query_by_key_id_and_time(gateway: str):
         assert admin.query_by_key(topic, "nothing") == []
 
 
+def test_a_key_is_found_as_soon_as_its_put_is_acknowledged(gateway: str):
+    """The index follows the log in chunks of up to 10 ms; a query first waits until what the
+    log confirmed before it is indexed, so the put just acknowledged is found, every time."""
+    topic = _topic("Found")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 1)
+        with Producer(gateway) as producer:
+            for i in range(10):
+                assert producer.send(topic, b"at once %d" % i, keys=[f"now-{i}"]).all_ok
+                assert [v.body for v in admin.query_by_key(topic, f"now-{i}")] == [b"at once %d" % i]
+
+
 def test_committed_offsets_and_progress(gateway: str):
     topic = _topic("Progress")
     with Admin(gateway) as admin:

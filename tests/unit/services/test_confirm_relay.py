@@ -47,9 +47,10 @@ class _HeldDisk:
 def held(open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch) -> tuple[CommitLog, _HeldDisk]:
     """A SYNC_FLUSH CommitLog whose fdatasyncs a _HeldDisk controls (a put's own timeout,
     syncFlushTimeout, set far beyond any wait here; the loop's bound on a lone put's round,
-    idleLoopFlushWaitMs, 50 ms: longer than a real fdatasync on a slow CI disk)."""
+    idleLoopFlushWaitMs, 1 s: a real fdatasync on a busy CI disk takes longer than the default
+    2 ms, and a round slower than the bound stops the waits this tests)."""
     log = open_log(
-        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=50
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=1000
     )
     return log, _HeldDisk(monkeypatch)
 
@@ -235,9 +236,9 @@ def test_the_loop_does_not_block_when_busy_when_more_puts_wait_or_the_disk_is_sl
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
         spinning = False
         assert waits.results == [] and relay.waited_flushes == 0
-        # A slow disk: after an 80 ms round (past idleLoopFlushWaitMs), a lone put is not
+        # A slow disk: after a 1.2 s round (past idleLoopFlushWaitMs), a lone put is not
         # waited for by the loop until the slowest recent round is back under the bound.
-        disk.delay_s = 0.08
+        disk.delay_s = 1.2
         await asyncio.wait_for(_lone_put(log, relay, b"slow"), 10)
         flush_ms = log.group_commit_flush_ms
         assert flush_ms is not None and flush_ms > log.config.idle_loop_flush_wait_ms
@@ -250,12 +251,15 @@ def test_the_loop_does_not_block_when_busy_when_more_puts_wait_or_the_disk_is_sl
 
 
 def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
-    held: tuple[CommitLog, _HeldDisk], monkeypatch: pytest.MonkeyPatch
+    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk hangs in the fdatasync of a lone put's round: the loop blocks for
     idleLoopFlushWaitMs (50 ms here) at most, runs everything else meanwhile, and the put is
     answered when the fdatasync returns."""
-    log, disk = held
+    disk = _HeldDisk(monkeypatch)
+    log = open_log(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=50
+    )
     waits = _WaitSpy(log, monkeypatch)
 
     async def run() -> float:
