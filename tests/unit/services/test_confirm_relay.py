@@ -262,8 +262,15 @@ def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
     )
     waits = _WaitSpy(log, monkeypatch)
 
-    async def run() -> float:
+    async def run() -> tuple[float, float]:
         relay = ConfirmRelay(log)
+        disk.release.clear()
+        waiting = _lone_put(log, relay, b"hung")
+        started = time.monotonic()
+        await asyncio.sleep(0.2)  # nothing else on the loop: its next select is idle
+        slept = time.monotonic() - started
+        assert not waiting.done()
+        assert waits.results == [False]  # the loop blocked on the round, then gave up
         ticks: list[float] = []
 
         async def ticker() -> None:
@@ -272,20 +279,18 @@ def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
                 await asyncio.sleep(0.01)
 
         ticking = asyncio.create_task(ticker())
-        await asyncio.sleep(0.005)  # the ticker asleep: the loop idles between its ticks
-        disk.release.clear()
-        waiting = _lone_put(log, relay, b"hung")
-        await asyncio.sleep(1.0)
-        assert not waiting.done()
-        assert waits.results[:1] == [False]  # the loop blocked on the round, then gave up
+        await asyncio.sleep(0.8)  # the round still hangs: the loop goes on
+        assert not waiting.done() and waits.results == [False]
         disk.release.set()
         assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
         ticking.cancel()
         relay.close()
-        return max(b - a for a, b in itertools.pairwise(ticks))
+        return slept, max(b - a for a, b in itertools.pairwise(ticks))
 
-    # 10 ms ticks; a loop held by the hung round would show one gap of a whole second.
-    assert event_loop.run(run()) < 0.5
+    # A loop held by the hung round would not come back from its 0.2 s sleep until the
+    # fdatasync returned (_HeldDisk: 30 s), nor tick every 10 ms meanwhile.
+    slept, gap = event_loop.run(run())
+    assert slept < 0.6 and gap < 0.5
 
 
 def test_a_failed_fdatasync_answers_a_lone_put_at_once(held: tuple[CommitLog, _HeldDisk]) -> None:
