@@ -137,7 +137,7 @@ class GroupCommitService(_FlushServiceBase):
     def flush_and_wait(self, target: int, timeout_s: float) -> bool:
         """Have this thread flush up to ``target`` (bytes) at once and block the caller until it
         did, for at most ``timeout_s`` seconds: True when the flushed offset reached ``target``
-        (``on_flushed`` has run on this thread). An event loop with nothing else to do waits
+        (``on_flushed`` may still be running on this thread). An event loop with nothing else to do waits
         so, for a put that waits alone, instead of being woken through its selector when
         ``on_flushed`` calls back (that wake-up cost ~100 us a put). False after the timeout, or
         at once when the service stopped or failed; the round goes on and ``on_flushed`` calls

@@ -43,7 +43,6 @@ import heapq
 import itertools
 import threading
 from collections.abc import Callable
-from typing import cast
 
 from libstore import CommitLog, PutMessageStatus, StoreIOError
 from services._common.event_loop import HookedEventLoop
@@ -65,14 +64,16 @@ class ConfirmRelay:
         self._wanted = 0  # the highest offset to flush that the loop has not dealt with yet
         self.waited_flushes = 0  # puts answered right after a round this loop blocked on
         self._wait_ms = log.config.idle_loop_flush_wait_ms
-        self._hooked = (
+        # The loop whose selects this relay hooks (SYNC_FLUSH on a HookedEventLoop), else None.
+        self._hooked: HookedEventLoop | None = None
+        if (
             isinstance(self._loop, HookedEventLoop)
             and log.group_commit_flush_ms is not None
             and self._wait_ms > 0
-        )
+        ):
+            self._hooked = self._loop
+            self._hooked.add_select_hook(self._on_select)
         self._delivery: asyncio.Handle | None = None  # the delivery a crossing scheduled
-        if self._hooked:
-            cast(HookedEventLoop, self._loop).add_select_hook(self._on_select)
         log.add_confirm_listener(self._on_confirm)
         log.add_io_error_listener(self._on_io_error)
 
@@ -81,9 +82,9 @@ class ConfirmRelay:
         covers them, else FLUSH_DISK_TIMEOUT."""
         self._log.remove_confirm_listener(self._on_confirm)
         self._log.remove_io_error_listener(self._on_io_error)
-        if self._hooked:
-            self._hooked = False
-            cast(HookedEventLoop, self._loop).remove_select_hook(self._on_select)
+        if self._hooked is not None:
+            self._hooked.remove_select_hook(self._on_select)
+            self._hooked = None
             if self._wanted:  # nothing will come back for it here, but the log must hold it
                 self._log.request_flush(self._wanted)
         self._fail_waiters()
@@ -118,7 +119,7 @@ class ConfirmRelay:
         """SYNC_FLUSH: have the group commit flush at least up to ``offset`` (bytes), woken at
         the end of this loop's iteration (which may then block on the round: module docstring).
         False (nothing to do) under ASYNC_FLUSH. Call it on the loop."""
-        if not self._hooked:
+        if self._hooked is None:
             return self._log.request_flush(offset)
         if offset > self._wanted:
             self._wanted = offset

@@ -36,6 +36,20 @@ def test_hooks_hear_whether_the_loop_is_about_to_sleep() -> None:
     event_loop.run(run())
 
 
+def _resolving_hook() -> tuple[asyncio.Future[None], event_loop.SelectHook]:
+    """A future on the running loop and a hook that resolves it at the first idle select
+    (returning True: it made a callback ready)."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def hook(idle: bool) -> bool:
+        if idle and not done.done():
+            done.set_result(None)
+            return True
+        return False
+
+    return done, hook
+
+
 def test_a_hook_that_readied_callbacks_keeps_the_loop_awake() -> None:
     """The hook resolves a future from inside the select; without a poll instead of the sleep,
     the loop would sleep until its next timer (5 s away) before running the waiter."""
@@ -43,14 +57,7 @@ def test_a_hook_that_readied_callbacks_keeps_the_loop_awake() -> None:
     async def run() -> float:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, event_loop.HookedEventLoop)
-        done: asyncio.Future[None] = loop.create_future()
-
-        def hook(idle: bool) -> bool:
-            if idle and not done.done():
-                done.set_result(None)
-                return True
-            return False
-
+        done, hook = _resolving_hook()
         loop.call_later(5.0, lambda: None)  # the loop's next timer: the sleep would end here
         loop.add_select_hook(hook)
         started = time.monotonic()
@@ -69,13 +76,7 @@ def test_after_a_hook_readied_callbacks_the_next_hooks_see_a_busy_loop() -> None
     async def run() -> None:
         loop = asyncio.get_running_loop()
         assert isinstance(loop, event_loop.HookedEventLoop)
-        done: asyncio.Future[None] = loop.create_future()
-
-        def first(idle: bool) -> bool:
-            if idle and not done.done():
-                done.set_result(None)
-                return True
-            return False
+        done, first = _resolving_hook()
 
         def second(idle: bool) -> bool:
             seen.append((done.done(), idle))
