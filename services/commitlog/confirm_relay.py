@@ -21,7 +21,9 @@ when the loop is about to sleep and one put is all that waits for the flush, the
 round to the group-commit thread and blocks until it ends, at most ``idleLoopFlushWaitMs``
 (CommitLog.flush_and_wait), then answers at once, instead of sleeping in its selector until
 the flush thread's wake-up arrives through it. One producer sending one message at a time:
-1.10x the msgs/s, p50 153 us lower (interleaved A/B). Running the fdatasync on the loop itself
+1.10x the msgs/s, p50 153 us lower (interleaved A/B). A move made on another thread while the
+loop waits is left to the loop, which delivers it when the wait ends: no wake-up crosses, which
+would only have made its next select return at once to drain it. Running the fdatasync on the loop itself
 gave 1.15x, but a hung fdatasync then held the whole loop (reads, WAIT=false puts, health,
 an election's lease) for as long as it hung. The loop does not block while it has other work,
 when more puts wait (their callers send more meanwhile, which the loop appends while the thread
@@ -74,6 +76,13 @@ class ConfirmRelay:
             self._hooked = self._loop
             self._hooked.add_select_hook(self._on_select)
         self._delivery: asyncio.Handle | None = None  # the delivery a crossing scheduled
+        # While the loop blocks on a round (_on_select), a move made on another thread is left
+        # to the loop, which delivers right after the wait: no wake-up through its selector,
+        # which would only make the next select return at once to drain it.
+        self._wait_lock = threading.Lock()
+        self._loop_waits = False
+        self._missed = False  # a move came while the loop waited (read under _wait_lock)
+        self.crossings = 0  # deliveries scheduled on the loop from another thread
         log.add_confirm_listener(self._on_confirm)
         log.add_io_error_listener(self._on_io_error)
 
@@ -135,13 +144,23 @@ class ConfirmRelay:
             return False
         flush_ms = log.group_commit_flush_ms
         if idle and len(self._waiters) == 1 and flush_ms is not None and flush_ms <= self._wait_ms:
-            if not log.flush_and_wait(wanted, self._wait_ms / 1000.0):
+            with self._wait_lock:
+                self._loop_waits, self._missed = True, False
+            try:
+                flushed = log.flush_and_wait(wanted, self._wait_ms / 1000.0)
+            finally:
+                with self._wait_lock:
+                    self._loop_waits = False
+                    missed = self._missed
+            if not flushed:
                 log.request_flush(wanted)  # (asked already, unless it did not run at all)
-                return False  # the round goes on; its end is delivered the usual way
+                if not missed:
+                    return False  # the round goes on; its end is delivered the usual way
+            else:
+                self.waited_flushes += 1
             delivery, self._delivery = self._delivery, None
             if delivery is not None:
                 delivery.cancel()  # delivered here instead
-            self.waited_flushes += 1
             self._deliver()
             return True
         log.request_flush(wanted)
@@ -157,9 +176,14 @@ class ConfirmRelay:
         if threading.get_ident() == self._loop_thread:
             self._deliver()
             return
+        with self._wait_lock:
+            if self._loop_waits:  # the loop delivers when its wait ends (_on_select)
+                self._missed = True
+                return
         if self._crossing:  # the pending delivery reads the offsets when it runs
             return
         self._crossing = True
+        self.crossings += 1
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
             self._delivery = self._loop.call_soon_threadsafe(self._deliver)
 

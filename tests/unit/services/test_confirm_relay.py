@@ -193,6 +193,7 @@ def test_an_idle_loop_blocks_on_a_lone_puts_round_and_answers_at_once(
             return False
 
         loop.add_select_hook(check)
+        crossings = relay.crossings
         for i in range(10):
             end = _append(log, b"alone %d" % i)
             waiting = relay.flushed(end)
@@ -202,6 +203,8 @@ def test_an_idle_loop_blocks_on_a_lone_puts_round_and_answers_at_once(
         # The flush thread's own 10 ms round may cover a put first; most are the loop's, and
         # each of those was answered before the loop polled again.
         assert relay.waited_flushes >= 5 and seen == [relay.waited_flushes] * 2, seen
+        # A round the loop waited for is delivered by the loop alone: nothing crossed for it.
+        assert relay.crossings - crossings <= 10 - relay.waited_flushes
         loop.remove_select_hook(check)
         relay.close()
 
@@ -291,6 +294,44 @@ def test_a_hung_fdatasync_holds_the_loop_no_longer_than_the_bound(
     # fdatasync returned (_HeldDisk: 30 s), nor tick every 10 ms meanwhile.
     slept, gap = event_loop.run(run())
     assert slept < 0.6 and gap < 0.5
+
+
+def test_a_move_made_while_the_loop_waits_is_delivered_when_the_wait_ends(
+    open_log: Callable[..., CommitLog], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread moves the confirm offset (as a slave's acknowledgement does) while the
+    loop blocks on a lone put's round, and the round then outlasts the bound: the move was left
+    to the loop, which delivers it (wakes the tails) as soon as it gives up waiting."""
+    disk = _HeldDisk(monkeypatch)
+    log = open_log(
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=300
+    )
+    waits = _WaitSpy(log, monkeypatch)
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        woken = asyncio.Event()
+        relay.subscribe(woken.set)
+        disk.release.clear()
+        def move() -> None:  # once the round's fdatasync hangs and the idle loop waits on it
+            deadline = time.monotonic() + 5
+            while not disk.threads and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.05)
+            log._notify_confirm(log.confirm_offset)
+
+        mover = threading.Thread(target=move)
+        waiting = _lone_put(log, relay, b"held")
+        mover.start()
+        await asyncio.sleep(0.6)  # nothing else on the loop: its next select is idle
+        mover.join()
+        assert waits.results == [False] and not waiting.done()  # waited, gave up: still held
+        assert woken.is_set() and relay.crossings == 0  # delivered by the loop, nothing crossed
+        disk.release.set()
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        relay.close()
+
+    event_loop.run(run())
 
 
 def test_a_failed_fdatasync_answers_a_lone_put_at_once(held: tuple[CommitLog, _HeldDisk]) -> None:
