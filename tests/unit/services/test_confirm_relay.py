@@ -313,6 +313,7 @@ def test_a_move_made_while_the_loop_waits_is_delivered_when_the_wait_ends(
         woken = asyncio.Event()
         relay.subscribe(woken.set)
         disk.release.clear()
+
         def move() -> None:  # once the round's fdatasync hangs and the idle loop waits on it
             deadline = time.monotonic() + 5
             while not disk.threads and time.monotonic() < deadline:
