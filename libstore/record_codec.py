@@ -587,8 +587,26 @@ def store_timestamp_at(buf: Any, pos: int) -> int:
     return timestamp
 
 
+def native_crc32_address() -> int:
+    """The address of ISA-L's ``crc32_gzip_refl`` (zlib's crc32 as a C function) in the isal
+    wheel's module, for the C extension to call without going through Python (about 0.1 us a
+    record less than calling isal_zlib.crc32 from C); 0 when isal is missing or does not export
+    it. The extension checks it against zlib before using it (_codec.use_crc32)."""
+    try:
+        import ctypes
+
+        from isal import isal_zlib
+
+        function = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+    except (ImportError, OSError, AttributeError):
+        return 0
+    address: int | None = ctypes.cast(function, ctypes.c_void_p).value
+    return address or 0
+
+
 if _ext is not None:
     _ext.configure(DispatchRequest, SYSTEM_CODE_PROPERTIES, _crc32)
+    _ext.use_crc32(native_crc32_address())
     _ext.configure_record(
         MessageRecord, tuple(f.name for f in dataclasses.fields(MessageRecord)), _decoded_host
     )

@@ -6,9 +6,12 @@ positions, queue keys, requests) or the same error for client-encoded records.""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -44,6 +47,51 @@ def test_pure_python_mode_ignores_the_c_module():
     env = {**os.environ, "MQSTORE_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"
+
+
+def _crc32_functions() -> dict[str, int]:
+    """Addresses of C functions with crc32's signature: zlib's own crc32, and adler32 (same
+    signature, another checksum)."""
+    libz = ctypes.CDLL(ctypes.util.find_library("z") or "libz.so.1")
+    return {
+        name: ctypes.cast(getattr(libz, name), ctypes.c_void_p).value or 0 for name in ("crc32", "adler32")
+    }
+
+
+def test_bodycrc_comes_from_isal_in_c_and_is_zlibs_crc32():
+    """The C module calls ISA-L's CRC-32 itself (found in the isal wheel), and what it writes
+    and checks is zlib's crc32 whichever function computes it: ISA-L's in C, isal_zlib through
+    Python, or zlib's."""
+    native = record_codec.native_crc32_address()
+    assert native != 0, "isal (a dependency) no longer exports crc32_gzip_refl"
+    bodies = [bytes(range(256)) * 5, b"", b"x" * 63, b"y" * 64, os.urandom(4097)]
+    msgs = [Message("T", body, 0, tags="a") for body in bodies]
+    try:
+        encoded = {}
+        for name, address in (("isal in C", native), ("isal via Python", 0), *_crc32_functions().items()):
+            if name == "adler32":
+                continue
+            assert EXT.use_crc32(address) is (address != 0)
+            encoded[name] = _encoded(msgs)
+            assert decode_record(encoded[name], 0).body_crc == zlib.crc32(bodies[0]) & 0x7FFFFFFF
+        assert len(set(encoded.values())) == 1
+    finally:
+        assert EXT.use_crc32(native)
+
+
+def test_a_function_that_is_not_crc32_is_refused():
+    """A function that disagrees with zlib's crc32 is not used: the records stay the same."""
+    native = record_codec.native_crc32_address()
+    functions = _crc32_functions()
+    msgs = [Message("T", os.urandom(1024), 0), Message("T", b"short", 0)]
+    try:
+        assert EXT.use_crc32(functions["crc32"])
+        expected = _encoded(msgs)
+        assert EXT.use_crc32(functions["adler32"]) is False
+        assert _encoded(msgs) == expected
+        assert decode_record(expected, 0).body_crc == zlib.crc32(msgs[0].body) & 0x7FFFFFFF
+    finally:
+        assert EXT.use_crc32(native)
 
 
 @contextlib.contextmanager
