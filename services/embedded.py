@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,7 +86,9 @@ class CommitLogNode:
                 continue  # the log was cut meanwhile: the next round saves
             try:
                 await asyncio.to_thread(
-                    write_window, window_path(log_.root), entries, log_id, generation, end
+                    functools.partial(
+                        write_window, window_path(log_.root), entries, log_id, generation, end, release=True
+                    )
                 )
             except OSError as exc:
                 log.warning("commitlog: the de-duplication window was not saved (%s)", exc)

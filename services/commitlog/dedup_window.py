@@ -402,7 +402,9 @@ class WindowCopy(NamedTuple):
         return (keys, *nums)  # type: ignore[return-value]
 
 
-def write_window(path: Path, window: WindowCopy, log_id: str, generation: int, end_offset: int) -> int:
+def write_window(
+    path: Path, window: WindowCopy, log_id: str, generation: int, end_offset: int, *, release: bool = False
+) -> int:
     """Write ``window`` to ``path`` (atomically: a temporary file, fsynced, then renamed), tagged
     with the log it describes: its id, generation and end offset (every record before that end
     has its key in the window, as far as the window holds keys). Layout: ``MQDW2``, the tag
@@ -411,58 +413,60 @@ def write_window(path: Path, window: WindowCopy, log_id: str, generation: int, e
     offsets and store times (4 x n little-endian int64), then the keys, UTF-8, back to back.
     Slots of records that end past ``end_offset`` are left out (a copy taken while puts went
     on can hold some: a start that cuts the log back to that end must not take their keys).
-    Returns how many slots were written. Raises OSError."""
-    window = _ending_by(window, end_offset)
+    With ``release``, ``window.keys`` is emptied afterwards. Returns how many slots were
+    written. Raises OSError.
+
+    Meant for a thread beside the event loop (the periodic save): every step that holds the GIL
+    is a slice of at most _SLICE keys, with the GIL released after each. Copying or freeing
+    the 200,000 keys in one go holds it for ~5 ms each, which the loop then waits out in 5 ms
+    switch intervals (produce latency spikes of 10-15 ms at every save, 20,000 msgs/s offered);
+    so the keys are not copied to leave out late slots, and ``release`` frees them here, a
+    slice at a time, not when the loop drops its reference."""
     spans = window.spans()
-    n = sum(b - a for a, b in spans)
+    kept = [_kept_mask(window, a, b, end_offset) for a, b in spans]
+    n = sum(b - a if mask is None else int(mask.sum()) for (a, b), mask in zip(spans, kept, strict=True))
     ident = log_id.encode()[:32]
     parts = [_MAGIC, _TAG.pack(len(ident), ident, generation, end_offset, n)]
-    # The keys in slices, the GIL released after each (see _SLICE): the event loop, which this
-    # thread shares it with, can take it between slices.
     lengths: list[bytes] = []
     text: list[bytes] = []
-    for a, b in spans:
+    for (a, b), mask in zip(spans, kept, strict=True):
         for lo in range(a, b, _SLICE):
-            chunk = window.keys[lo : min(b, lo + _SLICE)]
+            hi = min(b, lo + _SLICE)
+            chunk = window.keys[lo:hi]
+            if mask is not None and not mask[lo - a : hi - a].all():
+                chunk = list(itertools.compress(chunk, mask[lo - a : hi - a].tolist()))
             lengths.append(np.fromiter(map(len, chunk), "<i4", len(chunk)).tobytes())  # type: ignore[arg-type]
             text.append("".join(chunk).encode("utf-8", "surrogatepass"))  # type: ignore[arg-type]
+            del chunk
             time.sleep(0)
     parts.extend(lengths)
     for col in (window.phy, window.size, window.qoff, window.ts):
-        parts.extend(np.frombuffer(col, "=i8", b - a, 8 * a).astype("<i8").tobytes() for a, b in spans)
+        for (a, b), mask in zip(spans, kept, strict=True):
+            values = np.frombuffer(col, "=i8", b - a, 8 * a)
+            parts.append((values if mask is None else values[mask]).astype("<i8").tobytes())
     parts.extend(text)
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as fh:
-        fh.write(b"".join(parts))
+        for part in parts:  # not joined first: one more copy of ~10 MB under the GIL
+            fh.write(part)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    if release:
+        keys = window.keys
+        while keys:
+            del keys[-_SLICE:]
+            time.sleep(0)
     return n
 
 
-def _ending_by(window: WindowCopy, end_offset: int) -> WindowCopy:
-    """``window`` without the slots whose record ends past ``end_offset``, oldest first (itself
-    when there are none)."""
-    spans = window.spans()
-    masks = [
-        np.frombuffer(window.phy, "=i8", b - a, 8 * a) + np.frombuffer(window.size, "=i8", b - a, 8 * a)
-        <= end_offset
-        for a, b in spans
-    ]
-    if all(mask.all() for mask in masks):
-        return window
-    keys: list[str | None] = []
-    cols: list[array[int]] = [array("q") for _ in range(4)]
-    for (a, b), mask in zip(spans, masks, strict=True):
-        keys.extend(itertools.compress(window.keys[a:b], mask.tolist()))
-        for out, col in zip(cols, (window.phy, window.size, window.qoff, window.ts), strict=True):
-            out.frombytes(np.frombuffer(col, "=i8", b - a, 8 * a)[mask].tobytes())
-    # one spare slot past the kept ones: the ring reads as not yet full, its slots from 0 on
-    keys.append(None)
-    for out in cols:
-        out.append(0)
-    return WindowCopy(len(keys) - 1, keys, *cols)
+def _kept_mask(window: WindowCopy, a: int, b: int, end_offset: int) -> np.ndarray | None:
+    """Which of ring slots ``a``..``b``-1 hold records ending by ``end_offset`` (a boolean
+    array); None when all of them do."""
+    ends = np.frombuffer(window.phy, "=i8", b - a, 8 * a) + np.frombuffer(window.size, "=i8", b - a, 8 * a)
+    mask = ends <= end_offset
+    return None if mask.all() else mask
 
 
 def _first_store_timestamp(mf: MappedFile) -> int:

@@ -349,8 +349,12 @@ def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(
     assert later  # and some put meanwhile
     # Saved with the log's end when the copy began (record 26 starts there), the file leaves
     # out what was put meanwhile: a start that cuts the log back to that end must not take it.
+    # Written in slices of 3 keys (the late slots left out slice by slice), and released after:
+    # the copy's keys are freed by the writer's thread, not by whoever drops the copy.
+    monkeypatch.setattr(dedup_window, "_SLICE", 3)
     path = tmp_path / "window.bin"
-    written = dedup_window.write_window(path, copy, "log", 1, 26 * 100)
+    written = dedup_window.write_window(path, copy, "log", 1, 26 * 100, release=True)
+    assert copy.keys == []
     read = window._read(path)
     assert read is not None and read[2] == 2600
     saved = read[3]
