@@ -148,10 +148,12 @@ class ConfirmRelay:
                 self._loop_waits, self._missed = True, False
             try:
                 flushed = log.flush_and_wait(wanted, self._wait_ms / 1000.0)
-            finally:
-                with self._wait_lock:
-                    self._loop_waits = False
-                    missed = self._missed
+            except BaseException:
+                if self._end_wait():  # a move was left to this wait: deliver it all the same
+                    self._loop.call_soon(self._deliver)
+                log.request_flush(wanted)
+                raise
+            missed = self._end_wait()
             if not flushed:
                 log.request_flush(wanted)  # (asked already, unless it did not run at all)
                 if not missed:
@@ -165,6 +167,13 @@ class ConfirmRelay:
             return True
         log.request_flush(wanted)
         return False
+
+    def _end_wait(self) -> bool:
+        """The loop's wait on a round is over: moves cross to it again. True when one came
+        while it waited (it is the loop's to deliver)."""
+        with self._wait_lock:
+            self._loop_waits = False
+            return self._missed
 
     @property
     def waiting(self) -> int:

@@ -304,7 +304,7 @@ def test_a_move_made_while_the_loop_waits_is_delivered_when_the_wait_ends(
     to the loop, which delivers it (wakes the tails) as soon as it gives up waiting."""
     disk = _HeldDisk(monkeypatch)
     log = open_log(
-        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=300
+        flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout=60_000, idle_loop_flush_wait_ms=1000
     )
     waits = _WaitSpy(log, monkeypatch)
 
@@ -324,7 +324,7 @@ def test_a_move_made_while_the_loop_waits_is_delivered_when_the_wait_ends(
         mover = threading.Thread(target=move)
         waiting = _lone_put(log, relay, b"held")
         mover.start()
-        await asyncio.sleep(0.6)  # nothing else on the loop: its next select is idle
+        await asyncio.sleep(1.5)  # nothing else on the loop: its next select is idle
         mover.join()
         assert waits.results == [False] and not waiting.done()  # waited, gave up: still held
         assert woken.is_set() and relay.crossings == 0  # delivered by the loop, nothing crossed
@@ -333,6 +333,43 @@ def test_a_move_made_while_the_loop_waits_is_delivered_when_the_wait_ends(
         relay.close()
 
     event_loop.run(run())
+
+
+def test_a_move_left_to_a_wait_that_fails_is_still_delivered(
+    held: tuple[CommitLog, _HeldDisk], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's wait on a round raises after another thread's move was left to it: the move
+    is delivered all the same, the put's flush is still asked for, and the error goes to the
+    loop's exception handler."""
+    log, disk = held
+
+    def failing(target: int, timeout_s: float) -> bool:
+        mover = threading.Thread(target=log._notify_confirm, args=(log.confirm_offset,))
+        mover.start()
+        mover.join()
+        raise RuntimeError("the wait failed")
+
+    monkeypatch.setattr(log, "flush_and_wait", failing)
+
+    async def run() -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        errors: list[BaseException | None] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+        relay = ConfirmRelay(log)
+        woken = asyncio.Event()
+        relay.subscribe(woken.set)
+        disk.release.clear()  # no round of the flush thread's own moves anything meanwhile
+        waiting = _lone_put(log, relay, b"failing wait")
+        await asyncio.sleep(0.3)  # nothing else on the loop: its next select is idle
+        assert woken.is_set() and relay.crossings == 0  # delivered by the loop, not crossed
+        assert not waiting.done()
+        disk.release.set()
+        assert await asyncio.wait_for(waiting, 10) is PutMessageStatus.PUT_OK
+        relay.close()
+        return errors
+
+    errors = event_loop.run(run())
+    assert any(isinstance(e, RuntimeError) and str(e) == "the wait failed" for e in errors), errors
 
 
 def test_a_failed_fdatasync_answers_a_lone_put_at_once(held: tuple[CommitLog, _HeldDisk]) -> None:

@@ -364,6 +364,45 @@ def test_a_sliced_copy_keeps_each_slot_whole_while_puts_go_on(
     assert asyncio.run(copy_with_puts(clear_at=27)) is None
 
 
+@pytest.mark.parametrize("late", ["none", "first span", "second span", "both spans", "all"])
+def test_a_wrapped_window_is_written_without_its_late_slots(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, late: str
+) -> None:
+    """A ring of 10 that wrapped (slots 4..9 then 0..3, oldest first), slots of records past the
+    end offset anywhere in it: the file holds the others, in order, whatever the slice size;
+    an empty window writes no slot."""
+    from services.commitlog import dedup_window
+
+    monkeypatch.setattr(dedup_window, "_SLICE", 3)
+    now = time.time_ns() // 1_000_000
+    window = DedupWindow(capacity=10, ttl_ms=60_000)
+    path = tmp_path / "window.bin"
+    assert dedup_window.write_window(path, window.snapshot(), "log", 1, 0, release=True) == 0
+    read = window._read(path)
+    assert read is not None and read[3][0] == []
+    for i in range(14):  # k4 .. k13 held; ring slot i % 10
+        window.put("T", f"k{i}", Placed(i * 100, 100, i, now))
+    copy = window.snapshot()
+    assert copy.spans() == [(4, 10), (0, 4)]
+    # "Late": records past the end (as puts made during a copy are); their offsets moved up.
+    late_keys = {
+        "none": set(),
+        "first span": {5, 6},
+        "second span": {11, 13},
+        "both spans": {4, 9, 10, 12},
+        "all": set(range(4, 14)),
+    }[late]
+    for i in late_keys:
+        copy.phy[i % 10] = 10_000 + i
+    written = dedup_window.write_window(path, copy, "log", 1, 1400, release=True)
+    assert copy.keys == []
+    kept = [i for i in range(4, 14) if i not in late_keys]
+    read = window._read(path)
+    assert read is not None and written == len(kept)
+    assert read[3][0] == [f"T#k{i}" for i in kept]
+    assert read[3][1] == [i * 100 for i in kept]
+
+
 def test_a_partly_retried_batch_gets_first_results_and_appends_only_the_rest(
     open_log: Callable[..., CommitLog],
 ) -> None:
