@@ -55,16 +55,24 @@ class CommitLogNode:
     port: LocalCommitLog
     ha: HAController
     _saver: asyncio.Task[None] | None = None
+    _writing: asyncio.Future[int] | None = None  # the saver's write, running on its thread
 
     def start_saving_window(self, interval_s: float = SAVE_INTERVAL_S) -> None:
         self._saver = asyncio.get_running_loop().create_task(self._save_window_every(interval_s))
 
     async def stop_saving_window(self) -> None:
+        """Stop the periodic saves, and wait for a write already under way: its thread goes on
+        when the saver is cancelled, and the save at close writes the same file (two writers
+        of one temporary file could leave a mix of both)."""
         if self._saver is not None:
             self._saver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._saver
             self._saver = None
+        if self._writing is not None:
+            with contextlib.suppress(Exception):
+                await self._writing
+            self._writing = None
 
     async def _save_window_every(self, interval_s: float) -> None:
         saved: tuple[object, ...] = ()  # what the file written last describes
@@ -84,12 +92,15 @@ class CommitLogNode:
             now = log_.generation
             if entries is None or now is None or (now.log_id, now.generation) != (log_id, generation):
                 continue  # the log was cut meanwhile: the next round saves
-            try:
-                await asyncio.to_thread(
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(
                     functools.partial(
                         write_window, window_path(log_.root), entries, log_id, generation, end, release=True
                     )
                 )
+            )
+            try:
+                await asyncio.shield(self._writing)  # a cancel stops the saver, not the write
             except OSError as exc:
                 log.warning("commitlog: the de-duplication window was not saved (%s)", exc)
             else:

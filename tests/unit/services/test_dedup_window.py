@@ -6,6 +6,7 @@ only, as far as it holds keys."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,43 @@ def test_a_running_master_saves_its_window_for_a_start_after_a_crash(store_confi
 
     (held, how), saved_end, end = asyncio.run(run())
     assert (held, how) == (55, f"saved + {end - saved_end} bytes scanned")
+
+
+def test_stopping_the_saves_waits_for_a_write_under_way(
+    store_config: StoreConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic write runs on a thread, which a cancel of the saver does not stop: stopping
+    the saves waits for it, so the save at close is never a second writer of the same file."""
+    from services import embedded
+    from services.embedded import CommitLogNode
+
+    started, release = threading.Event(), threading.Event()
+    real = embedded.write_window
+
+    def held_write(*args: object, **kwargs: object) -> int:
+        started.set()
+        release.wait(30)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(embedded, "write_window", held_write)
+
+    async def run() -> tuple[bool, bool]:
+        node = await CommitLogNode.open(store_config)
+        await node.stop_saving_window()
+        assert (await node.port.append([Message("T", b"x", 0, properties={"UNIQ_KEY": "K"})])).all_ok
+        node.start_saving_window(interval_s=0.02)
+        assert await asyncio.to_thread(started.wait, 10)
+        stopping = asyncio.ensure_future(node.stop_saving_window())
+        await asyncio.sleep(0.3)
+        waited = not stopping.done()  # the write still holds its file
+        release.set()
+        await asyncio.wait_for(stopping, 10)
+        written = window_path(node.commit_log.root).exists()
+        await node.close()
+        return waited, written
+
+    waited, written = asyncio.run(run())
+    assert waited and written
 
 
 def test_an_idle_master_does_not_rewrite_its_window(store_config: StoreConfig) -> None:
