@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,9 +93,7 @@ class CommitLogNode:
                 continue  # the log was cut meanwhile: the next round saves
             self._writing = asyncio.ensure_future(
                 asyncio.to_thread(
-                    functools.partial(
-                        write_window, window_path(log_.root), entries, log_id, generation, end, release=True
-                    )
+                    write_window, window_path(log_.root), entries, log_id, generation, end, release=True
                 )
             )
             try:

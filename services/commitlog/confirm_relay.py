@@ -23,8 +23,8 @@ round to the group-commit thread and blocks until it ends, at most ``idleLoopFlu
 the flush thread's wake-up arrives through it. One producer sending one message at a time:
 1.10x the msgs/s, p50 153 us lower (interleaved A/B). A move made on another thread while the
 loop waits is left to the loop, which delivers it when the wait ends: no wake-up crosses, which
-would only have made its next select return at once to drain it. Running the fdatasync on the loop itself
-gave 1.15x, but a hung fdatasync then held the whole loop (reads, WAIT=false puts, health,
+would only have made its next select return at once to drain it. Running the fdatasync on the
+loop itself gave 1.15x, but a hung fdatasync then held the whole loop (reads, WAIT=false puts, health,
 an election's lease) for as long as it hung. The loop does not block while it has other work,
 when more puts wait (their callers send more meanwhile, which the loop appends while the thread
 flushes), or while a recent round took longer than that bound (a slow disk); a round that

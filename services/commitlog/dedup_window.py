@@ -433,11 +433,11 @@ def write_window(
         for lo in range(a, b, _SLICE):
             hi = min(b, lo + _SLICE)
             chunk = window.keys[lo:hi]
-            if mask is not None and not mask[lo - a : hi - a].all():
-                chunk = list(itertools.compress(chunk, mask[lo - a : hi - a].tolist()))
+            picked = None if mask is None else mask[lo - a : hi - a]
+            if picked is not None and not picked.all():
+                chunk = list(itertools.compress(chunk, picked.tolist()))
             lengths.append(np.fromiter(map(len, chunk), "<i4", len(chunk)).tobytes())  # type: ignore[arg-type]
             text.append("".join(chunk).encode("utf-8", "surrogatepass"))  # type: ignore[arg-type]
-            del chunk
             time.sleep(0)
     parts.extend(lengths)
     for col in (window.phy, window.size, window.qoff, window.ts):
