@@ -27,6 +27,8 @@ try:
     from services.pb.mqstore.v1 import ha_pb2_grpc as ha_grpc
     from services.pb.mqstore.v1 import index_pb2 as index_pb
     from services.pb.mqstore.v1 import index_pb2_grpc as index_grpc
+    from services.pb.mqstore.v1 import mux_pb2 as mux_pb
+    from services.pb.mqstore.v1 import mux_pb2_grpc as mux_grpc
 except ImportError as exc:  # pragma: no cover - only without a build
     raise ImportError(
         "the generated protobuf code in services/pb is missing: run `make install` "
@@ -45,4 +47,6 @@ __all__ = [
     "ha_pb",
     "index_grpc",
     "index_pb",
+    "mux_grpc",
+    "mux_pb",
 ]

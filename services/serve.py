@@ -379,7 +379,7 @@ class Suite:
             if ha_listen:
                 replication = node.ha.replication
                 self.ha_server = await self._listen(
-                    ha_listen, lambda s: add_replication(replication, s), health=False
+                    ha_listen, lambda s: add_replication(replication, s), health=False, call_mux=False
                 )
                 await self.ha_server.set_serving(True)
         except BaseException:
@@ -401,12 +401,14 @@ class Suite:
         *,
         internal: bool = True,
         health: bool = True,
+        call_mux: bool = True,
         wrappers: Sequence[MethodWrapper] = (),
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
     ) -> GrpcServer:
         """A server on ``address`` with this process's TLS settings: an internal port (commitlog,
         dispatch, index, HA) requires client certificates whenever a CA is configured, the
-        gateway port only with ``client_auth``. ``health``: also the plaintext health port, if set."""
+        gateway port only with ``client_auth``. ``health``: also the plaintext health port, if set.
+        ``call_mux``: an internal port also carries its unary methods on streams (services._common.mux)."""
         tls = self.options.tls
         verify = tls is not None and (tls.verifies_peers if internal else tls.client_auth)
         return await start_grpc_server(
@@ -418,6 +420,7 @@ class Suite:
             health_address=self.options.health_listen if health else "",
             wrappers=wrappers,
             max_receive_bytes=max_receive_bytes,
+            call_mux=internal and call_mux,
         )
 
     def _warn_unauthenticated(self) -> None:

@@ -23,6 +23,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from services._common.errors import MethodWrapper, map_errors
+from services._common.mux import CallMuxServicer
+from services._common.mux import add_to_server as add_call_mux
 from services._common.telemetry import server_interceptors
 from services._common.tls import TlsConfig
 
@@ -83,6 +85,7 @@ async def start_grpc_server(
     health_address: str = "",
     wrappers: Sequence[MethodWrapper] = (),
     max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    call_mux: bool = False,
 ) -> GrpcServer:
     """Create, populate (``add_servicers`` registers servicers and returns their full service
     names), bind ``address`` ("host:port", port 0 for any) and start a server. Health starts
@@ -96,12 +99,16 @@ async def start_grpc_server(
     a servicer's error). ``max_receive_bytes``: the largest request gRPC reads in (a larger one is refused,
     RESOURCE_EXHAUSTED, before it is buffered whole). Raises OSError when an address cannot be
     bound (another process serving that port included: SO_REUSEPORT is off), ConfigError for TLS
-    settings that cannot serve."""
+    settings that cannot serve. ``call_mux``: also serve mqstore.v1.CallMux, which carries
+    unary calls of the servicers' methods on streams (services._common.mux; internal ports)."""
     options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=server_interceptors() or None, options=options)
-    registrar = cast(grpc.aio.Server, WrappingRegistrar(server, [map_errors, *wrappers]))
-    names = add_servicers(registrar)
+    wrapping = WrappingRegistrar(server, [map_errors, *wrappers])
+    names = add_servicers(cast(grpc.aio.Server, wrapping))
+    if call_mux:  # after the servicers: it carries calls of their registered unary methods
+        names += add_call_mux(CallMuxServicer(wrapping.unary_handler), server)
+    registrar = cast(grpc.aio.Server, wrapping)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, registrar)
     # On the server itself: reflection picks its asyncio servicer by the server's type.
@@ -182,6 +189,11 @@ class WrappingRegistrar:
         for name, handler in method_handlers.items():
             method = f"/{service_name}/{name}"
             self._table[method] = self.wrap(method, handler)
+
+    def unary_handler(self, method: str) -> grpc.RpcMethodHandler | None:
+        """The wrapped handler of the registered unary method ``method`` (full name), or None."""
+        handler = self._table.get(method) if self._table is not None else None
+        return handler if handler is not None and handler.unary_unary is not None else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._server, name)

@@ -10,11 +10,18 @@ import grpc
 from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
 from libstore.message import MessageFields
 from services._common import convert
+from services._common.mux import CallMux, carried_stub
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
 from services.commitlog.append_coalescer import AppendCoalescer
-from services.commitlog.read_plan import plan_reads
+from services.commitlog.read_plan import DEFAULT_RECORD_SIZE, plan_reads
 from services.ports import LogOffsets, TailChunk
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
+
+# Calls carried on one stream (services._common.mux): topic lookups, and appends and reads of
+# at most CARRIED_MAX_BYTES (a pop journal's records, a single send, a pop's few records). A
+# larger one goes unary, so no small call waits behind it on the stream.
+CARRIED = ("Append", "Read", "GetTopic", "ReleaseTransient")
+CARRIED_MAX_BYTES = 256 * 1024
 
 
 class RemoteCommitLog:
@@ -22,6 +29,8 @@ class RemoteCommitLog:
 
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
+        service = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"]
+        self.carried = carried_stub(self.stub, CallMux(channel), service, CARRIED)
         self.timeout_s = timeout_s
         self.coalescer = AppendCoalescer(self._append_call)
 
@@ -37,12 +46,14 @@ class RemoteCommitLog:
 
     async def _append_call(self, messages: list[common_pb.Message], expected_epoch: int) -> PutMessageResults:
         request = commitlog_pb.AppendRequest(messages=messages, expected_epoch=expected_epoch)
-        reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
+        method = self.carried.Append if request.ByteSize() <= CARRIED_MAX_BYTES else self.stub.Append
+        reply = await call(method, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         request = commitlog_pb.AppendRequest(records=raw, born_host=born_host)
-        reply = await call(self.stub.Append, request, idempotent=False, timeout_s=self.timeout_s)
+        method = self.carried.Append if len(raw) <= CARRIED_MAX_BYTES else self.stub.Append
+        reply = await call(method, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
 
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
@@ -58,8 +69,9 @@ class RemoteCommitLog:
 
     async def _read_chunk(self, chunk: Sequence[tuple[int, int]]) -> list[bytes | None]:
         offsets, sizes = convert.ranges_to_columns(chunk)
+        small = sum(sizes) + sizes.count(0) * DEFAULT_RECORD_SIZE <= CARRIED_MAX_BYTES
         reply = await call(
-            self.stub.Read,
+            self.carried.Read if small else self.stub.Read,
             commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
             idempotent=True,
             timeout_s=self.timeout_s,
@@ -151,7 +163,7 @@ class RemoteCommitLog:
     async def get_topic(self, topic: str, *, create: bool = False) -> TopicConfig | None:
         try:
             reply = await call(
-                self.stub.GetTopic,
+                self.carried.GetTopic,
                 commitlog_pb.GetTopicRequest(topic=topic, create_if_missing=create),
                 idempotent=True,
                 timeout_s=self.timeout_s,
@@ -187,7 +199,7 @@ class RemoteCommitLog:
         self, below: int, log_id: str = "", generation: int = 0, keep: Sequence[int] = ()
     ) -> int:
         reply = await call(
-            self.stub.ReleaseTransient,
+            self.carried.ReleaseTransient,
             commitlog_pb.ReleaseTransientRequest(
                 below=below, log_id=log_id, generation=generation, keep=keep
             ),
