@@ -818,6 +818,7 @@ CommitLogOpt = Annotated[
 
 
 def _ha_call(address: str, method: str, *args: object):
+    from services._common.mux import close_channel
     from services._common.remote import open_channel
     from services.commitlog.client import RemoteCommitLog
 
@@ -826,7 +827,7 @@ def _ha_call(address: str, method: str, *args: object):
         try:
             return await getattr(RemoteCommitLog(channel, timeout_s=15.0), method)(*args)
         finally:
-            await channel.close()
+            await close_channel(channel)
 
     with _Errors(address):
         return asyncio.run(run())

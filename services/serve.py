@@ -39,6 +39,7 @@ from libstore import BrokerRole, CommitLog, ConfigError, StoreConfig
 from libstore._os import physical_memory
 from libstore.aio_deadline import wait_within
 from services._common.errors import MethodWrapper
+from services._common.mux import close_channel
 from services._common.process_tuning import tune_allocator, tune_young_collections
 from services._common.remote import open_channel
 from services._common.server import MAX_MESSAGE_BYTES, GrpcServer, start_grpc_server
@@ -491,7 +492,7 @@ class Suite:
                 if app is not None:
                     await app.stop()
         for channel in self._channels:
-            await channel.close()
+            await close_channel(channel)
         await self._stop_commitlog()
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)

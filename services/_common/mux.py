@@ -36,6 +36,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
@@ -191,7 +192,7 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
             return
         parent = propagate.extract(dict(request.trace)) if request.trace else None
         with self._tracer.inner.start_as_current_span(
-            request.method.lstrip("/"), context=parent, kind=trace.SpanKind.SERVER
+            request.method, context=parent, kind=trace.SpanKind.SERVER
         ):
             yield
 
@@ -449,7 +450,7 @@ class MuxMethod(Generic[T]):
         self._unary = unary
         self.name = name
         self._parse = parse
-        self._span_name = name.lstrip("/")
+        self._span_name = name
 
     async def __call__(self, request: Any, timeout: float | None = None) -> T:
         mux = self._mux
@@ -465,6 +466,25 @@ class MuxMethod(Generic[T]):
         if reply.code:
             raise _reply_error(reply)
         return self._parse(reply.payload)
+
+
+_BY_CHANNEL: weakref.WeakKeyDictionary[grpc.aio.Channel, CallMux] = weakref.WeakKeyDictionary()
+
+
+def channel_mux(channel: grpc.aio.Channel) -> CallMux:
+    """The CallMux of ``channel``: one stream per channel, whoever calls over it."""
+    mux = _BY_CHANNEL.get(channel)
+    if mux is None:
+        mux = _BY_CHANNEL[channel] = CallMux(channel)
+    return mux
+
+
+async def close_channel(channel: grpc.aio.Channel) -> None:
+    """Close ``channel``, its CallMux stream first (its tasks end before the loop does)."""
+    mux = _BY_CHANNEL.pop(channel, None)
+    if mux is not None:
+        await mux.close()
+    await channel.close()
 
 
 S = TypeVar("S")

@@ -29,7 +29,7 @@ import grpc
 import prometheus_client
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor, filters
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, MetricsData, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -242,6 +242,12 @@ def _export_sampler(provider: TracerProvider) -> ExportAwareSampler:
     return sampler
 
 
+# The stream that carries internal unary calls (services._common.mux): each call it carries gets
+# its own client and server spans there; a span for the stream itself would last as long as
+# the connection, and the interceptor cannot wrap a stream handler that writes (not yields).
+_NOT_CARRIED_STREAM = filters.negate(filters.service_name("mqstore.v1.CallMux"))
+
+
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     """Per-RPC server spans (OpenTelemetry's interceptor, which also takes the caller's trace
     context from the metadata) for a server started while an exporter is attached; none
@@ -252,7 +258,7 @@ def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
     provider = configure_tracing()
     if not _export_sampler(provider).exporting:
         return []
-    return [aio_server_interceptor(tracer_provider=provider)]
+    return [aio_server_interceptor(tracer_provider=provider, filter_=_NOT_CARRIED_STREAM)]
 
 
 def client_interceptors() -> list[Any]:
@@ -265,4 +271,4 @@ def client_interceptors() -> list[Any]:
     provider = configure_tracing()
     if not _export_sampler(provider).exporting:
         return []
-    return list(aio_client_interceptors(tracer_provider=provider))
+    return list(aio_client_interceptors(tracer_provider=provider, filter_=_NOT_CARRIED_STREAM))

@@ -10,7 +10,7 @@ import grpc
 from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
 from libstore.message import MessageFields
 from services._common import convert
-from services._common.mux import CallMux, carried_stub
+from services._common.mux import carried_stub, channel_mux
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
 from services.commitlog.append_coalescer import AppendCoalescer
 from services.commitlog.read_plan import DEFAULT_RECORD_SIZE, plan_reads
@@ -30,7 +30,7 @@ class RemoteCommitLog:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
         service = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"]
-        self.carried = carried_stub(self.stub, CallMux(channel), service, CARRIED)
+        self.carried = carried_stub(self.stub, channel_mux(channel), service, CARRIED)
         self.timeout_s = timeout_s
         self.coalescer = AppendCoalescer(self._append_call)
 

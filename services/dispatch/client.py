@@ -11,7 +11,7 @@ from libstore.consumer_offset_manager import QueueProgress
 from libstore.errors import StoreError
 from libstore.subscription_group import SubscriptionGroupConfig
 from services._common.errors import store_error_of
-from services._common.mux import CallMux, carried_stub
+from services._common.mux import carried_stub, channel_mux
 from services._common.remote import DEFAULT_TIMEOUT_S, call
 from services.dispatch.convert import PULL_STATUS_FROM_PB, group_from_pb, group_to_pb
 from services.ports import DerivedStatus, Entries, PoppedMessage, PopResult, QueueInfo, TransactionCheck
@@ -39,7 +39,7 @@ class RemoteDispatch:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         service = dispatch_pb.DESCRIPTOR.services_by_name["DispatchService"]
         stub = dispatch_grpc.DispatchServiceStub(channel)
-        self.stub = carried_stub(stub, CallMux(channel), service, CARRIED)
+        self.stub = carried_stub(stub, channel_mux(channel), service, CARRIED)
         self.timeout_s = timeout_s
 
     async def get_entries(
