@@ -14,7 +14,8 @@ import pytest
 
 from libstore.errors import InvalidArgumentError, ServiceNotAvailableError, SystemBusyError
 from services._common.errors import retry_pushback_ms, store_error_from_rpc
-from services._common.mux import CallMux, carried_stub
+from services._common.mux import CallMux, CallMuxServicer, carried_stub
+from services._common.mux import add_to_server as add_call_mux
 from services._common.remote import call
 from services._common.server import start_grpc_server
 from services.proto import index_grpc, index_pb
@@ -227,5 +228,44 @@ def test_an_unknown_method_or_a_bad_payload_is_refused_by_name() -> None:
             reply = await mux.invoke("/mqstore.v1.IndexService/QueryByKey", b"\xff\xff\xff", 5)
             assert grpc.StatusCode.INVALID_ARGUMENT.value[0] == reply.code
             assert mux.supported  # the stream itself is served
+
+    asyncio.run(main())
+
+
+def test_a_stream_runs_at_most_max_calls_at_once() -> None:
+    async def main() -> None:
+        started: list[int] = []
+        release = asyncio.Event()
+
+        async def hold(request: index_pb.QueryByKeyRequest, context: object) -> index_pb.QueryByKeyResponse:
+            started.append(request.max_count)
+            await release.wait()
+            return index_pb.QueryByKeyResponse(phy_offsets=[request.max_count])
+
+        handler = grpc.unary_unary_rpc_method_handler(
+            hold,
+            request_deserializer=index_pb.QueryByKeyRequest.FromString,
+            response_serializer=index_pb.QueryByKeyResponse.SerializeToString,
+        )
+        name = "/mqstore.v1.IndexService/QueryByKey"
+        server = grpc.aio.server()
+        add_call_mux(CallMuxServicer({name: handler}.get, max_calls=2), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with _client(port) as (_, stub):
+                calls = [asyncio.ensure_future(stub.QueryByKey(_query("x", i), timeout=10)) for i in range(3)]
+                for _ in range(100):
+                    await asyncio.sleep(0.01)
+                    if len(started) == 2:
+                        break
+                await asyncio.sleep(0.2)
+                assert sorted(started) == [0, 1]  # the third waits for a slot
+                release.set()
+                replies = await asyncio.gather(*calls)
+                assert [list(r.phy_offsets) for r in replies] == [[0], [1], [2]]
+                assert sorted(started) == [0, 1, 2]
+        finally:
+            await server.stop(None)
 
     asyncio.run(main())
