@@ -32,6 +32,7 @@ nothing is injected, extracted or opened.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import itertools
@@ -54,7 +55,7 @@ T = TypeVar("T")
 SERVICE_NAME = "mqstore.v1.CallMux"
 CALLS_METHOD = f"/{SERVICE_NAME}/Calls"
 READY_KEY = "mqstore-call-mux"  # the header a server sends as it opens a Calls stream
-MAX_CALLS_PER_STREAM = 1024  # open calls a server runs for one stream before it stops reading
+MAX_CALLS_PER_STREAM = 1024  # calls a server runs at once for one stream; later ones wait
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 _NO_METADATA = grpc.aio.Metadata()
 
@@ -64,7 +65,7 @@ HandlerLookup = Callable[[str], "grpc.RpcMethodHandler | None"]
 # -- server ------------------------------------------------------------------------------------------
 
 
-class _Aborted(Exception):
+class _Aborted(grpc.aio.AbortError):
     """A handler ended its call with a status (``context.abort``/``abort_with_status``)."""
 
     def __init__(self, code: grpc.StatusCode, details: str, trailing: Any) -> None:
@@ -82,9 +83,9 @@ class MuxCallContext:
     def __init__(self, stream: grpc.aio.ServicerContext, deadline: float | None) -> None:
         self._stream = stream
         self._deadline = deadline
-        self._trailing: tuple[Any, ...] = ()
-        self._code: grpc.StatusCode | None = None
-        self._details = ""
+        self.trailing: tuple[Any, ...] = ()
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
 
     def peer(self) -> str:
         return self._stream.peer()
@@ -101,19 +102,19 @@ class MuxCallContext:
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     def set_trailing_metadata(self, trailing_metadata: Any) -> None:
-        self._trailing = tuple(trailing_metadata)
+        self.trailing = tuple(trailing_metadata)
 
     def set_code(self, code: grpc.StatusCode) -> None:
-        self._code = code
+        self.code = code
 
     def set_details(self, details: str) -> None:
-        self._details = details
+        self.details = details
 
     def cancelled(self) -> bool:
         return self._stream.cancelled()
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise _Aborted(code, details, trailing_metadata or self._trailing)
+        raise _Aborted(code, details, trailing_metadata or self.trailing)
 
     async def abort_with_status(self, status: grpc.Status) -> None:
         raise _Aborted(status.code, status.details, status.trailing_metadata)
@@ -134,12 +135,29 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
         self._lookup = lookup
         self._max_calls = max_calls
         self._tracer = tracer("mqstore.mux")
+        self._streams: set[_ServedStream] = set()
+        self._draining = False
 
     async def Calls(
         self, request_iterator: AsyncIterator[mux_pb.MuxRequest], context: grpc.aio.ServicerContext
     ) -> None:
         await context.send_initial_metadata(((READY_KEY, "1"),))
-        await _ServedStream(self, context, self._max_calls).serve(request_iterator)
+        stream = _ServedStream(self, context, self._max_calls)
+        if self._draining:
+            stream.drain()
+        self._streams.add(stream)
+        try:
+            await stream.serve(request_iterator)
+        finally:
+            self._streams.discard(stream)
+
+    def drain(self) -> None:
+        """The server is stopping: every stream refuses further calls (UNAVAILABLE, not run,
+        so callers send them again elsewhere or later) and ends once its running calls are
+        answered. Call before ``grpc.aio.Server.stop``, whose grace then waits for those."""
+        self._draining = True
+        for stream in list(self._streams):
+            stream.drain()
 
     async def run_call(self, request: mux_pb.MuxRequest, stream: grpc.aio.ServicerContext) -> mux_pb.MuxReply:
         """Run the call ``request`` carries, on the stream whose context is ``stream``: its reply
@@ -166,6 +184,8 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
             with self._span(request):
                 async with asyncio.timeout(timeout_s):
                     response = await handler.unary_unary(message, ctx)
+            if ctx.code not in (None, grpc.StatusCode.OK):  # set_code, then a normal return
+                raise _Aborted(ctx.code, ctx.details, ctx.trailing)
             return mux_pb.MuxReply(id=request.id, payload=handler.response_serializer(response))
         except _Aborted as aborted:
             return mux_pb.MuxReply(
@@ -198,49 +218,96 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
 
 
 class _ServedStream:
-    """One caller's Calls stream on the server: its calls and its writes. A call's reply is
-    written from the call's own task, once the call can no longer be cancelled by its caller
-    (a task cancelled while it awaits a grpc.aio write leaves that write under way, and the
-    stream's next write then fails: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)."""
+    """One caller's Calls stream on the server: its calls and its writes.
+
+    The stream is always read: at most ``max_calls`` calls run at once, later ones wait in
+    arrival order (held long polls must not stop an ack or a cancel behind them), and a
+    cancel reaches a waiting call as well as a running one. A call's reply is written from the
+    call's own task, once its caller can no longer cancel it (a task cancelled while it awaits
+    a grpc.aio write leaves that write under way, and the stream's next write then fails:
+    GRPC_CALL_ERROR_TOO_MANY_OPERATIONS). Draining (the server stopping): calls that arrive
+    are answered UNAVAILABLE without being run, and once the running ones are answered the
+    stream ends, so the caller opens its next stream on a server that takes calls."""
 
     def __init__(self, servicer: CallMuxServicer, context: grpc.aio.ServicerContext, max_calls: int) -> None:
         self._servicer = servicer
         self._context = context
+        self._max_calls = max_calls
         self._cancellable: dict[int, asyncio.Task[None]] = {}  # running calls, by id
         self._tasks: set[asyncio.Task[None]] = set()  # every unfinished call, answering ones too
-        self._slots = asyncio.Semaphore(max_calls)
+        self._queued: collections.OrderedDict[int, mux_pb.MuxRequest] = collections.OrderedDict()
         self._write_lock = asyncio.Lock()  # one write at a time on a stream
+        self._draining = False
+        self._read_all = False  # the caller closed its side
+        self._done = asyncio.Event()
 
     async def serve(self, request_iterator: AsyncIterator[mux_pb.MuxRequest]) -> None:
-        """Run the stream's calls until the caller closes its side, then finish the open ones."""
+        """Run the stream's calls until the caller closes its side (or the server drains),
+        then finish the open ones."""
         loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read(request_iterator), name="call-mux-requests")
+        try:
+            await self._done.wait()
+        finally:  # answered in full, or the stream failed: nothing more can be written
+            reader.cancel()
+            self._queued.clear()
+            for task in list(self._tasks):
+                task.cancel()
+
+    def drain(self) -> None:
+        """Refuse further calls (UNAVAILABLE, not run); end once the running ones are answered."""
+        self._draining = True
+        while self._queued:
+            self._start(self._queued.popitem(last=False)[1])
+        self._check_done()
+
+    async def _read(self, request_iterator: AsyncIterator[mux_pb.MuxRequest]) -> None:
         try:
             async for request in request_iterator:
                 if request.cancel:
-                    task = self._cancellable.get(request.id)
-                    if task is not None:
-                        task.cancel()
-                    continue
-                await self._slots.acquire()
-                task = loop.create_task(self._call(request))
-                self._cancellable[request.id] = task
-                self._tasks.add(task)
-                task.add_done_callback(functools.partial(self._finished, request.id))
-            if self._tasks:  # the caller closed its side: the calls it waits for are answered
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-        finally:  # the stream failed (or was answered in full): nothing more can be written
-            for task in list(self._tasks):
+                    self._cancel(request.id)
+                elif len(self._tasks) >= self._max_calls and not self._draining:
+                    self._queued[request.id] = request
+                else:
+                    self._start(request)
+        except Exception:  # the stream failed under the read: serve() ends with the call
+            log.debug("call stream read ended", exc_info=True)
+        finally:
+            self._read_all = True
+            self._check_done()
+
+    def _cancel(self, call_id: int) -> None:
+        if self._queued.pop(call_id, None) is None:  # a queued call is dropped unanswered
+            task = self._cancellable.get(call_id)
+            if task is not None:
                 task.cancel()
+
+    def _start(self, request: mux_pb.MuxRequest) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(request, refuse=self._draining))
+        self._cancellable[request.id] = task
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._finished, request.id))
 
     def _finished(self, call_id: int, task: asyncio.Task[None]) -> None:
         if self._cancellable.get(call_id) is task:
             del self._cancellable[call_id]
         self._tasks.discard(task)
-        self._slots.release()
+        while self._queued and len(self._tasks) < self._max_calls:
+            self._start(self._queued.popitem(last=False)[1])
+        self._check_done()
 
-    async def _call(self, request: mux_pb.MuxRequest) -> None:
+    def _check_done(self) -> None:
+        if not self._tasks and not self._queued and (self._read_all or self._draining):
+            self._done.set()
+
+    async def _call(self, request: mux_pb.MuxRequest, *, refuse: bool) -> None:
         """Run one call and answer it; a call its caller cancelled is not answered."""
-        reply = await self._servicer.run_call(request, self._context)
+        if refuse:
+            reply = mux_pb.MuxReply(
+                id=request.id, code=grpc.StatusCode.UNAVAILABLE.value[0], details="the server is stopping"
+            )
+        else:
+            reply = await self._servicer.run_call(request, self._context)
         if self._cancellable.get(request.id) is asyncio.current_task():
             del self._cancellable[request.id]  # no cancel reaches a call that is answering
         # Any failure to write: the stream is gone, and its caller has failed this call.
@@ -290,6 +357,7 @@ class _Stream:
         self.call = call
         self.waiting: dict[int, asyncio.Future[mux_pb.MuxReply]] = {}
         self.broken: BaseException | None = None
+        self.closing = False
         self._outbox: asyncio.Queue[mux_pb.MuxRequest] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self.writer = loop.create_task(self._write_all(), name="call-mux-writer")
@@ -305,10 +373,14 @@ class _Stream:
                 self.call.cancel()
                 return
             while True:
-                await self.call.write(await self._outbox.get())
+                request = await self._outbox.get()
+                if request.cancel or request.id in self.waiting:  # not a call given up meanwhile
+                    await self.call.write(request)
         except asyncio.CancelledError:
             raise
-        except Exception:  # the call is over: the reader fails what waits with its status
+        except Exception as exc:  # the call is over, or cannot be written: as a lost connection
+            why = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            self.fail(_rpc_error(grpc.StatusCode.UNAVAILABLE, f"the call stream failed: {why}"))
             self.call.cancel()
 
     async def _served(self) -> bool:
@@ -333,6 +405,7 @@ class _Stream:
 
     async def close(self) -> None:
         """End the stream (calls still waiting fail CANCELLED)."""
+        self.closing = True
         self.call.cancel()
         self.writer.cancel()
         if self.reader is not None:
@@ -353,7 +426,7 @@ class CallMux:
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
         self.supported = True  # False once the server turned the stream down (UNIMPLEMENTED)
-        self._tracer = tracer("mqstore.mux")
+        self.tracer = tracer("mqstore.mux")
 
     def method(
         self, unary: grpc.aio.UnaryUnaryMultiCallable, name: str, response_type: Any
@@ -390,9 +463,12 @@ class CallMux:
                     f"the call stream failed: {err.details()}",
                 )
         except asyncio.CancelledError:
-            failure = _rpc_error(grpc.StatusCode.CANCELLED, "the call stream was closed")
-            stream.fail(failure)
-            raise
+            task = asyncio.current_task()
+            if stream.closing or (task is not None and task.cancelling()):  # close()
+                stream.fail(_rpc_error(grpc.StatusCode.CANCELLED, "the call stream was closed"))
+                raise
+            # The call was cancelled under the read (a failed write ends it so): a lost connection.
+            failure = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the call stream was cancelled")
         except Exception as exc:  # pragma: no cover - grpc raises AioRpcError
             failure = _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the call stream failed: {exc}")
         stream.fail(failure)
@@ -408,7 +484,7 @@ class CallMux:
         request = mux_pb.MuxRequest(id=call_id, method=name, payload=payload)
         if timeout is not None:
             request.timeout_ms = max(1, int(timeout * 1000))
-        if self._tracer.sampler.exporting:
+        if self.tracer.sampler.exporting:
             propagate.inject(request.trace)
         timer = loop.call_later(timeout, self._expire, stream, call_id) if timeout is not None else None
         stream.put(request)
@@ -450,22 +526,27 @@ class MuxMethod(Generic[T]):
         self._unary = unary
         self.name = name
         self._parse = parse
-        self._span_name = name
+        self._span_name = name  # as the gRPC instrumentation names a unary call's spans
 
     async def __call__(self, request: Any, timeout: float | None = None) -> T:
+        """The response to ``request`` within ``timeout`` seconds (None: no deadline); raises
+        grpc.aio.AioRpcError as the unary call would."""
         mux = self._mux
         if not mux.supported:
             return await self._unary(request, timeout=timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout is not None else None
         try:
-            with mux._tracer.start_as_current_span(self._span_name, kind=trace.SpanKind.CLIENT):
+            with mux.tracer.start_as_current_span(self._span_name, kind=trace.SpanKind.CLIENT):
                 reply = await mux.invoke(self.name, request.SerializeToString(), timeout)
-        except _Unsupported:
+                if reply.code:  # raised inside the span, which records it
+                    raise _reply_error(reply)
+                return self._parse(reply.payload)
+        except _Unsupported:  # nothing was sent: the unary call, within what is left
             mux.supported = False
             log.info("%s has no call stream (an older server): calls go unary", self.name)
-            return await self._unary(request, timeout=timeout)
-        if reply.code:
-            raise _reply_error(reply)
-        return self._parse(reply.payload)
+            left = max(0.001, deadline - loop.time()) if deadline is not None else None
+            return await self._unary(request, timeout=left)
 
 
 _BY_CHANNEL: weakref.WeakKeyDictionary[grpc.aio.Channel, CallMux] = weakref.WeakKeyDictionary()

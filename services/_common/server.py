@@ -54,6 +54,7 @@ class GrpcServer:
     host: str
     health_server: grpc.aio.Server | None = None
     health_port: int = 0
+    call_mux: CallMuxServicer | None = None
 
     @property
     def address(self) -> str:
@@ -68,8 +69,12 @@ class GrpcServer:
             await self.health.set(name, status)
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """NOT_SERVING, then stop taking calls and let running ones finish within ``grace_s``."""
+        """NOT_SERVING, then stop taking calls and let running ones finish within ``grace_s``
+        (calls on CallMux streams too: those streams refuse new calls and end, see
+        services._common.mux)."""
         await self.set_serving(False)
+        if self.call_mux is not None:
+            self.call_mux.drain()
         await self.server.stop(grace_s)
         if self.health_server is not None:
             await self.health_server.stop(0)
@@ -106,8 +111,9 @@ async def start_grpc_server(
     server = grpc.aio.server(interceptors=server_interceptors() or None, options=options)
     wrapping = WrappingRegistrar(server, [map_errors, *wrappers])
     names = add_servicers(cast(grpc.aio.Server, wrapping))
-    if call_mux:  # after the servicers: it carries calls of their registered unary methods
-        names += add_call_mux(CallMuxServicer(wrapping.unary_handler), server)
+    mux = CallMuxServicer(wrapping.unary_handler) if call_mux else None
+    if mux is not None:  # after the servicers: it carries calls of their registered unary methods
+        names += add_call_mux(mux, server)
     registrar = cast(grpc.aio.Server, wrapping)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, registrar)
@@ -130,7 +136,7 @@ async def start_grpc_server(
         health_port = _bind(health_address, lambda: health_server.add_insecure_port(health_address))
         await health_server.start()
     await server.start()
-    running = GrpcServer(server, port, health, names, host or "127.0.0.1", health_server, health_port)
+    running = GrpcServer(server, port, health, names, host or "127.0.0.1", health_server, health_port, mux)
     await running.set_serving(False)
     # Liveness (Kubernetes liveness and startup probes): SERVING as long as the process answers,
     # while the overall status ("") stays NOT_SERVING until recovery and catch-up are done.

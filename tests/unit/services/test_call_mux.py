@@ -25,17 +25,22 @@ SERVICE = index_pb.DESCRIPTOR.services_by_name["IndexService"]
 
 class _Index(index_grpc.IndexServiceServicer):
     """Answers by the request's topic: "echo" gives max_count back as an offset, "slow" first
-    sleeps begin_ms ms, "busy" pushes back, "bad" refuses; "hold" waits until cancelled."""
+    sleeps begin_ms ms, "busy" pushes back, "bad" refuses, "gone" aborts NOT_FOUND itself;
+    "hold" waits until cancelled. ``ran`` lists the max_count of every call run."""
 
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
         self.peers: list[str] = []
+        self.ran: list[int] = []
 
     async def QueryByKey(
         self, request: index_pb.QueryByKeyRequest, context: grpc.aio.ServicerContext
     ) -> index_pb.QueryByKeyResponse:
         self.peers.append(context.peer())
+        self.ran.append(request.max_count)
+        if request.topic == "gone":
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no topic for {request.key!r}")
         if request.topic == "slow":
             await asyncio.sleep(request.begin_ms / 1000)
         elif request.topic == "busy":
@@ -89,12 +94,13 @@ def test_carried_calls_answer_as_unary_calls_do_and_share_one_stream() -> None:
             )
             assert [list(r.phy_offsets) for r in replies] == [[i] for i in range(50)]
             assert mux.supported
-            # Every call went to the servicer through the stream (one connection, one peer).
+            stream = mux._stream
+            assert stream is not None and stream.broken is None  # they went on one open stream
             assert len(servicer.peers) == 50 and len(set(servicer.peers)) == 1
-            unary = await index_grpc.IndexServiceStub(
-                grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-            ).QueryByKey(_query("echo", 7))
+            plain = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+            unary = await index_grpc.IndexServiceStub(plain).QueryByKey(_query("echo", 7))
             assert list(unary.phy_offsets) == [7]
+            await plain.close()
 
     asyncio.run(main())
 
@@ -267,5 +273,122 @@ def test_a_stream_runs_at_most_max_calls_at_once() -> None:
                 assert sorted(started) == [0, 1, 2]
         finally:
             await server.stop(None)
+
+    asyncio.run(main())
+
+
+def _hold_server(max_calls: int, held: list[int], release: asyncio.Event) -> tuple[grpc.aio.Server, int]:
+    """A bare server whose CallMux runs QueryByKey as: "hold" waits for ``release``, else echo."""
+
+    async def query(request: index_pb.QueryByKeyRequest, context: object) -> index_pb.QueryByKeyResponse:
+        if request.topic == "hold":
+            held.append(request.max_count)
+            await release.wait()
+        return index_pb.QueryByKeyResponse(phy_offsets=[request.max_count])
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        query,
+        request_deserializer=index_pb.QueryByKeyRequest.FromString,
+        response_serializer=index_pb.QueryByKeyResponse.SerializeToString,
+    )
+    server = grpc.aio.server()
+    lookup = {"/mqstore.v1.IndexService/QueryByKey": handler}.get
+    add_call_mux(CallMuxServicer(lookup, max_calls=max_calls), server)
+    return server, server.add_insecure_port("127.0.0.1:0")
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached within 5 s")
+
+
+def test_a_full_stream_still_reads_a_cancel_reaches_a_waiting_call_and_calls_run_in_order() -> None:
+    async def main() -> None:
+        held: list[int] = []
+        release = asyncio.Event()
+        server, port = _hold_server(2, held, release)
+        await server.start()
+        try:
+            async with _client(port) as (_, stub):
+                polls = [
+                    asyncio.ensure_future(stub.QueryByKey(_query("hold", i), timeout=10)) for i in range(2)
+                ]
+                await _until(lambda: len(held) == 2)
+                waiting = asyncio.ensure_future(stub.QueryByKey(_query("hold", 5), timeout=10))
+                later = asyncio.ensure_future(stub.QueryByKey(_query("hold", 6), timeout=10))
+                await asyncio.sleep(0.2)
+                waiting.cancel()  # its cancel is read although both slots are taken
+                await asyncio.sleep(0.2)
+                release.set()
+                replies = await asyncio.gather(*polls, later)
+                assert [list(r.phy_offsets) for r in replies] == [[0], [1], [6]]
+                assert held == [0, 1, 6]  # the cancelled call never ran
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+def test_a_stopping_server_finishes_running_calls_and_refuses_new_ones_unrun() -> None:
+    async def main() -> None:
+        servicer = _Index()
+        async with _serving(servicer) as (port, stop), _client(port) as (_, stub):
+            assert list((await stub.QueryByKey(_query("echo", 1), timeout=5)).phy_offsets) == [1]
+            running = asyncio.ensure_future(stub.QueryByKey(_query("slow", 2, begin_ms=400), timeout=10))
+            await _until(lambda: 2 in servicer.ran)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            stopping = asyncio.ensure_future(stop(5))
+            await asyncio.sleep(0.05)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.QueryByKey(_query("echo", 3), timeout=5)
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE  # safe to send again
+            assert list((await running).phy_offsets) == [2]  # the call under way was answered
+            await stopping
+            assert loop.time() - started < 3  # not the whole grace: the stream ended
+            assert 3 not in servicer.ran
+
+    asyncio.run(main())
+
+
+def test_a_failed_write_fails_waiting_calls_as_a_lost_connection() -> None:
+    async def main() -> None:
+        servicer = _Index()
+        async with _serving(servicer) as (port, _), _client(port) as (mux, stub):
+            assert list((await stub.QueryByKey(_query("echo", 1), timeout=5)).phy_offsets) == [1]
+            stream = mux._stream
+            assert stream is not None
+            sent = asyncio.ensure_future(stub.QueryByKey(_query("slow", 2, begin_ms=500), timeout=5))
+            await _until(lambda: 2 in servicer.ran)
+
+            async def broken(request: object) -> None:
+                raise RuntimeError("GRPC_CALL_ERROR_TOO_MANY_OPERATIONS")
+
+            stream.call.write = broken
+            failed = asyncio.ensure_future(stub.QueryByKey(_query("echo", 3), timeout=5))
+            for call_future in (failed, sent):
+                with pytest.raises(grpc.aio.AioRpcError) as lost:
+                    await call_future
+                assert lost.value.code() is grpc.StatusCode.UNAVAILABLE  # retried as a lost connection
+                assert isinstance(store_error_from_rpc(lost.value), ServiceNotAvailableError)
+            # The next call opens a new stream.
+            assert list((await stub.QueryByKey(_query("echo", 4), timeout=5)).phy_offsets) == [4]
+            assert mux._stream is not stream
+
+    asyncio.run(main())
+
+
+def test_a_handlers_own_abort_keeps_its_status() -> None:
+    async def main() -> None:
+        async with _serving(_Index()) as (port, _), _client(port) as (_, stub):
+            with pytest.raises(grpc.aio.AioRpcError) as gone:
+                await stub.QueryByKey(_query("gone", key="x"), timeout=5)
+            assert gone.value.code() is grpc.StatusCode.NOT_FOUND
+            assert gone.value.details() == "no topic for 'x'"
 
     asyncio.run(main())
