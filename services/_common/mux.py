@@ -14,7 +14,11 @@ pop and small append (a RocketMQ client's ack costs a gateway -> dispatch call a
   unary call would have ended with (code, message and trailing metadata: the ErrorInfo and
   retry hint of services._common.errors). The request's ``timeout_ms`` bounds the call
   (DEADLINE_EXCEEDED), a ``cancel`` message cancels it, and the calls of a stream that ends
-  are finished (the caller closed its side) or cancelled (the stream failed).
+  are finished (the caller closed its side) or cancelled (the stream failed). At most
+  MAX_CALLS_PER_STREAM run at once; later ones wait in order while the stream is still read.
+  A stopping server (GrpcServer.stop -> :meth:`CallMuxServicer.drain`) answers new calls
+  UNAVAILABLE without running them, as a stopping server refuses new unary calls, and ends
+  each stream once its running calls are answered.
 * :class:`CallMux` (client end) sends a method's calls on one stream per channel, opened at
   the first call and again after a failure, and hands back the reply or raises the
   grpc.aio.AioRpcError the unary call would have raised, so callers (services._common.remote:
