@@ -124,11 +124,13 @@ class MuxCallContext:
         raise _Aborted(status.code, status.details, status.trailing_metadata)
 
 
-def _trailers(trailing: Any) -> list[mux_pb.MuxTrailer]:
-    return [
+def _status_reply(call_id: int, code: grpc.StatusCode, details: str, trailing: Any = ()) -> mux_pb.MuxReply:
+    """A call's reply that ends it with status ``code`` (not OK) and its trailing metadata."""
+    trailers = [
         mux_pb.MuxTrailer(key=key, value=value if isinstance(value, bytes) else str(value).encode())
         for key, value in trailing
     ]
+    return mux_pb.MuxReply(id=call_id, code=code.value[0], details=details, trailers=trailers)
 
 
 class CallMuxServicer(mux_grpc.CallMuxServicer):
@@ -168,22 +170,16 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
         (the response, or the status the unary call would have ended with)."""
         handler = self._lookup(request.method)
         if handler is None or handler.unary_unary is None:
-            return mux_pb.MuxReply(
-                id=request.id,
-                code=grpc.StatusCode.UNIMPLEMENTED.value[0],
-                details=f"{request.method} is not a unary method of this server",
-            )
+            why = f"{request.method} is not a unary method of this server"
+            return _status_reply(request.id, grpc.StatusCode.UNIMPLEMENTED, why)
         timeout_s = request.timeout_ms / 1000.0 if request.timeout_ms else None
         loop = asyncio.get_running_loop()
         ctx = MuxCallContext(stream, loop.time() + timeout_s if timeout_s is not None else None)
         try:
             message = handler.request_deserializer(request.payload)
         except Exception:  # a payload that is not the method's request
-            return mux_pb.MuxReply(
-                id=request.id,
-                code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                details=f"the payload is not a request of {request.method}",
-            )
+            why = f"the payload is not a request of {request.method}"
+            return _status_reply(request.id, grpc.StatusCode.INVALID_ARGUMENT, why)
         try:
             with self._span(request):
                 async with asyncio.timeout(timeout_s):
@@ -192,21 +188,12 @@ class CallMuxServicer(mux_grpc.CallMuxServicer):
                 raise _Aborted(ctx.code, ctx.details, ctx.trailing)
             return mux_pb.MuxReply(id=request.id, payload=handler.response_serializer(response))
         except _Aborted as aborted:
-            return mux_pb.MuxReply(
-                id=request.id,
-                code=aborted.code.value[0],
-                details=aborted.details,
-                trailers=_trailers(aborted.trailing),
-            )
+            return _status_reply(request.id, aborted.code, aborted.details, aborted.trailing)
         except TimeoutError:
-            return mux_pb.MuxReply(
-                id=request.id, code=grpc.StatusCode.DEADLINE_EXCEEDED.value[0], details="Deadline Exceeded"
-            )
+            return _status_reply(request.id, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         except Exception:  # the handlers map their errors (map_errors); this is a bug
             log.exception("%s failed on the call stream", request.method)
-            return mux_pb.MuxReply(
-                id=request.id, code=grpc.StatusCode.INTERNAL.value[0], details="internal error"
-            )
+            return _status_reply(request.id, grpc.StatusCode.INTERNAL, "internal error")
 
     @contextlib.contextmanager
     def _span(self, request: mux_pb.MuxRequest) -> Iterator[None]:
@@ -307,9 +294,7 @@ class _ServedStream:
     async def _call(self, request: mux_pb.MuxRequest, *, refuse: bool) -> None:
         """Run one call and answer it; a call its caller cancelled is not answered."""
         if refuse:
-            reply = mux_pb.MuxReply(
-                id=request.id, code=grpc.StatusCode.UNAVAILABLE.value[0], details="the server is stopping"
-            )
+            reply = _status_reply(request.id, grpc.StatusCode.UNAVAILABLE, "the server is stopping")
         else:
             reply = await self._servicer.run_call(request, self._context)
         if self._cancellable.get(request.id) is asyncio.current_task():
@@ -393,8 +378,10 @@ class _Stream:
         metadata = await self.call.initial_metadata()
         if any(key == READY_KEY for key, _ in metadata or ()):
             return True
-        if self.call.done() and await self.call.code() is not grpc.StatusCode.UNIMPLEMENTED:
-            raise _rpc_error(await self.call.code(), await self.call.details())
+        if self.call.done():
+            code = await self.call.code()
+            if code is not grpc.StatusCode.UNIMPLEMENTED:
+                raise _rpc_error(code, await self.call.details())
         return False
 
     def fail(self, exc: BaseException) -> None:
@@ -530,7 +517,6 @@ class MuxMethod(Generic[T]):
         self._unary = unary
         self.name = name
         self._parse = parse
-        self._span_name = name  # as the gRPC instrumentation names a unary call's spans
 
     async def __call__(self, request: Any, timeout: float | None = None) -> T:
         """The response to ``request`` within ``timeout`` seconds (None: no deadline); raises
@@ -541,7 +527,8 @@ class MuxMethod(Generic[T]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout if timeout is not None else None
         try:
-            with mux.tracer.start_as_current_span(self._span_name, kind=trace.SpanKind.CLIENT):
+            # Named as the gRPC instrumentation names a unary call's span.
+            with mux.tracer.start_as_current_span(self.name, kind=trace.SpanKind.CLIENT):
                 reply = await mux.invoke(self.name, request.SerializeToString(), timeout)
                 if reply.code:  # raised inside the span, which records it
                     raise _reply_error(reply)

@@ -110,11 +110,11 @@ async def start_grpc_server(
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=server_interceptors() or None, options=options)
     wrapping = WrappingRegistrar(server, [map_errors, *wrappers])
-    names = add_servicers(cast(grpc.aio.Server, wrapping))
+    registrar = cast(grpc.aio.Server, wrapping)
+    names = add_servicers(registrar)
     mux = CallMuxServicer(wrapping.unary_handler) if call_mux else None
     if mux is not None:  # after the servicers: it carries calls of their registered unary methods
         names += add_call_mux(mux, server)
-    registrar = cast(grpc.aio.Server, wrapping)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, registrar)
     # On the server itself: reflection picks its asyncio servicer by the server's type.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -46,15 +47,19 @@ class RemoteCommitLog:
 
     async def _append_call(self, messages: list[common_pb.Message], expected_epoch: int) -> PutMessageResults:
         request = commitlog_pb.AppendRequest(messages=messages, expected_epoch=expected_epoch)
-        method = self.carried.Append if request.ByteSize() <= CARRIED_MAX_BYTES else self.stub.Append
+        # Sized by the bodies (ByteSize would encode the request once more just to count it).
+        method = self._append_method(sum(len(m.body) for m in messages))
         reply = await call(method, request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
 
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         request = commitlog_pb.AppendRequest(records=raw, born_host=born_host)
-        method = self.carried.Append if len(raw) <= CARRIED_MAX_BYTES else self.stub.Append
-        reply = await call(method, request, idempotent=False, timeout_s=self.timeout_s)
+        reply = await call(self._append_method(len(raw)), request, idempotent=False, timeout_s=self.timeout_s)
         return convert.results_from_pb(reply.results)
+
+    def _append_method(self, size: int) -> Any:
+        """The Append of a request of about ``size`` bytes: carried up to CARRIED_MAX_BYTES."""
+        return self.carried.Append if size <= CARRIED_MAX_BYTES else self.stub.Append
 
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """The records at ``ranges``, in as many Read calls as the service's per-call bounds

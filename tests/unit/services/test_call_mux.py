@@ -6,8 +6,9 @@ the next call opening a new one, and a server without CallMux answered unary."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 import pytest
@@ -242,29 +243,12 @@ def test_a_stream_runs_at_most_max_calls_at_once() -> None:
     async def main() -> None:
         started: list[int] = []
         release = asyncio.Event()
-
-        async def hold(request: index_pb.QueryByKeyRequest, context: object) -> index_pb.QueryByKeyResponse:
-            started.append(request.max_count)
-            await release.wait()
-            return index_pb.QueryByKeyResponse(phy_offsets=[request.max_count])
-
-        handler = grpc.unary_unary_rpc_method_handler(
-            hold,
-            request_deserializer=index_pb.QueryByKeyRequest.FromString,
-            response_serializer=index_pb.QueryByKeyResponse.SerializeToString,
-        )
-        name = "/mqstore.v1.IndexService/QueryByKey"
-        server = grpc.aio.server()
-        add_call_mux(CallMuxServicer({name: handler}.get, max_calls=2), server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        server, port = _hold_server(2, started, release)
         await server.start()
         try:
             async with _client(port) as (_, stub):
-                calls = [asyncio.ensure_future(stub.QueryByKey(_query("x", i), timeout=10)) for i in range(3)]
-                for _ in range(100):
-                    await asyncio.sleep(0.01)
-                    if len(started) == 2:
-                        break
+                calls = _holding(stub, range(3))
+                await _until(lambda: len(started) == 2)
                 await asyncio.sleep(0.2)
                 assert sorted(started) == [0, 1]  # the third waits for a slot
                 release.set()
@@ -297,6 +281,11 @@ def _hold_server(max_calls: int, held: list[int], release: asyncio.Event) -> tup
     return server, server.add_insecure_port("127.0.0.1:0")
 
 
+def _holding(stub: index_grpc.IndexServiceStub, ids: Iterable[int]) -> list[asyncio.Future[Any]]:
+    """A "hold" call for each of ``ids`` (sent as max_count), running."""
+    return [asyncio.ensure_future(stub.QueryByKey(_query("hold", i), timeout=10)) for i in ids]
+
+
 async def _until(check: Callable[[], bool]) -> None:
     for _ in range(500):
         if check():
@@ -313,12 +302,9 @@ def test_a_full_stream_still_reads_a_cancel_reaches_a_waiting_call_and_calls_run
         await server.start()
         try:
             async with _client(port) as (_, stub):
-                polls = [
-                    asyncio.ensure_future(stub.QueryByKey(_query("hold", i), timeout=10)) for i in range(2)
-                ]
+                polls = _holding(stub, range(2))
                 await _until(lambda: len(held) == 2)
-                waiting = asyncio.ensure_future(stub.QueryByKey(_query("hold", 5), timeout=10))
-                later = asyncio.ensure_future(stub.QueryByKey(_query("hold", 6), timeout=10))
+                waiting, later = _holding(stub, (5, 6))
                 await asyncio.sleep(0.2)
                 waiting.cancel()  # its cancel is read although both slots are taken
                 await asyncio.sleep(0.2)
