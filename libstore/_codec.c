@@ -2231,6 +2231,97 @@ error:
     return NULL;
 }
 
+/* ---- frame_run: records read out of a segment, framed as a protobuf repeated bytes field ---- */
+
+PyDoc_STRVAR(frame_run_doc,
+"frame_run(buf, base, readable, ranges, start, tag, stub_flag, max_record_size, max_bytes, total)\n"
+"    -> (bytes, next, total)\n\n"
+"From ranges[start] on ((offset, size) tuples, offsets into the log), the records of one\n"
+"segment mapped as buf (its first byte at log offset base, readable up to log offset\n"
+"readable), each framed as a length-delimited protobuf field with the one-byte tag: tag,\n"
+"varint size, the record. Stops at the first range it leaves to the caller: not a 2-tuple,\n"
+"outside [base, readable), size <= 0 or > max_record_size (0: no bound), a transient stub\n"
+"(stub_flag set in SYSFLAG), or a record that would take the running total past max_bytes\n"
+"(0: no bound). next is that range's index (len(ranges) when none); total, the record bytes\n"
+"framed so far, this call's included. libstore.log_reads.read_records_framed is the caller.");
+
+static int frame_range(PyObject *item, long long *offset, long long *size) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) return 0;
+    *offset = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+    *size = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+    if (PyErr_Occurred()) {
+        PyErr_Clear(); /* not ints: the caller's path says what is wrong */
+        return 0;
+    }
+    return 1;
+}
+
+static Py_ssize_t varint_len(unsigned long long v) {
+    Py_ssize_t n = 1;
+    while (v > 0x7F) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "frame_run(buffer, int, int, list, int, int, int, int, int, int)");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[1]), readable = PyLong_AsLongLong(args[2]);
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]);
+    long tag = PyLong_AsLong(args[5]), stub_flag = PyLong_AsLong(args[6]);
+    long long max_record = PyLong_AsLongLong(args[7]), max_bytes = PyLong_AsLongLong(args[8]);
+    long long total = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    if (tag < 0 || tag > 0x7F) {
+        PyErr_SetString(PyExc_ValueError, "frame_run: a tag is one byte below 0x80");
+        return NULL;
+    }
+    PyObject *ranges = args[3];
+    Py_ssize_t n = PyList_GET_SIZE(ranges);
+    if (start < 0) start = 0;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    long long limit = readable < base + (long long)view.len ? readable : base + (long long)view.len;
+    Py_ssize_t end = start, out_len = 0;
+    long long run_total = total;
+    for (; end < n; end++) { /* pass 1: how far, and how many bytes */
+        long long offset, size;
+        if (!frame_range(PyList_GET_ITEM(ranges, end), &offset, &size)) break;
+        if (offset < base || size <= 0 || offset + size > limit || (max_record > 0 && size > max_record)) break;
+        const unsigned char *r = buf + (offset - base);
+        if (size > SYS_FLAG_POSITION + 1 && (rd32(r + SYS_FLAG_POSITION) & stub_flag)) break;
+        if (max_bytes > 0 && run_total + size > max_bytes) break;
+        run_total += size;
+        out_len += 1 + varint_len((unsigned long long)size) + (Py_ssize_t)size;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, out_len);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = start; i < end; i++) { /* pass 2: the same ranges, checked above */
+        long long offset, size;
+        frame_range(PyList_GET_ITEM(ranges, i), &offset, &size);
+        *w++ = (unsigned char)tag;
+        unsigned long long v = (unsigned long long)size;
+        while (v > 0x7F) {
+            *w++ = (unsigned char)(v & 0x7F) | 0x80;
+            v >>= 7;
+        }
+        *w++ = (unsigned char)v;
+        memcpy(w, buf + (offset - base), (size_t)size);
+        w += size;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NnL)", out, end, run_total);
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -2247,6 +2338,7 @@ static PyMethodDef methods[] = {
     {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
     {"split_transient", (PyCFunction)(void (*)(void))py_split_transient, METH_FASTCALL, split_transient_doc},
     {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},
+    {"frame_run", (PyCFunction)(void (*)(void))py_frame_run, METH_FASTCALL, frame_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -72,7 +72,13 @@ from libstore.flush import CommitRealTimeService, FlushRealTimeService, GroupCom
 from libstore.ha_service import HAService
 from libstore.ha_state import EpochEntry, HAState
 from libstore.log_generation import LogGeneration
-from libstore.log_reads import decode_record_at, read_record, read_records, store_timestamp_of
+from libstore.log_reads import (
+    decode_record_at,
+    read_record,
+    read_records,
+    read_records_framed,
+    store_timestamp_of,
+)
 from libstore.log_scanner import scan_log
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
@@ -1177,6 +1183,16 @@ class CommitLog:
         libstore.log_reads.read_records. Raises InvalidArgumentError past ``max_bytes``."""
         return read_records(
             self.queue, self.transient, ranges, max_bytes=max_bytes, max_record_size=max_record_size
+        )
+
+    def read_many_framed(
+        self, ranges: Sequence[tuple[int, int]], tag: int, *, max_bytes: int = 0, max_record_size: int = 0
+    ) -> bytes:
+        """:meth:`read_many`'s records framed as a protobuf ``repeated bytes`` field with the
+        one-byte ``tag`` (libstore.log_reads.read_records_framed: a reply's records copied once,
+        out of the mapping). Raises InvalidArgumentError past ``max_bytes``."""
+        return read_records_framed(
+            self.queue, self.transient, ranges, tag, max_bytes=max_bytes, max_record_size=max_record_size
         )
 
     def read_message(self, phy_offset: int, size: int | None = None) -> MessageRecord:

@@ -21,8 +21,15 @@ from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, is_stub
 from libstore.errors import CorruptRecordError, InvalidArgumentError, OffsetOutOfRangeError
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import MessageRecord
-from libstore.record_codec import RECORD_OVERHEAD_V1_IPV4, decode_record, record_size_of, store_timestamp_at
+from libstore.message import MessageRecord, MessageSysFlag
+from libstore.record_codec import (
+    RECORD_OVERHEAD_V1_IPV4,
+    decode_record,
+    native,
+    record_size_of,
+    store_timestamp_at,
+)
+from libstore.record_framing import field_header, frame_records
 from libstore.transient_messages import TransientMessageStore
 
 _TOTAL_SIZE = struct.Struct(">i")  # TOTALSIZE, the first field of a record
@@ -93,14 +100,75 @@ def read_records(
                 record = buf[pos : pos + size]
             total += size
             if max_bytes and total > max_bytes:
-                raise InvalidArgumentError(
-                    f"a read returns at most {max_bytes} bytes; these ranges hold more"
-                )
+                raise _too_many_bytes(max_bytes)
             append(record)
         except ValueError:  # segment unmapped concurrently
             mf = None
             append(None)
     return out
+
+
+def _too_many_bytes(max_bytes: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"a read returns at most {max_bytes} bytes; these ranges hold more")
+
+
+def read_records_framed(
+    queue: MappedFileQueue,
+    transient: TransientMessageStore,
+    ranges: Sequence[tuple[int, int]],
+    tag: int,
+    *,
+    max_bytes: int = 0,
+    max_record_size: int = 0,
+) -> bytes:
+    """What :func:`read_records` returns, framed as a protobuf ``repeated bytes`` field with the
+    one-byte ``tag`` (libstore.record_framing; a missing record framed empty): byte for byte
+    ``frame_records(read_records(...), tag)``, which is what runs without the C module. With
+    it, each run of ranges in one segment is framed by ``_codec.frame_run`` straight out of
+    the mapping (no bytes object a record); what it leaves (a segment change, a transient
+    stub, size 0, a record past the bounds) goes through :func:`read_records` one range at a
+    time. Raises InvalidArgumentError past ``max_bytes`` as :func:`read_records` does."""
+    ext = native()
+    if ext is None:
+        records = read_records(queue, transient, ranges, max_bytes=max_bytes, max_record_size=max_record_size)
+        return frame_records(records, tag)
+    ranges = ranges if isinstance(ranges, list) else list(ranges)
+    chunks: list[bytes] = []
+    total = 0
+    i, n = 0, len(ranges)
+    while i < n:
+        start = i
+        mf = queue.find_mapped_file_by_offset(ranges[i][0])
+        if mf is not None and not mf.closed:
+            base = mf.file_from_offset
+            try:
+                chunk, i, total = ext.frame_run(
+                    mf.buffer,
+                    base,
+                    base + mf.readable_position,
+                    ranges,
+                    i,
+                    tag,
+                    MessageSysFlag.TRANSIENT_STUB_FLAG,
+                    max_record_size,
+                    max_bytes,
+                    total,
+                )
+            except ValueError:  # segment unmapped concurrently: read_records says what is left
+                chunk = b""
+            if chunk:
+                chunks.append(chunk)
+        if i == start:  # the C run left this range to the general path
+            record = read_records(queue, transient, ranges[i : i + 1], max_record_size=max_record_size)[0]
+            if record:
+                total += len(record)
+                if max_bytes and total > max_bytes:
+                    raise _too_many_bytes(max_bytes)
+                chunks += (field_header(tag, len(record)), record)
+            else:
+                chunks.append(field_header(tag, 0))
+            i += 1
+    return b"".join(chunks)
 
 
 def decode_record_at(

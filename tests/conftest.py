@@ -23,10 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(mark)
 
 
-@pytest.fixture
-def store_config(tmp_path: Path) -> StoreConfig:
+def small_store_config(root: Path, **overrides: object) -> StoreConfig:
+    """A store under ``root``: small segments, no preload, disk ratios out of the way
+    (``overrides``: StoreConfig fields)."""
     return StoreConfig(
-        store_path_root_dir=str(tmp_path / "store"),
+        store_path_root_dir=str(root),
         mapped_file_size_commit_log=SEGMENT,
         max_message_size=64 * 1024,
         preload_mapped_file_enable=False,
@@ -35,7 +36,12 @@ def store_config(tmp_path: Path) -> StoreConfig:
         disk_max_used_space_ratio=99,
         disk_space_clean_forcibly_ratio=99,
         disk_space_warning_level_ratio=99,
-    )
+    ).replace(**overrides)
+
+
+@pytest.fixture
+def store_config(tmp_path: Path) -> StoreConfig:
+    return small_store_config(tmp_path / "store")
 
 
 @pytest.fixture
