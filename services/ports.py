@@ -160,6 +160,12 @@ class CommitLogPort(Protocol):
         None where the log no longer holds it."""
         ...
 
+    async def read_framed(self, ranges: Sequence[tuple[int, int]], tag: int) -> bytes | bytearray:
+        """The records of :meth:`read` framed as a protobuf ``repeated bytes`` field with the
+        one-byte ``tag`` (libstore.record_framing; a missing record framed empty), for a reply
+        that carries them on (services._common.wire)."""
+        ...
+
     def tail(
         self,
         from_offset: int,

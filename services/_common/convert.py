@@ -189,10 +189,3 @@ def records_or_none(records: Sequence[bytes]) -> list[bytes | None]:
     if b"" in out:  # rare (retention, a cut): only then a Python loop
         out = [r or None for r in out]
     return out
-
-
-def records_or_empty(records: list[bytes | None]) -> list[bytes]:
-    """The inverse of :func:`records_or_none`, for the wire."""
-    if None in records:
-        return [r or b"" for r in records]
-    return cast(list[bytes], records)  # no None in it

@@ -27,6 +27,7 @@ from services._common.mux import CallMuxServicer
 from services._common.mux import add_to_server as add_call_mux
 from services._common.telemetry import server_interceptors
 from services._common.tls import TlsConfig
+from services._common.wire import accepts_encoded_replies
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Health service name that is SERVING while the process answers (liveness/startup probes); the
@@ -109,7 +110,8 @@ async def start_grpc_server(
     options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(interceptors=server_interceptors() or None, options=options)
-    wrapping = WrappingRegistrar(server, [map_errors, *wrappers])
+    # Innermost: the outer wrappers rebuild handlers around its serializer.
+    wrapping = WrappingRegistrar(server, [map_errors, *wrappers, accepts_encoded_replies])
     registrar = cast(grpc.aio.Server, wrapping)
     names = add_servicers(registrar)
     mux = CallMuxServicer(wrapping.unary_handler) if call_mux else None

@@ -10,8 +10,8 @@ import grpc
 
 from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
 from libstore.message import MessageFields
-from services._common import convert
-from services._common.mux import carried_stub, channel_mux
+from services._common import convert, wire
+from services._common.mux import MuxMethod, carried_stub, channel_mux
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
 from services.commitlog.append_coalescer import AppendCoalescer
 from services.commitlog.read_plan import DEFAULT_RECORD_SIZE, plan_reads
@@ -23,6 +23,13 @@ from services.proto import commitlog_grpc, commitlog_pb, common_pb
 # larger one goes unary, so no small call waits behind it on the stream.
 CARRIED = ("Append", "Read", "GetTopic", "ReleaseTransient")
 CARRIED_MAX_BYTES = 256 * 1024
+READ_METHOD = "/mqstore.v1.CommitLogService/Read"
+
+
+def _carried_read(sizes: Sequence[int]) -> bool:
+    """Whether a Read of records of ``sizes`` (0: a whole record of unknown size) goes on the
+    stream: at most CARRIED_MAX_BYTES."""
+    return sum(sizes) + sizes.count(0) * DEFAULT_RECORD_SIZE <= CARRIED_MAX_BYTES
 
 
 class RemoteCommitLog:
@@ -31,7 +38,13 @@ class RemoteCommitLog:
     def __init__(self, channel: grpc.aio.Channel, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.stub = commitlog_grpc.CommitLogServiceStub(channel)
         service = commitlog_pb.DESCRIPTOR.services_by_name["CommitLogService"]
-        self.carried = carried_stub(self.stub, channel_mux(channel), service, CARRIED)
+        mux = channel_mux(channel)
+        self.carried = carried_stub(self.stub, mux, service, CARRIED)
+        # Read answered in its wire form (services._common.wire), unary or carried.
+        self._read_encoded = channel.unary_unary(
+            READ_METHOD, request_serializer=commitlog_pb.ReadRequest.SerializeToString
+        )
+        self._read_encoded_carried = MuxMethod(mux, self._read_encoded, READ_METHOD, bytes)
         self.timeout_s = timeout_s
         self.coalescer = AppendCoalescer(self._append_call)
 
@@ -74,14 +87,35 @@ class RemoteCommitLog:
 
     async def _read_chunk(self, chunk: Sequence[tuple[int, int]]) -> list[bytes | None]:
         offsets, sizes = convert.ranges_to_columns(chunk)
-        small = sum(sizes) + sizes.count(0) * DEFAULT_RECORD_SIZE <= CARRIED_MAX_BYTES
         reply = await call(
-            self.carried.Read if small else self.stub.Read,
+            self.carried.Read if _carried_read(sizes) else self.stub.Read,
             commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
             idempotent=True,
             timeout_s=self.timeout_s,
         )
         return convert.records_or_none(reply.records)
+
+    async def read_framed(self, ranges: Sequence[tuple[int, int]], tag: int) -> bytearray:
+        """The records at ``ranges`` framed with ``tag``: the Read replies' wire form as the
+        service encoded it (services._common.wire), re-tagged in place, no record decoded."""
+        chunks = plan_reads(ranges)
+        if len(chunks) == 1:
+            framed = bytearray(await self._read_chunk_framed(chunks[0]))
+        else:
+            framed = bytearray().join(await asyncio.gather(*map(self._read_chunk_framed, chunks)))
+        if tag != wire.READ_RECORDS_TAG:
+            wire.retag(framed, [size for _, size in ranges], tag)
+        return framed
+
+    async def _read_chunk_framed(self, chunk: Sequence[tuple[int, int]]) -> bytes:
+        offsets, sizes = convert.ranges_to_columns(chunk)
+        reply: bytes = await call(
+            self._read_encoded_carried if _carried_read(sizes) else self._read_encoded,
+            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
+            idempotent=True,
+            timeout_s=self.timeout_s,
+        )
+        return reply
 
     async def tail(
         self,

@@ -443,19 +443,33 @@ class LocalCommitLog:
         largest record. ``bounded`` (the Read RPC: ranges a remote caller chose) also raises
         InvalidArgumentError for more than ``maxReadRangesPerCall`` ranges or records past
         ``maxReadBytesPerCall`` bytes; in-process callers ask for what they were bounded to."""
-        cfg = self.log.config
-        if bounded and len(ranges) > cfg.max_read_ranges_per_call:
-            raise InvalidArgumentError(
-                f"a read asks for at most {cfg.max_read_ranges_per_call} ranges (maxReadRangesPerCall), "
-                f"got {len(ranges)}"
-            )
         with self._tracer.start_as_current_span("commitlog.read") as span:
             span.set_attribute("mqstore.ranges", len(ranges))
-            return self.log.read_many(
-                ranges,
-                max_bytes=cfg.max_read_bytes_per_call if bounded else 0,
-                max_record_size=cfg.max_record_size,
+            return self.log.read_many(ranges, **self._read_bounds(len(ranges), bounded))
+
+    async def read_framed(
+        self, ranges: Sequence[tuple[int, int]], tag: int, *, bounded: bool = False
+    ) -> bytes:
+        """:meth:`read`'s records framed as a protobuf ``repeated bytes`` field with the one-byte
+        ``tag`` (CommitLog.read_many_framed: copied once, out of the mapping), under the same
+        bounds."""
+        with self._tracer.start_as_current_span("commitlog.read") as span:
+            span.set_attribute("mqstore.ranges", len(ranges))
+            return self.log.read_many_framed(ranges, tag, **self._read_bounds(len(ranges), bounded))
+
+    def _read_bounds(self, count: int, bounded: bool) -> dict[str, int]:
+        """A read's keyword bounds; InvalidArgumentError for a ``bounded`` one of more than
+        ``maxReadRangesPerCall`` ranges."""
+        cfg = self.log.config
+        if bounded and count > cfg.max_read_ranges_per_call:
+            raise InvalidArgumentError(
+                f"a read asks for at most {cfg.max_read_ranges_per_call} ranges (maxReadRangesPerCall), "
+                f"got {count}"
             )
+        return {
+            "max_bytes": cfg.max_read_bytes_per_call if bounded else 0,
+            "max_record_size": cfg.max_record_size,
+        }
 
     # -- tail -----------------------------------------------------------------------------------
     async def tail(

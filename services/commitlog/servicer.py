@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from libstore import BrokerRole, InvalidArgumentError, TopicNotFoundError
-from services._common import convert
+from services._common import convert, wire
 from services.commitlog.ha import HAController
 from services.commitlog.local import MAX_TAIL_LINGER_MS, LocalCommitLog
 from services.proto import commitlog_grpc, commitlog_pb, common_pb
@@ -41,14 +41,14 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
         results = await self.port.append(messages, expected_epoch=request.expected_epoch)
         return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
 
-    async def Read(
-        self, request: commitlog_pb.ReadRequest, context: grpc.aio.ServicerContext
-    ) -> commitlog_pb.ReadResponse:
+    async def Read(self, request: commitlog_pb.ReadRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """A ReadResponse, encoded here (services._common.wire): its records are copied once,
+        from the log into the reply, and a gateway can pass them on in the same form."""
         if len(request.offsets) != len(request.sizes):
             raise InvalidArgumentError("offsets and sizes must have the same length")
         ranges = list(zip(request.offsets, request.sizes, strict=True))
-        records = await self.port.read(ranges, bounded=True)  # maxReadRangesPerCall, maxReadBytesPerCall
-        return commitlog_pb.ReadResponse(records=convert.records_or_empty(records))
+        # maxReadRangesPerCall, maxReadBytesPerCall
+        return await self.port.read_framed(ranges, wire.READ_RECORDS_TAG, bounded=True)
 
     async def Tail(
         self, request: commitlog_pb.TailRequest, context: grpc.aio.ServicerContext

@@ -42,6 +42,7 @@ from libstore import (
 from libstore.consume_queue import BoundaryType
 from libstore.consumer_offset_manager import QueueProgress
 from libstore.message import MessageFields
+from libstore.record_framing import frame_records
 from libstore.subscription_group import SubscriptionGroupConfig
 from services.ports import (
     CommitLogPort,
@@ -228,14 +229,20 @@ class GroupCommitLog:
     async def append_records(self, raw: bytes, born_host: str = "") -> PutMessageResults:
         return await self.group.on_master(lambda m: m.commitlog.append_records(raw, born_host))
 
-    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
-        if not ranges:
-            return []
+    async def _readers(self, ranges: Sequence[tuple[int, int]]) -> list[Member]:
+        """The members to read ``ranges`` from, in the order to try them: a slave first when
+        slave reads are on and the master is past ``slave_read_lag_bytes`` ahead of them."""
         members = await self.group.readers()
         if self.group.slave_read_enable and len(members) > 1 and members[0].is_master:
             lowest = min(o for o, _ in ranges)
             if members[0].max_offset - lowest > self.group.slave_read_lag_bytes:
                 members = [*members[1:], members[0]]
+        return members
+
+    async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
+        if not ranges:
+            return []
+        members = await self._readers(ranges)
         out: list[bytes | None] | None = None  # the first answer; later members fill its gaps
         missing: list[int] = []
         last: BaseException | None = None
@@ -263,6 +270,22 @@ class GroupCommitLog:
                 raise last
             return [None] * len(ranges)
         return out
+
+    async def read_framed(self, ranges: Sequence[tuple[int, int]], tag: int) -> bytes | bytearray:
+        """The first member that answers, as it answers: records it lacks are framed empty (a
+        caller that finds some missing reads them through :meth:`read`, which asks the others)."""
+        last: BaseException | None = None
+        for member in await self._readers(ranges) if ranges else []:
+            try:
+                return await member.commitlog.read_framed(ranges, tag)
+            except (StoreError, grpc.RpcError) as exc:
+                if not _unreachable(exc):
+                    raise
+                member.mark_down()
+                last = exc
+        if last is not None:
+            raise last
+        return frame_records([None] * len(ranges), tag)
 
     def tail(
         self,

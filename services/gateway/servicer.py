@@ -61,7 +61,7 @@ from libstore.record_codec import (
 )
 from libstore.results import GetMessageStatus
 from libstore.system_topics import is_system_topic
-from services._common import convert, message_trace
+from services._common import convert, message_trace, wire
 from services._common.telemetry import tracer
 from services.dispatch.convert import PULL_STATUS_TO_PB, group_from_pb, group_to_pb, progress_to_pb
 from services.gateway.acl import PUB, SUB, AccessControl, Account
@@ -226,7 +226,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     async def Pull(
         self, request: gateway_pb.PullRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb.PullResponse:
+    ) -> gateway_pb.PullResponse | bytes:
         if not request.group:
             raise InvalidArgumentError("group must be non-empty")
         self._check_pull(request.queue_id, request.offset, request.max_count)
@@ -254,6 +254,15 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 raise self._too_many_held()
             answered = time.perf_counter()
             selection = _selection(entries)
+            if request.raw and selection.sizes and filt.accepts_all and not span.is_recording():
+                parts = await self._encoded_results([selection], [(0, offset)], filt)
+                if parts is not None:
+                    span.set_attribute("mqstore.messages", len(selection.sizes))
+                    self._get_metrics.record(
+                        request.topic, request.group, len(selection.sizes), sum(selection.sizes), answered
+                    )
+                    # One PullResponse, its fields in two pieces: header, then the records.
+                    return b"".join(parts[1:])
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
@@ -267,7 +276,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     async def PullMany(
         self, request: gateway_pb.PullManyRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb.PullManyResponse:
+    ) -> gateway_pb.PullManyResponse | bytes:
         if not request.group:
             raise InvalidArgumentError("group must be non-empty")
         queues = request.queues
@@ -308,6 +317,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             selections = [_selection(e) for e in answers]
             # One read for every queue's records (a remote commitlog plans it into bounded calls).
             ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
+            if ranges and filt.accepts_all and not span.is_recording():
+                parts = await self._encoded_results(selections, [(q[0], q[1]) for q in queries], filt)
+                if parts is not None:
+                    span.set_attribute("mqstore.messages", len(ranges))
+                    self._get_metrics.record(
+                        topic, request.group, len(ranges), sum(size for _, size in ranges), answered
+                    )
+                    return b"".join(parts)
             raws = await self.commitlog.read(ranges) if ranges else []
             reply = gateway_pb.PullManyResponse()
             start = 0
@@ -327,6 +344,44 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 _trace_delivery(span, topic, request.group, delivered_raws)
             self._get_metrics.record(topic, request.group, delivered, delivered_bytes, answered)
             return reply
+
+    async def _encoded_results(
+        self, selections: Sequence[UnitSelection], pulls: Sequence[tuple[int, int]], filt: TagFilter
+    ) -> list[bytes | memoryview] | None:
+        """The PullManyResponse answering ``selections`` (one per queue, from the (queue id,
+        start offset) ``pulls``), encoded here in pieces to join: the records pass from the
+        commitlog's reply into this one without being decoded (services._common.wire). None
+        when a record is missing (retention): the caller then reads them one by one."""
+        sizes = list(itertools.chain.from_iterable(sel.sizes for sel in selections))
+        framed = await self.commitlog.read_framed(
+            list(itertools.chain.from_iterable(sel.ranges() for sel in selections)), wire.PULL_RECORDS_TAG
+        )
+        starts = wire.record_starts(sizes, framed)
+        if starts is None:
+            return None
+        records = memoryview(framed)
+        parts: list[bytes | memoryview] = []
+        first = 0
+        for (queue_id, offset), sel in zip(pulls, selections, strict=False):
+            count = len(sel.sizes)
+            result = (
+                GetMessageResult(
+                    GetMessageStatus.FOUND,
+                    sel.next_offset,
+                    sel.min_offset,
+                    sel.max_offset,
+                    queue_offsets=sel.queue_offsets,
+                )
+                if count
+                else fetch_messages(sel, [], filt)
+            )
+            header = _pull_response(gateway_pb.PullResponse(), result, offset, raw=True, queue_id=queue_id)
+            fields: list[bytes | memoryview] = [header.SerializeToString()]
+            if count:
+                fields.append(records[starts[first] : starts[first + count]])
+            parts += wire.length_delimited(wire.PULL_MANY_RESULTS_TAG, fields)
+            first += count
+        return parts
 
     def _check_pull(self, queue_id: int, offset: int, max_count: int) -> None:
         """One queue's part of a Pull or PullMany; InvalidArgumentError when out of bounds."""

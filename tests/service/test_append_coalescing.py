@@ -4,31 +4,21 @@ gateway and dispatch use): many made at once share Append calls (services.commit
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from libstore import Message, MessageIllegalError, PutMessageResults
 from libstore.record_codec import decode_record
-from services.serve import ServeOptions
-from tests.service.harness import SMALL_STORE, InProcessSuites
+from services.serve import Suite
+from tests.service.harness import InProcessSuites
 
 
 def test_concurrent_appends_share_calls_and_each_caller_gets_its_own_records(
-    suites: InProcessSuites, tmp_path: Path
+    suites: InProcessSuites, commitlog_alone: Suite
 ) -> None:
     import asyncio
 
     from services._common.remote import open_channel
     from services.commitlog.client import RemoteCommitLog
 
-    suite = suites.start(
-        ServeOptions(
-            role="commitlog",
-            data_dir=tmp_path / "commitlog",
-            listen="127.0.0.1:0",
-            store={**SMALL_STORE, "autoCreateTopicEnable": "true"},
-        )
-    )
-    suites.wait_ready(suite)
+    suite = commitlog_alone
 
     async def scenario() -> tuple[list[PutMessageResults], list[list[bytes]], BaseException | None, int]:
         channel = open_channel(suite.address)

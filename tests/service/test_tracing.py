@@ -41,24 +41,6 @@ def exporter() -> InMemorySpanExporter:
     return exp
 
 
-@pytest.fixture
-def split_in_process(suites: InProcessSuites, tmp_path: Path) -> str:
-    addr: dict[str, str] = {}
-    for role in ("commitlog", "dispatch", "index", "gateway"):  # each after what it reaches
-        suite = suites.start(
-            ServeOptions(
-                role=role,
-                data_dir=tmp_path / role,
-                listen="127.0.0.1:0",
-                store=SMALL_STORE,
-                **addr,  # commitlog=, dispatch=, index= of the roles already serving
-            )
-        )
-        suites.wait_ready(suite)
-        addr[role] = suite.address
-    return addr["gateway"]
-
-
 def _wait_for(exporter: InMemorySpanExporter, predicate, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while True:
