@@ -2234,23 +2234,26 @@ error:
 /* ---- frame_run: records read out of a segment, framed as a protobuf repeated bytes field ---- */
 
 PyDoc_STRVAR(frame_run_doc,
-"frame_run(buf, base, readable, ranges, start, tag, stub_flag, max_record_size, max_bytes, total)\n"
-"    -> (bytes, next, total)\n\n"
-"From ranges[start] on ((offset, size) tuples, offsets into the log), the records of one\n"
-"segment mapped as buf (its first byte at log offset base, readable up to log offset\n"
+"frame_run(buf, base, readable, ranges, start, tag, stub_byte, stub_bit, max_record_size,\n"
+"          max_bytes, total) -> (bytes, next, total)\n\n"
+"From ranges[start] on ((offset, size) tuples of ints, offsets into the log), the records of\n"
+"one segment mapped as buf (its first byte at log offset base, readable up to log offset\n"
 "readable), each framed as a length-delimited protobuf field with the one-byte tag: tag,\n"
-"varint size, the record. Stops at the first range it leaves to the caller: not a 2-tuple,\n"
-"outside [base, readable), size <= 0 or > max_record_size (0: no bound), a transient stub\n"
-"(stub_flag set in SYSFLAG), or a record that would take the running total past max_bytes\n"
-"(0: no bound). next is that range's index (len(ranges) when none); total, the record bytes\n"
-"framed so far, this call's included. libstore.log_reads.read_records_framed is the caller.");
+"varint size, the record. Stops at the first range it leaves to the caller: not a 2-tuple of\n"
+"ints, outside [base, readable), size <= 0 or > max_record_size (0: no bound), a transient\n"
+"stub (record byte stub_byte has stub_bit set), or a record that would take the running\n"
+"total past max_bytes (0: no bound). next is that range's index (len(ranges) when none);\n"
+"total, the record bytes framed so far, this call's included.\n"
+"libstore.log_reads.read_records_framed is the caller.");
 
 static int frame_range(PyObject *item, long long *offset, long long *size) {
     if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) return 0;
-    *offset = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
-    *size = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1));
+    PyObject *o = PyTuple_GET_ITEM(item, 0), *z = PyTuple_GET_ITEM(item, 1);
+    if (!PyLong_Check(o) || !PyLong_Check(z)) return 0; /* ints only: no __index__ runs */
+    *offset = PyLong_AsLongLong(o);
+    *size = PyLong_AsLongLong(z);
     if (PyErr_Occurred()) {
-        PyErr_Clear(); /* not ints: the caller's path says what is wrong */
+        PyErr_Clear(); /* past int64: the caller's path says what is wrong */
         return 0;
     }
     return 1;
@@ -2266,18 +2269,18 @@ static Py_ssize_t varint_len(unsigned long long v) {
 }
 
 static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 10 || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "frame_run(buffer, int, int, list, int, int, int, int, int, int)");
+    if (nargs != 11 || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "frame_run(buffer, int, int, list, int, int, int, int, int, int, int)");
         return NULL;
     }
     long long base = PyLong_AsLongLong(args[1]), readable = PyLong_AsLongLong(args[2]);
     Py_ssize_t start = PyLong_AsSsize_t(args[4]);
-    long tag = PyLong_AsLong(args[5]), stub_flag = PyLong_AsLong(args[6]);
-    long long max_record = PyLong_AsLongLong(args[7]), max_bytes = PyLong_AsLongLong(args[8]);
-    long long total = PyLong_AsLongLong(args[9]);
+    long tag = PyLong_AsLong(args[5]), stub_byte = PyLong_AsLong(args[6]), stub_bit = PyLong_AsLong(args[7]);
+    long long max_record = PyLong_AsLongLong(args[8]), max_bytes = PyLong_AsLongLong(args[9]);
+    long long total = PyLong_AsLongLong(args[10]);
     if (PyErr_Occurred()) return NULL;
-    if (tag < 0 || tag > 0x7F) {
-        PyErr_SetString(PyExc_ValueError, "frame_run: a tag is one byte below 0x80");
+    if (tag < 0 || tag > 0x7F || stub_byte < 0 || base < 0) {
+        PyErr_SetString(PyExc_OverflowError, "frame_run: a tag is one byte below 0x80; positions are >= 0");
         return NULL;
     }
     PyObject *ranges = args[3];
@@ -2286,16 +2289,19 @@ static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
-    long long limit = readable < base + (long long)view.len ? readable : base + (long long)view.len;
+    long long limit = readable - base < (long long)view.len ? readable : base + (long long)view.len;
     Py_ssize_t end = start, out_len = 0;
     long long run_total = total;
-    for (; end < n; end++) { /* pass 1: how far, and how many bytes */
+    /* Pass 1: how far, and how many bytes. No Python code runs until pass 2 is done (the ranges
+       are exact ints read with the GIL held), so pass 2 reads the same values. */
+    for (; end < n; end++) {
         long long offset, size;
         if (!frame_range(PyList_GET_ITEM(ranges, end), &offset, &size)) break;
-        if (offset < base || size <= 0 || offset + size > limit || (max_record > 0 && size > max_record)) break;
+        if (offset < base || offset >= limit || size <= 0 || size > limit - offset) break;
+        if (max_record > 0 && size > max_record) break;
         const unsigned char *r = buf + (offset - base);
-        if (size > SYS_FLAG_POSITION + 1 && (rd32(r + SYS_FLAG_POSITION) & stub_flag)) break;
-        if (max_bytes > 0 && run_total + size > max_bytes) break;
+        if (size > stub_byte && (r[stub_byte] & stub_bit)) break;
+        if (max_bytes > 0 && size > max_bytes - run_total) break;
         run_total += size;
         out_len += 1 + varint_len((unsigned long long)size) + (Py_ssize_t)size;
     }
@@ -2306,7 +2312,7 @@ static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = start; i < end; i++) { /* pass 2: the same ranges, checked above */
-        long long offset, size;
+        long long offset = 0, size = 0;
         frame_range(PyList_GET_ITEM(ranges, i), &offset, &size);
         *w++ = (unsigned char)tag;
         unsigned long long v = (unsigned long long)size;
@@ -2320,6 +2326,110 @@ static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(NnL)", out, end, run_total);
+}
+
+/* Reads one framed value's header at *pos: tag byte, then a varint length (at most 10 bytes).
+   Returns the length, or -1 when the header is cut short, too long or the value overruns. */
+static long long framed_value(const unsigned char *b, Py_ssize_t len, Py_ssize_t *pos, int *tag_seen) {
+    Py_ssize_t p = *pos;
+    if (p >= len) return -1;
+    *tag_seen = b[p++];
+    unsigned long long v = 0;
+    for (int shift = 0;; shift += 7) {
+        if (p >= len || shift > 63) return -1;
+        unsigned char c = b[p++];
+        v |= (unsigned long long)(c & 0x7F) << shift;
+        if (c < 0x80) break;
+    }
+    if (v > (unsigned long long)(len - p)) return -1;
+    *pos = p + (Py_ssize_t)v;
+    return (long long)v;
+}
+
+PyDoc_STRVAR(framed_starts_doc,
+"framed_starts(buf, tag, count) -> (starts, value_bytes) | None\n\n"
+"Walks buf as a run of length-delimited protobuf values: when it holds exactly count values,\n"
+"each with the one-byte tag and none empty, the position of each one's tag byte plus the end\n"
+"(count + 1 positions) and the bytes of the values together; else None (a missing record is\n"
+"framed empty). libstore.record_framing.value_starts.");
+
+static PyObject *py_framed_starts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "framed_starts(buffer, int, int)");
+        return NULL;
+    }
+    long tag = PyLong_AsLong(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    Py_ssize_t len = view.len, pos = 0, i = 0;
+    long long payload = 0;
+    PyObject *starts = count >= 0 ? PyList_New(count + 1) : NULL;
+    if (starts == NULL) {
+        PyBuffer_Release(&view);
+        if (!PyErr_Occurred()) Py_RETURN_NONE;
+        return NULL;
+    }
+    for (; pos < len; i++) {
+        Py_ssize_t at = pos;
+        int seen;
+        long long size = framed_value(b, len, &pos, &seen);
+        if (size <= 0 || seen != tag || i >= count) goto mismatch;
+        PyObject *v = PyLong_FromSsize_t(at);
+        if (v == NULL) goto fail;
+        PyList_SET_ITEM(starts, i, v);
+        payload += size;
+    }
+    if (i != count) goto mismatch;
+    PyObject *end = PyLong_FromSsize_t(len);
+    if (end == NULL) goto fail;
+    PyList_SET_ITEM(starts, count, end);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NL)", starts, payload);
+mismatch:
+    PyBuffer_Release(&view);
+    Py_DECREF(starts); /* unset items are NULL: list_dealloc skips them */
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&view);
+    Py_DECREF(starts);
+    return NULL;
+}
+
+PyDoc_STRVAR(retag_doc,
+"retag(framed, tag) -> count\n\n"
+"Gives every length-delimited protobuf value in the bytearray framed the one-byte tag, in\n"
+"place (lengths unchanged); the number of values. ValueError, framed unchanged, when it is\n"
+"not such a run of values. libstore.record_framing.retag.");
+
+static PyObject *py_retag(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "retag(bytearray, int)");
+        return NULL;
+    }
+    long tag = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (tag < 0 || tag > 0x7F) {
+        PyErr_SetString(PyExc_ValueError, "retag: a tag is one byte below 0x80");
+        return NULL;
+    }
+    unsigned char *b = (unsigned char *)PyByteArray_AS_STRING(args[0]);
+    Py_ssize_t len = PyByteArray_GET_SIZE(args[0]), pos = 0, count = 0;
+    int seen;
+    while (pos < len) { /* check the whole run before writing */
+        if (framed_value(b, len, &pos, &seen) < 0) {
+            PyErr_SetString(PyExc_ValueError, "retag: not a run of length-delimited values");
+            return NULL;
+        }
+        count++;
+    }
+    for (pos = 0; pos < len;) {
+        b[pos] = (unsigned char)tag;
+        framed_value(b, len, &pos, &seen);
+    }
+    return PyLong_FromSsize_t(count);
 }
 
 static PyMethodDef methods[] = {
@@ -2339,6 +2449,8 @@ static PyMethodDef methods[] = {
     {"split_transient", (PyCFunction)(void (*)(void))py_split_transient, METH_FASTCALL, split_transient_doc},
     {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},
     {"frame_run", (PyCFunction)(void (*)(void))py_frame_run, METH_FASTCALL, frame_run_doc},
+    {"framed_starts", (PyCFunction)(void (*)(void))py_framed_starts, METH_FASTCALL, framed_starts_doc},
+    {"retag", (PyCFunction)(void (*)(void))py_retag, METH_FASTCALL, retag_doc},
     {NULL, NULL, 0, NULL},
 };
 

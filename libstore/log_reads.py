@@ -21,7 +21,7 @@ from libstore.durability import STUB_FLAG_BIT, STUB_FLAG_BYTE, is_stub
 from libstore.errors import CorruptRecordError, InvalidArgumentError, OffsetOutOfRangeError
 from libstore.mapped_file import MappedFile
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.message import MessageRecord, MessageSysFlag
+from libstore.message import MessageRecord
 from libstore.record_codec import (
     RECORD_OVERHEAD_V1_IPV4,
     decode_record,
@@ -128,6 +128,8 @@ def read_records_framed(
     the mapping (no bytes object a record); what it leaves (a segment change, a transient
     stub, size 0, a record past the bounds) goes through :func:`read_records` one range at a
     time. Raises InvalidArgumentError past ``max_bytes`` as :func:`read_records` does."""
+    if not 0 <= tag < 0x80:
+        raise ValueError(f"a tag is one byte below 0x80, got {tag}")
     ext = native()
     if ext is None:
         records = read_records(queue, transient, ranges, max_bytes=max_bytes, max_record_size=max_record_size)
@@ -149,7 +151,8 @@ def read_records_framed(
                     ranges,
                     i,
                     tag,
-                    MessageSysFlag.TRANSIENT_STUB_FLAG,
+                    STUB_FLAG_BYTE,
+                    STUB_FLAG_BIT,
                     max_record_size,
                     max_bytes,
                     total,

@@ -16,7 +16,10 @@ import functools
 from collections.abc import Iterable
 from typing import Literal, overload
 
+from libstore.record_codec import native
+
 WIRE_LENGTH_DELIMITED = 2
+Framed = bytes | bytearray | memoryview  # a run of framed values
 
 
 def varint(value: int) -> bytes:
@@ -59,3 +62,74 @@ def frame_records(records: Iterable[bytes | None], tag: int, *, mutable: bool = 
         else:
             add(field_header(tag, 0))
     return (bytearray() if mutable else b"").join(parts)
+
+
+def _value_at(framed: Framed, pos: int) -> tuple[int, int, int]:
+    """(tag, length, end) of the value framed at ``pos``; ValueError when it is cut short."""
+    end = len(framed)
+    if pos >= end:
+        raise ValueError("no value here")
+    tag = framed[pos]
+    pos += 1
+    length = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("a length cut short")
+        byte = framed[pos]
+        pos += 1
+        length |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            break
+    if length > end - pos:
+        raise ValueError("a value past the end")
+    return tag, length, pos + length
+
+
+def value_starts(
+    framed: bytes | bytearray | memoryview, tag: int, count: int
+) -> tuple[list[int], int] | None:
+    """When ``framed`` holds exactly ``count`` values, each framed with ``tag`` and none empty
+    (a record the log no longer holds is framed empty): where each one's tag byte is, plus the
+    end (``count + 1`` positions), and the bytes of the values together. Else None: the caller
+    then looks at the records one by one. The values are walked, not placed by the sizes that
+    were asked for: a transient message's stub reads as its whole, larger record."""
+    ext = native()
+    if ext is not None:
+        found: tuple[list[int], int] | None = ext.framed_starts(framed, tag, count)
+        return found
+    starts: list[int] = []
+    total = pos = 0
+    try:
+        while pos < len(framed):
+            starts.append(pos)
+            seen, length, pos = _value_at(framed, pos)
+            if seen != tag or length == 0 or len(starts) > count:
+                return None
+            total += length
+    except ValueError:
+        return None
+    if len(starts) != count:
+        return None
+    starts.append(len(framed))
+    return starts, total
+
+
+def retag(framed: bytearray, tag: int) -> int:
+    """Give every value framed in ``framed`` the one-byte ``tag``, in place (lengths unchanged):
+    the records of one reply's field passed on as another's. Returns how many; ValueError,
+    ``framed`` unchanged, when it is not a run of length-delimited values."""
+    if not 0 <= tag < 0x80:
+        raise ValueError(f"a tag is one byte below 0x80, got {tag}")
+    ext = native()
+    if ext is not None:
+        count: int = ext.retag(framed, tag)
+        return count
+    starts = []
+    pos = 0
+    while pos < len(framed):
+        starts.append(pos)
+        pos = _value_at(framed, pos)[2]
+    for start in starts:
+        framed[start] = tag
+    return len(starts)

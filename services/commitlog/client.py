@@ -10,6 +10,7 @@ import grpc
 
 from libstore import PutMessageResults, TopicConfig, TopicNotFoundError
 from libstore.message import MessageFields
+from libstore.record_framing import retag
 from services._common import convert, wire
 from services._common.mux import MuxMethod, carried_stub, channel_mux
 from services._common.remote import DEFAULT_TIMEOUT_S, call, reraise_mapped
@@ -104,7 +105,7 @@ class RemoteCommitLog:
         else:
             framed = bytearray().join(await asyncio.gather(*map(self._read_chunk_framed, chunks)))
         if tag != wire.READ_RECORDS_TAG:
-            wire.retag(framed, [size for _, size in ranges], tag)
+            retag(framed, tag)
         return framed
 
     async def _read_chunk_framed(self, chunk: Sequence[tuple[int, int]]) -> bytes:

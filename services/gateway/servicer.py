@@ -59,6 +59,7 @@ from libstore.record_codec import (
     decode_records,
     record_topics,
 )
+from libstore.record_framing import value_starts
 from libstore.results import GetMessageStatus
 from libstore.system_topics import is_system_topic
 from services._common import convert, message_trace, wire
@@ -255,11 +256,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             answered = time.perf_counter()
             selection = _selection(entries)
             if request.raw and selection.sizes and filt.accepts_all and not span.is_recording():
-                parts = await self._encoded_results([selection], [(0, offset)], filt)
-                if parts is not None:
+                encoded = await self._encoded_results([selection], [(0, offset)], filt)
+                if encoded is not None:
+                    parts, delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(selection.sizes))
                     self._get_metrics.record(
-                        request.topic, request.group, len(selection.sizes), sum(selection.sizes), answered
+                        request.topic, request.group, len(selection.sizes), delivered_bytes, answered
                     )
                     # One PullResponse, its fields in two pieces: header, then the records.
                     return b"".join(parts[1:])
@@ -318,12 +320,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             # One read for every queue's records (a remote commitlog plans it into bounded calls).
             ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
             if ranges and filt.accepts_all and not span.is_recording():
-                parts = await self._encoded_results(selections, [(q[0], q[1]) for q in queries], filt)
-                if parts is not None:
+                encoded = await self._encoded_results(selections, [(q[0], q[1]) for q in queries], filt)
+                if encoded is not None:
+                    parts, delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(ranges))
-                    self._get_metrics.record(
-                        topic, request.group, len(ranges), sum(size for _, size in ranges), answered
-                    )
+                    self._get_metrics.record(topic, request.group, len(ranges), delivered_bytes, answered)
                     return b"".join(parts)
             raws = await self.commitlog.read(ranges) if ranges else []
             reply = gateway_pb.PullManyResponse()
@@ -347,18 +348,18 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     async def _encoded_results(
         self, selections: Sequence[UnitSelection], pulls: Sequence[tuple[int, int]], filt: TagFilter
-    ) -> list[bytes | memoryview] | None:
+    ) -> tuple[list[bytes | memoryview], int] | None:
         """The PullManyResponse answering ``selections`` (one per queue, from the (queue id,
-        start offset) ``pulls``), encoded here in pieces to join: the records pass from the
-        commitlog's reply into this one without being decoded (services._common.wire). None
-        when a record is missing (retention): the caller then reads them one by one."""
-        sizes = list(itertools.chain.from_iterable(sel.sizes for sel in selections))
-        framed = await self.commitlog.read_framed(
-            list(itertools.chain.from_iterable(sel.ranges() for sel in selections)), wire.PULL_RECORDS_TAG
-        )
-        starts = wire.record_starts(sizes, framed)
-        if starts is None:
+        start offset) ``pulls``), encoded here in pieces to join, and the record bytes it
+        carries: the records pass from the commitlog's reply into this one without being
+        decoded (services._common.wire). None when a record is missing (retention, a transient
+        message gone): the caller then reads them one by one."""
+        ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
+        framed = await self.commitlog.read_framed(ranges, wire.PULL_RECORDS_TAG)
+        found = value_starts(framed, wire.PULL_RECORDS_TAG, len(ranges))
+        if found is None:
             return None
+        starts, delivered_bytes = found
         records = memoryview(framed)
         parts: list[bytes | memoryview] = []
         first = 0
@@ -381,7 +382,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 fields.append(records[starts[first] : starts[first + count]])
             parts += wire.length_delimited(wire.PULL_MANY_RESULTS_TAG, fields)
             first += count
-        return parts
+        return parts, delivered_bytes
 
     def _check_pull(self, queue_id: int, offset: int, max_count: int) -> None:
         """One queue's part of a Pull or PullMany; InvalidArgumentError when out of bounds."""

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libstore import CommitLog, Message, PutMessageStatus, log_reads
+from libstore import CommitLog, Message, PutMessageStatus, log_reads, record_framing
 from libstore.errors import InvalidArgumentError
 from libstore.record_codec import native
 from libstore.record_framing import frame_records
@@ -61,7 +61,9 @@ def _pick(ranges: list[tuple[int, int]], end: int) -> st.SearchStrategy[list[tup
     whole = stored.map(lambda r: (r[0], 0))  # size 0: as the record's TOTALSIZE says
     missing = st.tuples(st.integers(end, end + 10_000), st.integers(1, 500))  # past the log's end
     torn = stored.map(lambda r: (r[0], r[1] + 70_000))  # larger than any record
-    return st.lists(st.one_of(stored, stored, stored, whole, missing, torn), max_size=40)
+    # Offsets near the top of int64: offset + size must not wrap around in the bounds check.
+    huge = st.tuples(st.integers(2**63 - 70_000, 2**63 - 1), st.integers(1, 70_000))
+    return st.lists(st.one_of(stored, stored, stored, whole, missing, torn, huge), max_size=40)
 
 
 def test_the_c_module_is_built() -> None:
@@ -110,3 +112,46 @@ def test_framed_records_parse_as_the_replies_that_carry_them(log_and_ranges) -> 
         gateway_pb.PullResponse(next_offset=9).SerializeToString() + _framed(cl, ranges[:12], TAG_PULL)
     )
     assert pull.next_offset == 9 and list(pull.records) == records[:12]
+
+
+def test_a_range_whose_end_passes_int64_reads_as_missing(log_and_ranges: tuple[CommitLog, Ranges]) -> None:
+    cl, stored = log_and_ranges
+    ranges = [stored[0], (2**63 - 50, 100), stored[1]]
+    assert _framed(cl, ranges, TAG_READ) == _reference(cl, ranges, TAG_READ)
+    assert log_reads.read_records(cl.queue, cl.transient, ranges)[1] is None
+
+
+_values = st.lists(st.binary(max_size=300) | st.just(b"x" * 20_000), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=_values, tag=st.integers(0, 0x7F), cut=st.integers(0, 40), junk=st.binary(max_size=3))
+def test_walking_framed_values_in_c_matches_python(
+    values: list[bytes], tag: int, cut: int, junk: bytes
+) -> None:
+    ok = frame_records(values, tag)
+    for framed in (ok, ok[: max(0, len(ok) - cut)], ok + junk, junk + ok):
+        for count in (len(values), len(values) + 1):
+            want = _without_c(lambda f=framed, c=count: record_framing.value_starts(f, tag, c))
+            assert record_framing.value_starts(framed, tag, count) == want
+            if framed == ok and count == len(values):
+                assert (want is None) == (b"" in values)
+        for new_tag in (tag, 0x32):
+            fast, slow = bytearray(framed), bytearray(framed)
+            outcomes = []
+            for buf, run in (
+                (fast, record_framing.retag),
+                (slow, lambda b, t: _without_c(lambda: record_framing.retag(b, t))),
+            ):
+                try:
+                    outcomes.append(run(buf, new_tag))
+                except ValueError:
+                    outcomes.append("refused")
+                    assert buf == bytearray(framed)  # unchanged when refused
+            assert outcomes[0] == outcomes[1] and fast == slow
+
+
+def _without_c(run):  # type: ignore[no-untyped-def]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(record_framing, "native", lambda: None)
+        return run()
