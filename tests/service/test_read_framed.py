@@ -65,6 +65,11 @@ def test_a_remote_framed_read_matches_a_plain_one_carried_unary_and_in_several_c
                 commitlog_pb.ReadRequest(offsets=[o for o, _ in small], sizes=[s for _, s in small])
             )
             assert list(plain.records) == [r or b"" for r in await log.read(small)]
+            # Ranges a client chose: one whose end passes int64 reads as missing.
+            edge = await log.stub.Read(
+                commitlog_pb.ReadRequest(offsets=[ranges[0][0], 2**63 - 50], sizes=[ranges[0][1], 100])
+            )
+            assert list(edge.records) == [(await log.read(ranges[:1]))[0], b""]
         finally:
             await channel.close()
 
