@@ -1,10 +1,9 @@
 """Pull replies assembled from records framed in protobuf's wire form (libstore.record_framing).
 
-Used for pulls: the commitlog answers Read with its records framed as ``ReadResponse.records``
-(field 1); a gateway re-tags them as ``PullResponse.records`` (field 6) in place (an embedded
-one frames them so at once) and answers Pull/PullMany with them next to the fields protobuf
-encodes. Handlers that
-return such bytes are served through :func:`accepts_encoded_replies`.
+The commitlog answers Read with its records framed as ``ReadResponse.records`` (field 1); a
+gateway re-tags them as ``PullResponse.records`` (field 6) in place (an embedded one has them
+framed so at once) and answers Pull/PullMany with them next to the fields protobuf encodes.
+Handlers that return such bytes are served through :func:`accepts_encoded_replies`.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             answered = time.perf_counter()
             selection = _selection(entries)
             if request.raw and selection.sizes and filt.accepts_all and not span.is_recording():
-                encoded = await self._encoded_results([selection], [(0, offset)], filt)
+                encoded = await self._encoded_results([selection], selection.ranges(), [(0, offset)], filt)
                 if encoded is not None:
                     parts, delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(selection.sizes))
@@ -320,7 +320,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             # One read for every queue's records (a remote commitlog plans it into bounded calls).
             ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
             if ranges and filt.accepts_all and not span.is_recording():
-                encoded = await self._encoded_results(selections, [(q[0], q[1]) for q in queries], filt)
+                pulls = [(q[0], q[1]) for q in queries]
+                encoded = await self._encoded_results(selections, ranges, pulls, filt)
                 if encoded is not None:
                     parts, delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(ranges))
@@ -347,14 +348,17 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             return reply
 
     async def _encoded_results(
-        self, selections: Sequence[UnitSelection], pulls: Sequence[tuple[int, int]], filt: TagFilter
+        self,
+        selections: Sequence[UnitSelection],
+        ranges: list[tuple[int, int]],
+        pulls: Sequence[tuple[int, int]],
+        filt: TagFilter,
     ) -> tuple[list[bytes | memoryview], int] | None:
         """The PullManyResponse answering ``selections`` (one per queue, from the (queue id,
-        start offset) ``pulls``), encoded here in pieces to join, and the record bytes it
-        carries: the records pass from the commitlog's reply into this one without being
-        decoded (services._common.wire). None when a record is missing (retention, a transient
-        message gone): the caller then reads them one by one."""
-        ranges = list(itertools.chain.from_iterable(sel.ranges() for sel in selections))
+        start offset) ``pulls``; ``ranges``: their units' records, in order), encoded here in
+        pieces to join, and the record bytes it carries: the records pass from the commitlog's
+        reply into this one without being decoded (services._common.wire). None when a record
+        is missing (retention, a transient message gone): the caller then reads them one by one."""
         framed = await self.commitlog.read_framed(ranges, wire.PULL_RECORDS_TAG)
         found = value_starts(framed, wire.PULL_RECORDS_TAG, len(ranges))
         if found is None:
