@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Literal, overload
 
 from libstore.record_codec import native
 
@@ -39,20 +38,9 @@ def field_header(tag: int, length: int) -> bytes:
     return bytes((tag,)) + varint(length)
 
 
-@functools.lru_cache(maxsize=4096)
-def framed_size(length: int) -> int:
-    """Bytes a ``length``-byte value takes framed by :func:`field_header`."""
-    return 1 + len(varint(length)) + length
-
-
-@overload
-def frame_records(records: Iterable[bytes | None], tag: int, *, mutable: Literal[False] = ...) -> bytes: ...
-@overload
-def frame_records(records: Iterable[bytes | None], tag: int, *, mutable: Literal[True]) -> bytearray: ...
-def frame_records(records: Iterable[bytes | None], tag: int, *, mutable: bool = False) -> bytes | bytearray:
+def frame_records(records: Iterable[bytes | None], tag: int) -> bytes:
     """``records`` framed as a ``repeated bytes`` field with the one-byte ``tag``; None (a record
-    the log no longer holds) is framed as an empty value. ``mutable``: a bytearray, still one
-    copy of the records."""
+    the log no longer holds) is framed as an empty value."""
     parts: list[bytes] = []
     add = parts.append
     for record in records:
@@ -61,7 +49,7 @@ def frame_records(records: Iterable[bytes | None], tag: int, *, mutable: bool = 
             add(record)
         else:
             add(field_header(tag, 0))
-    return (bytearray() if mutable else b"").join(parts)
+    return b"".join(parts)
 
 
 def _value_at(framed: Framed, pos: int) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@ import pytest
 
 from libstore import Message
 from libstore.durability import stub_of
-from libstore.record_framing import frame_records, framed_size, value_starts
+from libstore.record_framing import field_header, frame_records, value_starts
 from services._common import wire
 from services.client import Admin, OutgoingMessage, Producer
 from services.proto import commitlog_pb, common_pb, gateway_grpc, gateway_pb
@@ -202,6 +202,7 @@ def test_a_pull_over_a_transient_message_gone_after_a_restart_is_answered_as_bui
 
         probe = _until_delivered(lambda: pull(2, "*"), 1).records[0]
         stub_size, overhead = len(stub_of(bytearray(probe), 0)), len(probe) - 50
+        framed_size = lambda n: len(field_header(wire.PULL_RECORDS_TAG, n)) + n  # noqa: E731
         target = 2 * framed_size(stub_size) - 2
         body = next(n for n in range(1, 10_000) if framed_size(overhead + n) == target)
         send(suite.address, 0, b"b" * body)
