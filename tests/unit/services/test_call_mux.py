@@ -241,24 +241,34 @@ def test_an_unknown_method_or_a_bad_payload_is_refused_by_name() -> None:
 
 def test_a_stream_runs_at_most_max_calls_at_once() -> None:
     async def main() -> None:
-        started: list[int] = []
-        release = asyncio.Event()
-        server, port = _hold_server(2, started, release)
-        await server.start()
-        try:
-            async with _client(port) as (_, stub):
-                calls = _holding(stub, range(3))
-                await _until(lambda: len(started) == 2)
-                await asyncio.sleep(0.2)
-                assert sorted(started) == [0, 1]  # the third waits for a slot
-                release.set()
-                replies = await asyncio.gather(*calls)
-                assert [list(r.phy_offsets) for r in replies] == [[0], [1], [2]]
-                assert sorted(started) == [0, 1, 2]
-        finally:
-            await server.stop(None)
+        async with _hold_serving(2) as (stub, started, release):
+            calls = _holding(stub, range(3))
+            await _until(lambda: len(started) == 2)
+            await asyncio.sleep(0.2)
+            assert sorted(started) == [0, 1]  # the third waits for a slot
+            release.set()
+            replies = await asyncio.gather(*calls)
+            assert [list(r.phy_offsets) for r in replies] == [[0], [1], [2]]
+            assert sorted(started) == [0, 1, 2]
 
     asyncio.run(main())
+
+
+@asynccontextmanager
+async def _hold_serving(
+    max_calls: int,
+) -> AsyncIterator[tuple[index_grpc.IndexServiceStub, list[int], asyncio.Event]]:
+    """A client of a :func:`_hold_server` running ``max_calls`` calls at once: (stub, the ids of
+    the calls held so far, the event that releases them)."""
+    held: list[int] = []
+    release = asyncio.Event()
+    server, port = _hold_server(max_calls, held, release)
+    await server.start()
+    try:
+        async with _client(port) as (_, stub):
+            yield stub, held, release
+    finally:
+        await server.stop(None)
 
 
 def _hold_server(max_calls: int, held: list[int], release: asyncio.Event) -> tuple[grpc.aio.Server, int]:
@@ -296,26 +306,19 @@ async def _until(check: Callable[[], bool]) -> None:
 
 def test_a_full_stream_still_reads_a_cancel_reaches_a_waiting_call_and_calls_run_in_order() -> None:
     async def main() -> None:
-        held: list[int] = []
-        release = asyncio.Event()
-        server, port = _hold_server(2, held, release)
-        await server.start()
-        try:
-            async with _client(port) as (_, stub):
-                polls = _holding(stub, range(2))
-                await _until(lambda: len(held) == 2)
-                waiting, later = _holding(stub, (5, 6))
-                await asyncio.sleep(0.2)
-                waiting.cancel()  # its cancel is read although both slots are taken
-                await asyncio.sleep(0.2)
-                release.set()
-                replies = await asyncio.gather(*polls, later)
-                assert [list(r.phy_offsets) for r in replies] == [[0], [1], [6]]
-                assert held == [0, 1, 6]  # the cancelled call never ran
-                with pytest.raises(asyncio.CancelledError):
-                    await waiting
-        finally:
-            await server.stop(None)
+        async with _hold_serving(2) as (stub, held, release):
+            polls = _holding(stub, range(2))
+            await _until(lambda: len(held) == 2)
+            waiting, later = _holding(stub, (5, 6))
+            await asyncio.sleep(0.2)
+            waiting.cancel()  # its cancel is read although both slots are taken
+            await asyncio.sleep(0.2)
+            release.set()
+            replies = await asyncio.gather(*polls, later)
+            assert [list(r.phy_offsets) for r in replies] == [[0], [1], [6]]
+            assert held == [0, 1, 6]  # the cancelled call never ran
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
 
     asyncio.run(main())
 
