@@ -78,45 +78,37 @@ class RemoteCommitLog:
     async def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes | None]:
         """The records at ``ranges``, in as many Read calls as the service's per-call bounds
         need (services.commitlog.read_plan), sent together."""
-        chunks = plan_reads(ranges)
-        if len(chunks) == 1:
-            return await self._read_chunk(chunks[0])
         out: list[bytes | None] = []
-        for part in await asyncio.gather(*map(self._read_chunk, chunks)):
-            out += part
+        for reply in await self._planned_reads(ranges, self.carried.Read, self.stub.Read):
+            out += convert.records_or_none(reply.records)
         return out
-
-    async def _read_chunk(self, chunk: Sequence[tuple[int, int]]) -> list[bytes | None]:
-        offsets, sizes = convert.ranges_to_columns(chunk)
-        reply = await call(
-            self.carried.Read if _carried_read(sizes) else self.stub.Read,
-            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
-            idempotent=True,
-            timeout_s=self.timeout_s,
-        )
-        return convert.records_or_none(reply.records)
 
     async def read_framed(self, ranges: Sequence[tuple[int, int]], tag: int) -> bytearray:
         """The records at ``ranges`` framed with ``tag``: the Read replies' wire form as the
         service encoded it (services._common.wire), re-tagged in place, no record decoded."""
-        chunks = plan_reads(ranges)
-        if len(chunks) == 1:
-            framed = bytearray(await self._read_chunk_framed(chunks[0]))
-        else:
-            framed = bytearray().join(await asyncio.gather(*map(self._read_chunk_framed, chunks)))
+        replies = await self._planned_reads(ranges, self._read_encoded_carried, self._read_encoded)
+        framed = bytearray().join(replies)
         if tag != wire.READ_RECORDS_TAG:
             retag(framed, tag)
         return framed
 
-    async def _read_chunk_framed(self, chunk: Sequence[tuple[int, int]]) -> bytes:
-        offsets, sizes = convert.ranges_to_columns(chunk)
-        reply: bytes = await call(
-            self._read_encoded_carried if _carried_read(sizes) else self._read_encoded,
-            commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
-            idempotent=True,
-            timeout_s=self.timeout_s,
-        )
-        return reply
+    async def _planned_reads(self, ranges: Sequence[tuple[int, int]], carried: Any, unary: Any) -> list[Any]:
+        """The replies of the Read calls ``ranges`` are cut into (read_plan), in order: each
+        through ``carried`` when small enough for the call stream, else ``unary``."""
+
+        async def one(chunk: Sequence[tuple[int, int]]) -> Any:
+            offsets, sizes = convert.ranges_to_columns(chunk)
+            return await call(
+                carried if _carried_read(sizes) else unary,
+                commitlog_pb.ReadRequest(offsets=offsets, sizes=sizes),
+                idempotent=True,
+                timeout_s=self.timeout_s,
+            )
+
+        chunks = plan_reads(ranges)
+        if len(chunks) == 1:
+            return [await one(chunks[0])]
+        return list(await asyncio.gather(*map(one, chunks)))
 
     async def tail(
         self,

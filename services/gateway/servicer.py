@@ -258,13 +258,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             if request.raw and selection.sizes and filt.accepts_all and not span.is_recording():
                 encoded = await self._encoded_results([selection], selection.ranges(), [(0, offset)], filt)
                 if encoded is not None:
-                    parts, delivered_bytes = encoded
+                    (fields,), delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(selection.sizes))
                     self._get_metrics.record(
                         request.topic, request.group, len(selection.sizes), delivered_bytes, answered
                     )
-                    # One PullResponse, its fields in two pieces: header, then the records.
-                    return b"".join(parts[1:])
+                    return b"".join(fields)
             raws = await self.commitlog.read(selection.ranges()) if selection.sizes else []
             result = fetch_messages(selection, raws, filt)
             span.set_attribute("mqstore.messages", len(result.records))
@@ -323,10 +322,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 pulls = [(q[0], q[1]) for q in queries]
                 encoded = await self._encoded_results(selections, ranges, pulls, filt)
                 if encoded is not None:
-                    parts, delivered_bytes = encoded
+                    results, delivered_bytes = encoded
                     span.set_attribute("mqstore.messages", len(ranges))
                     self._get_metrics.record(topic, request.group, len(ranges), delivered_bytes, answered)
-                    return b"".join(parts)
+                    return b"".join(
+                        itertools.chain.from_iterable(
+                            wire.length_delimited(wire.PULL_MANY_RESULTS_TAG, fields) for fields in results
+                        )
+                    )
             raws = await self.commitlog.read(ranges) if ranges else []
             reply = gateway_pb.PullManyResponse()
             start = 0
@@ -353,19 +356,20 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         ranges: list[tuple[int, int]],
         pulls: Sequence[tuple[int, int]],
         filt: TagFilter,
-    ) -> tuple[list[bytes | memoryview], int] | None:
-        """The PullManyResponse answering ``selections`` (one per queue, from the (queue id,
-        start offset) ``pulls``; ``ranges``: their units' records, in order), encoded here in
-        pieces to join, and the record bytes it carries: the records pass from the commitlog's
-        reply into this one without being decoded (services._common.wire). None when a record
-        is missing (retention, a transient message gone): the caller then reads them one by one."""
+    ) -> tuple[list[list[bytes | memoryview]], int] | None:
+        """The PullResponses answering ``selections`` (one per queue, from the (queue id, start
+        offset) ``pulls``; ``ranges``: their units' records, in order), each encoded here in
+        pieces to join (header fields, then records), and the record bytes they carry: the
+        records pass from the commitlog's reply into these without being decoded
+        (services._common.wire). None when a record is missing (retention, a transient message
+        gone): the caller then reads them one by one."""
         framed = await self.commitlog.read_framed(ranges, wire.PULL_RECORDS_TAG)
         found = value_starts(framed, wire.PULL_RECORDS_TAG, len(ranges))
         if found is None:
             return None
         starts, delivered_bytes = found
         records = memoryview(framed)
-        parts: list[bytes | memoryview] = []
+        results: list[list[bytes | memoryview]] = []
         first = 0
         for (queue_id, offset), sel in zip(pulls, selections, strict=False):
             count = len(sel.sizes)
@@ -384,9 +388,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             fields: list[bytes | memoryview] = [header.SerializeToString()]
             if count:
                 fields.append(records[starts[first] : starts[first + count]])
-            parts += wire.length_delimited(wire.PULL_MANY_RESULTS_TAG, fields)
+            results.append(fields)
             first += count
-        return parts, delivered_bytes
+        return results, delivered_bytes
 
     def _check_pull(self, queue_id: int, offset: int, max_count: int) -> None:
         """One queue's part of a Pull or PullMany; InvalidArgumentError when out of bounds."""
