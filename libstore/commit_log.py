@@ -188,6 +188,9 @@ class CommitLog:
         self._io_error_listeners: list[Callable[[StoreIOError], None]] = []
         self._append_listeners: list[Callable[[int], None]] = []
         self._confirm_cond = threading.Condition()
+        # Threads in wait_for_confirm, counted before they read the offset: a move that finds
+        # none skips the condition (an append on the request path pays nothing for it).
+        self._confirm_waiters = 0
         self._role = config.broker_role
         self._master_confirm = 0  # SLAVE: what its master lets consumers see (set_master_confirm)
         self.ha_service = HAService(
@@ -764,8 +767,9 @@ class CommitLog:
                 log.exception("I/O error listener failed")
 
     def _notify_confirm(self, offset: int) -> None:
-        with self._confirm_cond:
-            self._confirm_cond.notify_all()
+        if self._confirm_waiters:
+            with self._confirm_cond:
+                self._confirm_cond.notify_all()
         for listener in self._listeners:
             try:
                 listener(offset)
@@ -776,11 +780,15 @@ class CommitLog:
         """Block until ``confirm_offset >= offset`` or ``timeout_s`` seconds pass; True if reached."""
         deadline = time.monotonic() + timeout_s
         with self._confirm_cond:
-            while self.confirm_offset < offset:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._loaded:
-                    return False
-                self._confirm_cond.wait(min(left, 0.5))
+            self._confirm_waiters += 1  # before the offset is read: see _notify_confirm
+            try:
+                while self.confirm_offset < offset:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not self._loaded:
+                        return False
+                    self._confirm_cond.wait(min(left, 0.5))
+            finally:
+                self._confirm_waiters -= 1
         return True
 
     def add_append_listener(self, listener: Callable[[int], None]) -> None:

@@ -304,6 +304,35 @@ def test_transient_store_pool_commits_before_readers_see_data(open_log):
     assert cl.read_message(res[-1].phy_offset).body == msgs[-1].body
 
 
+def test_a_thread_waiting_for_the_confirm_offset_is_notified_by_the_append(open_log):
+    """wait_for_confirm is woken by the append that moves the offset (a notify), not by its
+    0.5 s re-check: an append with nobody waiting skips the condition, one with a waiter not."""
+    cl = open_log()
+    target = cl.put_messages(_msgs(1))[-1].next_offset + 1  # past the next message's first byte
+    woken: list[bool] = []
+    cond = cl._confirm_cond
+    real_wait = cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        notified = real_wait(timeout)
+        woken.append(notified)
+        return notified
+
+    cond.wait = wait  # type: ignore[method-assign]
+    result: list[bool] = []
+    waiter = threading.Thread(target=lambda: result.append(cl.wait_for_confirm(target, timeout_s=30)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not cl._confirm_waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert cl._confirm_waiters == 1
+    cl.put_messages(_msgs(1))
+    waiter.join(30)
+    assert result == [True]
+    assert woken and woken[-1] is True, f"the waiter's last wake-up was a timeout: {woken}"
+    assert cl._confirm_waiters == 0
+
+
 class FileSizeLimit:
     """Lowers RLIMIT_FSIZE (a real OS limit: writes and fallocate past it fail with EFBIG) and
     puts back the (soft, hard) limits found at the start."""

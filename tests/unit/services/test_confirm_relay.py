@@ -410,3 +410,26 @@ def test_no_hook_under_async_flush_or_with_the_bound_at_zero(
         relay.close()
 
     event_loop.run(run())
+
+
+def test_moves_made_on_the_loop_wake_the_tails_once_after_the_step_that_made_them(
+    open_log: Callable[..., CommitLog],
+) -> None:
+    """ASYNC_FLUSH appends on the loop: the tails are not woken inside the append (the put's
+    reply goes first), and the appends of one loop step wake each tail once."""
+    log = open_log()
+
+    async def run() -> None:
+        relay = ConfirmRelay(log)
+        wakes: list[int] = []
+        relay.subscribe(lambda: wakes.append(log.confirm_offset))
+        ends = [_append(log, b"x") for _ in range(3)]
+        assert wakes == []  # nothing ran inside the appends
+        await asyncio.sleep(0)
+        assert wakes == [ends[-1]]  # one delivery, after the step, seeing all three
+        end = _append(log, b"y")
+        await asyncio.sleep(0)
+        assert wakes == [ends[-1], end]
+        relay.close()
+
+    event_loop.run(run())
