@@ -113,7 +113,7 @@ class StoreConfig:
         False,
         "preloadMapedFileEnable",
         doc="mqstore: read new CommitLog files into the page cache while pre-allocating them. Off "
-        "by default: appends use pwrite (no page faults to avoid), and pre-loading a 1 GiB "
+        "by default: appends but small ones use pwrite (no page faults to avoid), and pre-loading a 1 GiB "
         "segment costs about 2 s of kernel CPU",
     )
     data_read_ahead_enable: bool = _f(True, "dataReadAheadEnable", doc="false = madvise(MADV_RANDOM)")

@@ -18,7 +18,9 @@ allocating thread, with the GIL released in each read/write call.
 
 Records are appended with ``pwrite`` into the file (the kernel copies into the page cache: no
 page fault per 4 KiB page, and the GIL is released during the copy); readers use the mapping,
-which shares that page cache. With a transient store pool, appends go to the pooled buffer.
+which shares that page cache. An append may instead be stored through the mapping (the
+writer's choice: CommitLog does it for one message or a small batch under ASYNC_FLUSH). With a
+transient store pool, appends go to the pooled buffer.
 
 Thread-safety: one writer appends; one flush (and one commit) thread may run concurrently; any
 thread may read. Durability uses ``os.fdatasync`` on the file descriptor (covers stores through
@@ -209,11 +211,13 @@ class MappedFile:
         self.wrote_position = self.committed_position = self.flushed_position = position
 
     # -- writing ------------------------------------------------------------------------------
-    def append_records(self, data: Any) -> int:
+    def append_records(self, data: Any, *, through_mapping: bool = False) -> int:
         """Copy whole records (bytes-like) at the write position; return the position they start at.
 
         The first 4 bytes (the first record's TOTALSIZE) are stored last, so a process killed
         mid-copy leaves a zero size where recovery will stop. The caller guarantees the data fits.
+        Written with pwrite, or with ``through_mapping`` stored through the mapping (no syscall;
+        a page fault on each page first touched, or first written again after a flush).
         Raises OSError when the write fails (the caller treats it as fail-stop).
         """
         start = self.wrote_position
@@ -224,8 +228,13 @@ class MappedFile:
                 self._write_buffer[start + 4 : start + n] = view[4:]
                 self._write_buffer[start : start + 4] = view[:4]
             else:
-                _pwrite_all(self._fd, view[4:], start + 4)
-                _pwrite_all(self._fd, view[:4], start)
+                if through_mapping:
+                    mapping = self._mmap
+                    mapping[start + 4 : start + n] = view[4:]
+                    mapping[start : start + 4] = view[:4]
+                else:
+                    _pwrite_all(self._fd, view[4:], start + 4)
+                    _pwrite_all(self._fd, view[:4], start)
                 if durability_hooks.observer is not None:
                     durability_hooks.observer.written(self.path, start, start + n)
         finally:

@@ -69,6 +69,53 @@ def test_data_reaches_the_file_and_survives_reopen(tmp_path: Path):
         again.close()
 
 
+def test_appends_through_the_mapping_or_with_pwrite_store_the_size_last_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """append_records writes with pwrite, or with through_mapping stores through the mapping (no
+    pwrite); either way the first 4 bytes (the first record's TOTALSIZE) are written last, the
+    bytes reach the file, and the durability observer hears of them."""
+    from libstore import durability_hooks
+    from libstore import mapped_file as module
+
+    writes: list[tuple[int, int]] = []
+    real = module.os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        writes.append((offset, len(data)))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(module.os, "pwrite", pwrite)
+
+    class Seen:
+        def __init__(self) -> None:
+            self.ranges: list[tuple[int, int]] = []
+
+        def written(self, path: Path, start: int, end: int) -> None:
+            self.ranges.append((start, end))
+
+        def __getattr__(self, name: str) -> object:  # the other hooks: nothing to note
+            return lambda *args: None
+
+    seen = Seen()
+    monkeypatch.setattr(durability_hooks, "observer", seen)
+    path = tmp_path / offset_to_file_name(0)
+    mf = MappedFile.create(path, SIZE)
+    mapped, written = os.urandom(5000), os.urandom(7000)
+    try:
+        assert mf.append_records(mapped, through_mapping=True) == 0
+        assert writes == []
+        assert mf.append_records(written) == len(mapped)
+        assert writes == [(len(mapped) + 4, len(written) - 4), (len(mapped), 4)]  # size last
+        assert seen.ranges == [(0, len(mapped)), (len(mapped), len(mapped) + len(written))]
+        assert mf.read(0, len(mapped) + len(written)) == mapped + written
+        mf.flush(0)
+    finally:
+        mf.close()
+    with open(path, "rb") as fh:
+        assert fh.read(len(mapped) + len(written)) == mapped + written
+
+
 def test_open_with_wrong_size_fails(tmp_path: Path):
     path = tmp_path / offset_to_file_name(0)
     path.write_bytes(b"short")
