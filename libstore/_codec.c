@@ -1797,6 +1797,153 @@ static PyObject *py_message_ids(PyObject *self, PyObject *const *args, Py_ssize_
     return out;
 }
 
+/* -- Produce / Append replies ------------------------------------------------------------------ */
+
+static Py_ssize_t varint_len(unsigned long long v); /* below, with the record framing */
+
+/* A protobuf varint of v (int32/int64/enum values are written as their 64-bit two's complement,
+   so a negative one takes 10 bytes); returns the byte after it. */
+static unsigned char *put_varint(unsigned char *w, unsigned long long v) {
+    while (v > 0x7F) {
+        *w++ = (unsigned char)(v & 0x7F) | 0x80;
+        v >>= 7;
+    }
+    *w++ = (unsigned char)v;
+    return w;
+}
+
+/* The first n items of list as int64 into out (malloc'd by the caller); 0, or -1 with an
+   exception set (an item that is not an exact int, or past int64: no Python code runs). */
+static int read_int64s(PyObject *list, Py_ssize_t n, long long *out, const char *what) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(list, i);
+        if (!PyLong_CheckExact(item)) {
+            PyErr_Format(PyExc_TypeError, "encode_put_results: %s must be ints", what);
+            return -1;
+        }
+        out[i] = PyLong_AsLongLong(item);
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+/* Bytes of a packed repeated field's payload. */
+static Py_ssize_t packed_len(const long long *v, Py_ssize_t n) {
+    Py_ssize_t len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) len += varint_len((unsigned long long)v[i]);
+    return len;
+}
+
+static Py_ssize_t scalar_len(long long v) { /* tag byte + varint; 0 when v is the default */
+    return v ? 1 + varint_len((unsigned long long)v) : 0;
+}
+
+static Py_ssize_t packed_field_len(Py_ssize_t payload) { /* tag byte + length + payload */
+    return payload ? 1 + varint_len((unsigned long long)payload) + payload : 0;
+}
+
+static unsigned char *put_scalar(unsigned char *w, unsigned char tag, long long v) {
+    if (!v) return w;
+    *w++ = tag;
+    return put_varint(w, (unsigned long long)v);
+}
+
+static unsigned char *put_packed(unsigned char *w, unsigned char tag, const long long *v, Py_ssize_t n,
+                                 Py_ssize_t payload) {
+    if (!payload) return w;
+    *w++ = tag;
+    w = put_varint(w, (unsigned long long)payload);
+    for (Py_ssize_t i = 0; i < n; i++) w = put_varint(w, (unsigned long long)v[i]);
+    return w;
+}
+
+PyDoc_STRVAR(encode_put_results_doc,
+"encode_put_results(count, appended, status, failed_status, phy_offsets, sizes, queue_offsets,\n"
+"                   store_timestamp, store_host, unwaited) -> bytes\n\n"
+"A reply whose field 1 is mqstore.v1.PutResults (ProduceResponse, AppendResponse), encoded as\n"
+"protobuf encodes it: the scalars (int, 0 left out), the lists of ints packed (empty ones left\n"
+"out), store_host (bytes, 8 or 20 bytes, or empty) and, when it is not empty, msg_ids: the\n"
+"offset message id of each phy offset (libstore.message_id.create_message_id). The lists must\n"
+"hold exact ints within int64. Raises TypeError, ValueError (a store host of another length),\n"
+"OverflowError.");
+
+static PyObject *py_encode_put_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyList_Check(args[4]) || !PyList_Check(args[5]) || !PyList_Check(args[6]) ||
+        !PyBytes_Check(args[8]) || !PyList_Check(args[9])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_put_results(int, int, int, int, list, list, list, int, bytes, list)");
+        return NULL;
+    }
+    long long scalars[4];
+    for (int i = 0; i < 4; i++) {
+        scalars[i] = PyLong_AsLongLong(args[i]);
+        if (scalars[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    long long store_ts = PyLong_AsLongLong(args[7]);
+    if (store_ts == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t host_len = PyBytes_GET_SIZE(args[8]);
+    if (host_len != 0 && host_len != 8 && host_len != 20) {
+        PyErr_SetString(PyExc_ValueError, "encode_put_results: the store host is 8 or 20 bytes");
+        return NULL;
+    }
+    const unsigned char *host = (const unsigned char *)PyBytes_AS_STRING(args[8]);
+    Py_ssize_t n_phy = PyList_GET_SIZE(args[4]), n_size = PyList_GET_SIZE(args[5]);
+    Py_ssize_t n_qoff = PyList_GET_SIZE(args[6]), n_unw = PyList_GET_SIZE(args[9]);
+    Py_ssize_t total_n = n_phy + n_size + n_qoff + n_unw;
+    long long *values = PyMem_Malloc(sizeof(long long) * (size_t)(total_n ? total_n : 1));
+    if (values == NULL) return PyErr_NoMemory();
+    long long *phys = values, *sizes = phys + n_phy, *qoffs = sizes + n_size, *unw = qoffs + n_qoff;
+    PyObject *out = NULL;
+    if (read_int64s(args[4], n_phy, phys, "phy_offsets") < 0 || read_int64s(args[5], n_size, sizes, "sizes") < 0 ||
+        read_int64s(args[6], n_qoff, qoffs, "queue_offsets") < 0 ||
+        read_int64s(args[9], n_unw, unw, "unwaited") < 0)
+        goto done;
+    Py_ssize_t p_phy = packed_len(phys, n_phy), p_size = packed_len(sizes, n_size);
+    Py_ssize_t p_qoff = packed_len(qoffs, n_qoff), p_unw = packed_len(unw, n_unw);
+    Py_ssize_t id_len = 2 * (host_len + 8);
+    Py_ssize_t inner = scalar_len(scalars[0]) + scalar_len(scalars[1]) + scalar_len(scalars[2]) +
+                       scalar_len(scalars[3]) + packed_field_len(p_phy) + packed_field_len(p_size) +
+                       packed_field_len(p_qoff) + scalar_len(store_ts) +
+                       (host_len ? 1 + varint_len((unsigned long long)host_len) + host_len : 0) +
+                       (host_len ? n_phy * (1 + varint_len((unsigned long long)id_len) + id_len) : 0) +
+                       packed_field_len(p_unw);
+    out = PyBytes_FromStringAndSize(NULL, 1 + varint_len((unsigned long long)inner) + inner);
+    if (out == NULL) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    *w++ = 0x0a; /* field 1: the PutResults */
+    w = put_varint(w, (unsigned long long)inner);
+    w = put_scalar(w, 1 << 3, scalars[0]);
+    w = put_scalar(w, 2 << 3, scalars[1]);
+    w = put_scalar(w, 3 << 3, scalars[2]);
+    w = put_scalar(w, 4 << 3, scalars[3]);
+    w = put_packed(w, 5 << 3 | 2, phys, n_phy, p_phy);
+    w = put_packed(w, 6 << 3 | 2, sizes, n_size, p_size);
+    w = put_packed(w, 7 << 3 | 2, qoffs, n_qoff, p_qoff);
+    w = put_scalar(w, 8 << 3, store_ts);
+    if (host_len) {
+        static const char digits[] = "0123456789ABCDEF";
+        *w++ = 9 << 3 | 2;
+        w = put_varint(w, (unsigned long long)host_len);
+        memcpy(w, host, (size_t)host_len);
+        w += host_len;
+        unsigned char raw[28];
+        memcpy(raw, host, (size_t)host_len);
+        for (Py_ssize_t i = 0; i < n_phy; i++) { /* msg_ids: libstore.message_id.create_message_id */
+            *w++ = 10 << 3 | 2;
+            w = put_varint(w, (unsigned long long)id_len);
+            wr64(raw + host_len, (int64_t)phys[i]);
+            for (Py_ssize_t k = 0; k < host_len + 8; k++) {
+                *w++ = (unsigned char)digits[raw[k] >> 4];
+                *w++ = (unsigned char)digits[raw[k] & 15];
+            }
+        }
+    }
+    w = put_packed(w, 11 << 3 | 2, unw, n_unw, p_unw);
+done:
+    PyMem_Free(values);
+    return out;
+}
+
 PyDoc_STRVAR(index_put_run_doc,
 "index_put_run(mm, key_hashes, offsets, timestamps, start, stop, count, slot_num, entries_at,\n"
 "              begin_timestamp) -> new_slots\n\n"
@@ -2445,6 +2592,8 @@ static PyMethodDef methods[] = {
     {"use_crc32", (PyCFunction)(void (*)(void))py_use_crc32, METH_FASTCALL, use_crc32_doc},
     {"index_hashes", (PyCFunction)(void (*)(void))py_index_hashes, METH_FASTCALL, index_hashes_doc},
     {"message_ids", (PyCFunction)(void (*)(void))py_message_ids, METH_FASTCALL, message_ids_doc},
+    {"encode_put_results", (PyCFunction)(void (*)(void))py_encode_put_results, METH_FASTCALL,
+     encode_put_results_doc},
     {"index_put_run", (PyCFunction)(void (*)(void))py_index_put_run, METH_FASTCALL, index_put_run_doc},
     {"split_transient", (PyCFunction)(void (*)(void))py_split_transient, METH_FASTCALL, split_transient_doc},
     {"hold_entries", (PyCFunction)(void (*)(void))py_hold_entries, METH_FASTCALL, hold_entries_doc},

@@ -23,6 +23,7 @@ from libstore import (
 from libstore.durability import Durability
 from libstore.message import MessageFields
 from libstore.message_id import create_message_ids
+from libstore.record_codec import native
 from services.proto import common_pb, gateway_pb
 
 # Value() is typed as a plain int; each is one of the enum's values by construction.
@@ -94,6 +95,36 @@ def results_to_pb(results: PutMessageResults) -> common_pb.PutResults:
     if results.unwaited:  # messages that said WAIT=false (most batches have none)
         out.unwaited.extend(sorted(results.unwaited))
     return out
+
+
+def encode_results_reply(results: PutMessageResults) -> bytes:
+    """A reply whose field 1 is ``results`` as :func:`results_to_pb` gives them (ProduceResponse,
+    commitlog AppendResponse), already encoded: for a handler to return as it is
+    (services._common.wire.accepts_encoded_replies). In one C call when libstore._codec is
+    built, with no message object on the way (a single-message Produce spent ~10 us building
+    and encoding them); else through protobuf. The two give the same bytes (tests compare them)."""
+    ext = native()
+    phys, sizes, qoffs = results.phy_offsets, results.sizes, results.queue_offsets
+    if ext is None or type(phys) is not list or type(sizes) is not list or type(qoffs) is not list:
+        return _encode_results_pb(results)
+    appended = results.appended
+    return ext.encode_put_results(
+        len(results),
+        appended,
+        _PUT_STATUS_TO_PB[results.status],
+        _PUT_STATUS_TO_PB[results.failed_status],
+        phys,
+        sizes[:appended],
+        qoffs,
+        results.store_timestamp,
+        results.store_host,
+        sorted(results.unwaited) if results.unwaited else [],
+    )
+
+
+def _encode_results_pb(results: PutMessageResults) -> bytes:
+    """:func:`encode_results_reply` through protobuf (the reference the C encoder is held to)."""
+    return gateway_pb.ProduceResponse(results=results_to_pb(results)).SerializeToString()
 
 
 def results_from_pb(pb: common_pb.PutResults) -> PutMessageResults:

@@ -22,15 +22,14 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
         self.port = port
         self.ha = ha
 
-    async def Append(
-        self, request: commitlog_pb.AppendRequest, context: grpc.aio.ServicerContext
-    ) -> commitlog_pb.AppendResponse:
+    async def Append(self, request: commitlog_pb.AppendRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """An AppendResponse, encoded here (convert.encode_results_reply)."""
         if request.records:
             if request.messages:
                 raise InvalidArgumentError("send messages or records, not both")
             born = request.born_host or convert.peer_text(context.peer())
             results = await self.port.append_records(request.records, born)
-            return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
+            return convert.encode_results_reply(results)
         messages = request.messages
         if any(not m.born_host for m in messages):
             host = convert.peer_text(context.peer())
@@ -39,7 +38,7 @@ class CommitLogServicer(commitlog_grpc.CommitLogServiceServicer):
                     m.born_host = host
         # Encoded as they are (see RecordEncoder).
         results = await self.port.append(messages, expected_epoch=request.expected_epoch)
-        return commitlog_pb.AppendResponse(results=convert.results_to_pb(results))
+        return convert.encode_results_reply(results)
 
     async def Read(self, request: commitlog_pb.ReadRequest, context: grpc.aio.ServicerContext) -> bytes:
         """A ReadResponse, encoded here (services._common.wire): its records are copied once,

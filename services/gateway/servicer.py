@@ -133,9 +133,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             AccessControl.require_admin(account, operation)
 
     # -- produce ----------------------------------------------------------------------------------
-    async def Produce(
-        self, request: gateway_pb.ProduceRequest, context: grpc.aio.ServicerContext
-    ) -> gateway_pb.ProduceResponse:
+    async def Produce(self, request: gateway_pb.ProduceRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """A ProduceResponse, encoded here (convert.encode_results_reply)."""
         if request.records:
             if request.messages:
                 raise InvalidArgumentError("send messages or records, not both")
@@ -161,9 +160,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             self._prepare(messages, context.peer())
             results = await self.commitlog.append(messages)
             span.set_attribute("mqstore.status", results.status.name)
-            return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
+            return convert.encode_results_reply(results)
 
-    async def _produce_records(self, raw: bytes, peer: str) -> gateway_pb.ProduceResponse:
+    async def _produce_records(self, raw: bytes, peer: str) -> bytes:
         """Client-encoded records go to the commitlog as they are, with the caller's address for
         records that left BORNHOST empty; it validates them and places those with QUEUEID -1.
         With the ACL on, the topics are read from the record headers here, to authorize the
@@ -185,7 +184,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             results = await self.commitlog.append_records(raw, convert.peer_text(peer))
             span.set_attribute("mqstore.messages", len(results))
             span.set_attribute("mqstore.status", results.status.name)
-            return gateway_pb.ProduceResponse(results=convert.results_to_pb(results))
+            return convert.encode_results_reply(results)
 
     def _prepare(self, messages: Sequence[common_pb.Message], peer: str) -> None:
         """Complete the protobuf messages in place, for the commitlog to encode as they are:
