@@ -56,7 +56,7 @@ def _unary(response: Callable[[definition.Status], R]) -> Callable[..., Callable
                 if ns:
                     namespace.wrap_request(request)
                 result = await fn(self, request, context)
-                if ns:
+                if ns and not isinstance(result, bytes):  # an encoded reply names no resource
                     namespace.unwrap_response(result, ns)  # type: ignore[arg-type]
                 return result
             except Exception as exc:
@@ -117,7 +117,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     @_unary(lambda s: service.SendMessageResponse(status=s))
     async def SendMessage(
         self, request: service.SendMessageRequest, context: grpc.aio.ServicerContext
-    ) -> service.SendMessageResponse:
+    ) -> service.SendMessageResponse | bytes:
         return await self.send.send_message(request, context)
 
     # -- consume ----------------------------------------------------------------------------------------

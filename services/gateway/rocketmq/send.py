@@ -12,11 +12,15 @@ anything is written (TOO_MANY_REQUESTS, services.gateway.admission).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import grpc
 
 from libstore.errors import MessageIllegalError
+from libstore.message import Message
 from libstore.producer_input import check_producer_topic
+from libstore.record_framing import WIRE_LENGTH_DELIMITED, field_header, varint
+from libstore.results import PutMessageResults, PutMessageStatus
 from libstore.system_topics import HALF_TOPIC
 from libstore.topic_config import TopicConfig
 from libstore.transaction_message import TransactionId, half_message
@@ -27,6 +31,59 @@ from services.gateway.rocketmq.activity import GatewayContext, metadata, now_ms,
 from services.gateway.rocketmq.convert import V2Error
 from services.gateway.rocketmq.pb import Code, definition, service
 
+# The parts of a reply in which every message was stored, encoded once by protobuf: the top
+# status (OK, "OK") and each entry's (OK, "PUT_OK").
+_OK_CODE_NAME = Code.Name(Code.OK)
+_TOP_OK = service.SendMessageResponse(status=convert.status()).SerializeToString()
+_ENTRY_OK = service.SendResultEntry(
+    status=convert.status(Code.OK, PutMessageStatus.PUT_OK.name)
+).SerializeToString()
+_ENTRIES_TAG = 2 << 3 | WIRE_LENGTH_DELIMITED  # SendMessageResponse.entries
+_MESSAGE_ID_TAG = 2 << 3 | WIRE_LENGTH_DELIMITED  # SendResultEntry.message_id
+_OFFSET_TAG = bytes((4 << 3,))  # SendResultEntry.offset, a varint
+
+
+def encode_ok_reply(message_ids: list[str], queue_offsets: list[int]) -> bytes:
+    """The SendMessageResponse of a send whose messages were all stored (PUT_OK, no half
+    message), encoded as protobuf encodes what :func:`send_reply` builds for them: status OK,
+    then per message its status (OK, "PUT_OK"), id and queue offset (a negative one as 0). A
+    single-message send spent ~11 us building and encoding it; this ~2 us (tests hold the two
+    byte for byte)."""
+    parts = [_TOP_OK]
+    for message_id, queue_offset in zip(message_ids, queue_offsets, strict=True):
+        raw_id = message_id.encode()
+        entry = _ENTRY_OK
+        if raw_id:
+            entry += field_header(_MESSAGE_ID_TAG, len(raw_id)) + raw_id
+        if queue_offset > 0:
+            entry += _OFFSET_TAG + varint(queue_offset)
+        parts.append(field_header(_ENTRIES_TAG, len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
+
+
+def send_reply(
+    results: PutMessageResults, messages: Sequence[Message], message_ids: Sequence[str]
+) -> service.SendMessageResponse:
+    """The SendMessageResponse for ``results`` of ``messages`` (as appended: half messages in
+    HALF_TOPIC get a transaction id) sent with ``message_ids``: an entry per message with its
+    status, id and queue offset (0 for none), and the overall status."""
+    response = service.SendMessageResponse()
+    entries = response.entries
+    for r, msg, mid in zip(results, messages, message_ids, strict=True):
+        entry = entries.add()  # filled in place: no entry built and then copied in
+        convert.set_status(
+            entry.status,
+            convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR),
+            r.status.name,
+        )
+        entry.message_id = mid
+        entry.offset = max(r.queue_offset, 0)
+        if msg.topic == HALF_TOPIC and r.status.appended:
+            entry.transaction_id = TransactionId(r.queue_offset, r.phy_offset, r.size).encode()
+    response.status.CopyFrom(overall([e.status for e in entries], "messages"))
+    return response
+
 
 class SendActivity:
     """SendMessage over ``ctx`` (module docstring). Raises V2Error."""
@@ -36,7 +93,8 @@ class SendActivity:
 
     async def send_message(
         self, request: service.SendMessageRequest, context: grpc.aio.ServicerContext
-    ) -> service.SendMessageResponse:
+    ) -> service.SendMessageResponse | bytes:
+        """The reply; when every message was stored, already encoded (:func:`encode_ok_reply`)."""
         if not request.messages:
             raise V2Error(Code.BAD_REQUEST, "no message to send")
         problem = self.ctx.limits.request_problem(len(request.messages), 0)
@@ -83,22 +141,11 @@ class SendActivity:
             if half_topics:
                 self.ctx.sessions.add_topics(metadata(context, "x-mq-client-id"), half_topics)
             results = await self.ctx.commitlog.append(messages)
-            response = service.SendMessageResponse()
-            entries = response.entries
-            for r, msg, mid in zip(results, messages, ids, strict=True):
-                entry = entries.add()  # filled in place: no entry built and then copied in
-                convert.set_status(
-                    entry.status,
-                    convert.PUT_STATUS_TO_CODE.get(r.status, Code.INTERNAL_SERVER_ERROR),
-                    r.status.name,
-                )
-                entry.message_id = mid
-                entry.offset = max(r.queue_offset, 0)
-                if msg.topic == HALF_TOPIC and r.status.appended:
-                    entry.transaction_id = TransactionId(r.queue_offset, r.phy_offset, r.size).encode()
-            top = overall([e.status for e in entries], "messages")
-            response.status.CopyFrom(top)
-            span.set_attribute("mqstore.status", Code.Name(top.code))
+            if results.all_ok and not half_topics:
+                span.set_attribute("mqstore.status", _OK_CODE_NAME)
+                return encode_ok_reply(ids, results.queue_offsets)
+            response = send_reply(results, messages, ids)
+            span.set_attribute("mqstore.status", Code.Name(response.status.code))
             return response
 
     @staticmethod

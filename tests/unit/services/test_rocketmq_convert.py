@@ -1,13 +1,18 @@
 """RocketMQ 5 (apache.rocketmq.v2) messages to and from the store: the properties the protocol
-keeps to itself (WAIT, the trace context) and what a send may carry in them."""
+keeps to itself (WAIT, the trace context), what a send may carry in them, and the reply it gets."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libstore.message import Message
 from libstore.message_id import encode_host
 from libstore.record_codec import decode_record
 from libstore.record_encoder import RecordEncoder
-from services.gateway.rocketmq import convert
-from services.gateway.rocketmq.pb import definition
+from libstore.results import PutMessageResults
+from services.gateway.rocketmq import convert, send
+from services.gateway.rocketmq.pb import Code, definition
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -73,3 +78,34 @@ def test_a_delivered_message_fills_a_response_in_place_as_it_would_build_one() -
         500_000_000,
     )
     assert response.message.topic.resource_namespace == "ns" and response.message.body == b"x"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.text(max_size=40), st.integers(-1, 2**62), st.booleans()), min_size=1, max_size=20),
+    st.booleans(),
+)
+def test_a_send_whose_messages_were_all_stored_is_answered_with_protobufs_bytes(
+    sent: list[tuple[str, int, bool]], wait_false: bool
+) -> None:
+    """SendMessage answers an all-PUT_OK send with bytes it encodes itself (send.encode_ok_reply):
+    they must be the bytes protobuf gives for the response built the general way (send_reply),
+    ids of any text and length (empty too), queue offsets -1 and up, WAIT=false messages among
+    them."""
+    ids = [mid for mid, _, _ in sent]
+    qoffs = [q for _, q, _ in sent]
+    n = len(sent)
+    results = PutMessageResults(
+        n,
+        phy_offsets=[1_000 * i for i in range(n)],
+        sizes=[100] * n,
+        queue_offsets=qoffs,
+        store_timestamp=5,
+        store_host=encode_host("127.0.0.1", 10911),
+        unwaited=frozenset(i for i, (_, _, no_wait) in enumerate(sent) if no_wait and wait_false),
+    )
+    assert results.all_ok
+    messages = [Message("T", b"x", 0) for _ in sent]
+    built = send.send_reply(results, messages, ids)
+    assert send.encode_ok_reply(ids, qoffs) == built.SerializeToString()
+    assert built.status.code == Code.OK and all(e.status.message == "PUT_OK" for e in built.entries)
