@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 import grpc
 
+from libstore.errors import StoreError
 from libstore.message_filter import TagFilter
 from libstore.record_codec import decode_record
+from libstore.record_framing import WIRE_LENGTH_DELIMITED, field_header
 from services._common import message_trace
 from services.gateway.acl import SUB
 from services.gateway.rocketmq import convert, namespace
@@ -41,6 +43,54 @@ log = logging.getLogger(__name__)
 MAX_RECEIVE_BATCH = 32
 MAX_LONG_POLLING_MS = 20_000
 DEADLINE_MARGIN_MS = 800  # end a long poll this long before the client's deadline
+
+
+# The parts of an ack's reply in which every entry was acked, encoded once by protobuf: the
+# top status and each entry's (both OK, "OK").
+_ACK_TOP_OK = service.AckMessageResponse(status=convert.status()).SerializeToString()
+_ACK_ENTRY_OK = service.AckMessageResultEntry(status=convert.status()).SerializeToString()
+_ACK_ENTRIES_TAG = 2 << 3 | WIRE_LENGTH_DELIMITED  # AckMessageResponse.entries
+_ACK_MESSAGE_ID_TAG = 1 << 3 | WIRE_LENGTH_DELIMITED  # AckMessageResultEntry.message_id
+_ACK_HANDLE_TAG = 2 << 3 | WIRE_LENGTH_DELIMITED  # AckMessageResultEntry.receipt_handle
+
+
+def ack_reply(
+    acked: Sequence[service.AckMessageEntry], errors: Sequence[StoreError | None]
+) -> service.AckMessageResponse:
+    """The AckMessageResponse for the ``acked`` entries of a request with their outcomes
+    (None: acked): each entry's message id, receipt handle and status, and the overall status."""
+    response = service.AckMessageResponse()
+    entries = response.entries
+    for e, err in zip(acked, errors, strict=True):
+        entry = entries.add()  # filled in place: no entry built and then copied in
+        entry.message_id = e.message_id
+        entry.receipt_handle = e.receipt_handle
+        if err is None:
+            convert.set_status(entry.status)
+        else:
+            convert.set_status(entry.status, convert.code_of_error(err), str(err))
+    response.status.CopyFrom(overall([e.status for e in entries], "acks"))
+    return response
+
+
+def encode_acked_reply(acked: Sequence[service.AckMessageEntry]) -> bytes:
+    """:func:`ack_reply` of entries that were all acked, encoded as protobuf encodes it, without
+    building it: an ack of one message had its reply built and serialized in ~11 us; this ~2.7 us
+    (tests hold the two byte for byte)."""
+    parts = [_ACK_TOP_OK]
+    for e in acked:
+        message_id = e.message_id.encode()
+        handle = e.receipt_handle.encode()
+        entry = b"".join(
+            (
+                field_header(_ACK_MESSAGE_ID_TAG, len(message_id)) + message_id if message_id else b"",
+                field_header(_ACK_HANDLE_TAG, len(handle)) + handle if handle else b"",
+                _ACK_ENTRY_OK,
+            )
+        )
+        parts.append(field_header(_ACK_ENTRIES_TAG, len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
 
 
 class ConsumeActivity:
@@ -251,26 +301,19 @@ class ConsumeActivity:
 
     async def ack_message(
         self, request: service.AckMessageRequest, context: grpc.aio.ServicerContext
-    ) -> service.AckMessageResponse:
+    ) -> service.AckMessageResponse | bytes:
+        """The reply; when every entry was acked, already encoded (:func:`encode_acked_reply`)."""
         if not request.group.name:
             raise V2Error(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
         if not request.entries:
             raise V2Error(Code.BAD_REQUEST, "no entry to ack")
         self.ctx.authorize(context, SUB, request.topic.name, request.group.name)
-        async with self.ctx.renewer.settling([e.receipt_handle for e in request.entries]) as handles:
+        acked = request.entries
+        async with self.ctx.renewer.settling([e.receipt_handle for e in acked]) as handles:
             errors = await self.ctx.dispatch.ack(request.group.name, request.topic.name, handles)
-        response = service.AckMessageResponse()
-        entries = response.entries
-        for e, err in zip(request.entries, errors, strict=True):
-            entry = entries.add()  # filled in place: no entry built and then copied in
-            entry.message_id = e.message_id
-            entry.receipt_handle = e.receipt_handle
-            if err is None:
-                convert.set_status(entry.status)
-            else:
-                convert.set_status(entry.status, convert.code_of_error(err), str(err))
-        response.status.CopyFrom(overall([e.status for e in entries], "acks"))
-        return response
+        if not any(errors):
+            return encode_acked_reply(acked)
+        return ack_reply(acked, errors)
 
     async def change_invisible_duration(
         self, request: service.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext

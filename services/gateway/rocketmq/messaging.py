@@ -132,7 +132,7 @@ class MessagingServicer(service_grpc.MessagingServiceServicer):
     @_unary(lambda s: service.AckMessageResponse(status=s))
     async def AckMessage(
         self, request: service.AckMessageRequest, context: grpc.aio.ServicerContext
-    ) -> service.AckMessageResponse:
+    ) -> service.AckMessageResponse | bytes:
         return await self.consume.ack_message(request, context)
 
     @_unary(lambda s: service.ChangeInvisibleDurationResponse(status=s))

@@ -1,5 +1,6 @@
 """RocketMQ 5 (apache.rocketmq.v2) messages to and from the store: the properties the protocol
-keeps to itself (WAIT, the trace context), what a send may carry in them, and the reply it gets."""
+keeps to itself (WAIT, the trace context), what a send may carry in them, and the replies a
+send and an ack get."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from libstore.message_id import encode_host
 from libstore.record_codec import decode_record
 from libstore.record_encoder import RecordEncoder
 from libstore.results import PutMessageResults
-from services.gateway.rocketmq import convert, send
-from services.gateway.rocketmq.pb import Code, definition
+from services.gateway.rocketmq import consume, convert, send
+from services.gateway.rocketmq.pb import Code, definition, service
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -109,3 +110,17 @@ def test_a_send_whose_messages_were_all_stored_is_answered_with_protobufs_bytes(
     built = send.send_reply(results, messages, ids)
     assert send.encode_ok_reply(ids, qoffs) == built.SerializeToString()
     assert built.status.code == Code.OK and all(e.status.message == "PUT_OK" for e in built.entries)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.text(max_size=40), st.text(max_size=300)), min_size=1, max_size=20))
+def test_an_ack_whose_entries_were_all_acked_is_answered_with_protobufs_bytes(
+    acked: list[tuple[str, str]],
+) -> None:
+    """AckMessage answers an ack of entries that all succeeded with bytes it encodes itself
+    (consume.encode_acked_reply): the bytes protobuf gives for the reply built the general way
+    (consume.ack_reply), ids and receipt handles of any text and length, empty ones too."""
+    entries = [service.AckMessageEntry(message_id=m, receipt_handle=h) for m, h in acked]
+    built = consume.ack_reply(entries, [None] * len(entries))
+    assert consume.encode_acked_reply(entries) == built.SerializeToString()
+    assert built.status.code == Code.OK and all(e.status.code == Code.OK for e in built.entries)
