@@ -62,8 +62,10 @@ def madvise(mm: mmap.mmap, advice: int) -> bool:
     return True
 
 
-def allocate_blocks(fd: int, length: int) -> None:
+def allocate_blocks(fd: int, length: int) -> bool:
     """Give the file ``length`` bytes of allocated blocks (posix_fallocate), else just the size.
+    True when the blocks were allocated; False when the filesystem cannot (the file is then
+    sparse: a store through a mapping may meet a full disk as SIGBUS).
 
     Allocated blocks mean a later store through a shared mapping cannot hit ENOSPC (SIGBUS).
     Raises OSError(ENOSPC/EFBIG/EDQUOT...) when the space is not there.
@@ -74,16 +76,26 @@ def allocate_blocks(fd: int, length: int) -> None:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
         os.ftruncate(fd, length)
+        return False
+    return True
 
 
-def zero_range(fd: int, start: int, length: int) -> None:
+def blocks_allocated(fd: int, length: int) -> bool:
+    """True when the file holds at least ``length`` bytes of allocated blocks (st_blocks: no
+    hole for a store through a mapping to fill). Raises OSError."""
+    return os.fstat(fd).st_blocks * 512 >= length
+
+
+def zero_range(fd: int, start: int, length: int) -> bool:
     """Make ``[start, start+length)`` of the file read as zeros and keep its blocks allocated.
+    False when they could not be (released pages that the filesystem would not allocate again:
+    a hole is left there).
 
     Whole pages are released with FALLOC_FL_PUNCH_HOLE and re-allocated; partial pages (and
     everything, where hole punching is unsupported) are overwritten with zeros via pwrite.
     """
     if length <= 0:
-        return
+        return True
     end = start + length
     page = mmap.PAGESIZE
     first_full = -(-start // page) * page
@@ -93,15 +105,18 @@ def zero_range(fd: int, start: int, length: int) -> None:
             fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, first_full, last_full - first_full
         )
         if rc == 0:
+            allocated = True
             try:
                 os.posix_fallocate(fd, first_full, last_full - first_full)
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
+                allocated = False
             _pwrite_zeros(fd, start, first_full - start)
             _pwrite_zeros(fd, last_full, end - last_full)
-            return
+            return allocated
     _pwrite_zeros(fd, start, length)
+    return True
 
 
 def _pwrite_zeros(fd: int, start: int, length: int) -> None:

@@ -11,10 +11,12 @@ A segment's name is its first byte's offset in the whole log, zero-padded to 20 
 Readers see ``readable_position`` bytes (committed with a write buffer, else wrote).
 
 Creation (:meth:`MappedFile.create`) goes through ``<name>.tmp``: blocks are allocated with
-posix_fallocate, so stores through the mapping cannot fault on ENOSPC; then the file is renamed
-into place, so a crash never leaves a short segment. Optional page-cache preload (reads) and
-RocketMQ's warm-up (zeros, then mlock + MADV_WILLNEED) happen before the rename, on the
-allocating thread, with the GIL released in each read/write call.
+posix_fallocate, so stores through the mapping cannot fault on ENOSPC (where the filesystem
+cannot allocate, the file is left sparse and appends keep to pwrite; copy-on-write filesystems
+may still fail such a store); then the file is renamed into place, so a crash never leaves a
+short segment. Optional page-cache preload (reads) and RocketMQ's warm-up (zeros, then mlock +
+MADV_WILLNEED) happen before the rename, on the allocating thread, with the GIL released in each
+read/write call.
 
 Records are appended with ``pwrite`` into the file (the kernel copies into the page cache: no
 page fault per 4 KiB page, and the GIL is released during the copy); readers use the mapping,
@@ -95,6 +97,9 @@ class MappedFile:
         if transient_store_pool is not None:
             self._write_buffer = transient_store_pool.borrow_buffer()
         self._closed = False
+        # Every block of the file is allocated: a store through the mapping cannot meet a full
+        # disk (as SIGBUS). Set by create/open; append_records stores through the mapping only then.
+        self.blocks_allocated = False
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -120,7 +125,7 @@ class MappedFile:
         fd = -1
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            _os.allocate_blocks(fd, file_size)
+            allocated = _os.allocate_blocks(fd, file_size)
             if warm:
                 _warm_fd(fd, file_size, warm_flush_pages)
             elif preload:
@@ -150,6 +155,7 @@ class MappedFile:
         mf = cls(
             path, file_size, fd, transient_store_pool=transient_store_pool, file_from_offset=file_from_offset
         )
+        mf.blocks_allocated = allocated or warm  # the warm-up wrote every page
         if warm:
             mf.mlock()
         return mf
@@ -169,6 +175,7 @@ class MappedFile:
             os.close(fd)
             raise StoreIOError(f"{path} is {actual} bytes, expected {file_size}")
         mf = cls(path, file_size, fd, file_from_offset=file_from_offset)
+        mf.blocks_allocated = _os.blocks_allocated(fd, file_size)  # a copied-in file may be sparse
         mf.wrote_position = mf.committed_position = mf.flushed_position = file_size
         if durability_hooks.observer is not None:
             durability_hooks.observer.opened(path)
@@ -217,7 +224,9 @@ class MappedFile:
         The first 4 bytes (the first record's TOTALSIZE) are stored last, so a process killed
         mid-copy leaves a zero size where recovery will stop. The caller guarantees the data fits.
         Written with pwrite, or with ``through_mapping`` stored through the mapping (no syscall;
-        a page fault on each page first touched, or first written again after a flush).
+        a page fault on each page first touched, or first written again after a flush) when
+        every block of the file is allocated (:attr:`blocks_allocated`): in a sparse file a full
+        disk would meet the store as SIGBUS, where pwrite fails with ENOSPC.
         Raises OSError when the write fails (the caller treats it as fail-stop).
         """
         start = self.wrote_position
@@ -228,7 +237,7 @@ class MappedFile:
                 self._write_buffer[start + 4 : start + n] = view[4:]
                 self._write_buffer[start : start + 4] = view[:4]
             else:
-                if through_mapping:
+                if through_mapping and self.blocks_allocated:
                     mapping = self._mmap
                     mapping[start + 4 : start + n] = view[4:]
                     mapping[start : start + 4] = view[:4]
@@ -365,7 +374,8 @@ class MappedFile:
             end = max(self.wrote_position, position)
             self._write_buffer[position:end] = bytes(end - position)
         try:
-            _os.zero_range(self._fd, position, self.file_size - position)
+            if not _os.zero_range(self._fd, position, self.file_size - position):
+                self.blocks_allocated = False
             durability_hooks.fdatasync(self._fd, self.path, position, self.file_size)
         except OSError as exc:
             raise StoreIOError(f"cannot truncate {self.file_name} at {position}: {exc.strerror}") from exc

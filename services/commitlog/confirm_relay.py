@@ -188,8 +188,9 @@ class ConfirmRelay:
     def _on_confirm(self, _offset: int) -> None:
         if threading.get_ident() == self._loop_thread:
             if not self._crossing:  # delivered right after the put that moved it (module docstring)
-                self._crossing = True
-                self._delivery = self._loop.call_soon(self._deliver)
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+                    self._delivery = self._loop.call_soon(self._deliver)
+                    self._crossing = True
             return
         with self._wait_lock:
             if self._loop_waits:  # the loop delivers when its wait ends (_on_select)

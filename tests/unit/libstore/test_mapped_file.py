@@ -116,6 +116,48 @@ def test_appends_through_the_mapping_or_with_pwrite_store_the_size_last_either_w
         assert fh.read(len(mapped) + len(written)) == mapped + written
 
 
+def test_a_sparse_segment_is_never_stored_through_its_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the filesystem cannot allocate a segment's blocks (posix_fallocate unsupported: the
+    file is left sparse), or a segment found at start is sparse, an append asked to go through
+    the mapping is written with pwrite: a full disk then fails the write (ENOSPC, a clean stop)
+    instead of killing the process with SIGBUS."""
+    import errno
+
+    from libstore import mapped_file as module
+
+    writes: list[int] = []
+    real_pwrite = module.os.pwrite
+    monkeypatch.setattr(
+        module.os,
+        "pwrite",
+        lambda fd, data, offset: (writes.append(offset), real_pwrite(fd, data, offset))[1],
+    )
+    allocated = MappedFile.create(tmp_path / offset_to_file_name(0), SIZE)
+    assert allocated.blocks_allocated
+    allocated.append_records(b"A" * 100, through_mapping=True)
+    assert writes == []
+    allocated.close()
+    reopened = MappedFile.open(tmp_path / offset_to_file_name(0), SIZE)
+    assert reopened.blocks_allocated
+    reopened.close()
+
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(module._os.os, "posix_fallocate", unsupported)
+    sparse = MappedFile.create(tmp_path / offset_to_file_name(SIZE), SIZE)
+    assert not sparse.blocks_allocated
+    sparse.append_records(b"B" * 100, through_mapping=True)
+    assert writes == [4, 0]  # the record after its size, then the size: pwrite
+    assert sparse.read(0, 100) == b"B" * 100
+    sparse.close()
+    found = MappedFile.open(tmp_path / offset_to_file_name(SIZE), SIZE)
+    assert not found.blocks_allocated  # st_blocks: the holes are still there
+    found.close()
+
+
 def test_open_with_wrong_size_fails(tmp_path: Path):
     path = tmp_path / offset_to_file_name(0)
     path.write_bytes(b"short")

@@ -433,3 +433,21 @@ def test_moves_made_on_the_loop_wake_the_tails_once_after_the_step_that_made_the
         relay.close()
 
     event_loop.run(run())
+
+
+def test_a_relay_left_open_past_its_loop_neither_raises_nor_sticks(
+    open_log: Callable[..., CommitLog], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Appends on the loop's thread after the loop closed (a relay never closed): nothing is
+    waiting, so nothing is scheduled, no listener fails, and no delivery stays marked pending."""
+    log = open_log()
+    box: dict[str, ConfirmRelay] = {}
+
+    async def run() -> None:
+        box["relay"] = ConfirmRelay(log)
+
+    event_loop.run(run())
+    for _ in range(3):
+        _append(log, b"x")
+    assert not box["relay"]._crossing
+    assert "listener failed" not in caplog.text
