@@ -949,20 +949,25 @@ done:
 
 /* --------------------------------------------------------------- decode */
 
-static PyObject *hex_id(const unsigned char *host, Py_ssize_t host_len, int64_t phy_offset) {
-    /* libstore.message_id.create_message_id: (store host + >q offset).hex().upper() */
+/* libstore.message_id.create_message_id into d: (store host + >q offset).hex().upper(), the
+   2 * (host_len + 8) characters (host_len 8 or 20); returns the byte after them. */
+static unsigned char *write_hex_id(unsigned char *d, const unsigned char *host, Py_ssize_t host_len,
+                                   int64_t phy_offset) {
     static const char digits[] = "0123456789ABCDEF";
     unsigned char raw[28];
     memcpy(raw, host, (size_t)host_len);
     wr64(raw + host_len, phy_offset);
-    Py_ssize_t n = host_len + 8;
-    PyObject *out = PyUnicode_New(2 * n, 127);
-    if (out == NULL) return NULL;
-    Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        d[2 * i] = (Py_UCS1)digits[raw[i] >> 4];
-        d[2 * i + 1] = (Py_UCS1)digits[raw[i] & 15];
+    for (Py_ssize_t i = 0; i < host_len + 8; i++) {
+        *d++ = (unsigned char)digits[raw[i] >> 4];
+        *d++ = (unsigned char)digits[raw[i] & 15];
     }
+    return d;
+}
+
+static PyObject *hex_id(const unsigned char *host, Py_ssize_t host_len, int64_t phy_offset) {
+    PyObject *out = PyUnicode_New(2 * (host_len + 8), 127);
+    if (out == NULL) return NULL;
+    write_hex_id(PyUnicode_1BYTE_DATA(out), host, host_len, phy_offset);
     return out;
 }
 
@@ -1799,7 +1804,15 @@ static PyObject *py_message_ids(PyObject *self, PyObject *const *args, Py_ssize_
 
 /* -- Produce / Append replies ------------------------------------------------------------------ */
 
-static Py_ssize_t varint_len(unsigned long long v); /* below, with the record framing */
+/* Protobuf varints (the Produce/Append replies here, the record framing below). */
+static Py_ssize_t varint_len(unsigned long long v) {
+    Py_ssize_t n = 1;
+    while (v > 0x7F) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
 
 /* A protobuf varint of v (int32/int64/enum values are written as their 64-bit two's complement,
    so a negative one takes 10 bytes); returns the byte after it. */
@@ -1921,21 +1934,14 @@ static PyObject *py_encode_put_results(PyObject *self, PyObject *const *args, Py
     w = put_packed(w, 7 << 3 | 2, qoffs, n_qoff, p_qoff);
     w = put_scalar(w, 8 << 3, store_ts);
     if (host_len) {
-        static const char digits[] = "0123456789ABCDEF";
         *w++ = 9 << 3 | 2;
         w = put_varint(w, (unsigned long long)host_len);
         memcpy(w, host, (size_t)host_len);
         w += host_len;
-        unsigned char raw[28];
-        memcpy(raw, host, (size_t)host_len);
-        for (Py_ssize_t i = 0; i < n_phy; i++) { /* msg_ids: libstore.message_id.create_message_id */
+        for (Py_ssize_t i = 0; i < n_phy; i++) { /* msg_ids */
             *w++ = 10 << 3 | 2;
             w = put_varint(w, (unsigned long long)id_len);
-            wr64(raw + host_len, (int64_t)phys[i]);
-            for (Py_ssize_t k = 0; k < host_len + 8; k++) {
-                *w++ = (unsigned char)digits[raw[k] >> 4];
-                *w++ = (unsigned char)digits[raw[k] & 15];
-            }
+            w = write_hex_id(w, host, host_len, (int64_t)phys[i]);
         }
     }
     w = put_packed(w, 11 << 3 | 2, unw, n_unw, p_unw);
@@ -2406,15 +2412,6 @@ static int frame_range(PyObject *item, long long *offset, long long *size) {
     return 1;
 }
 
-static Py_ssize_t varint_len(unsigned long long v) {
-    Py_ssize_t n = 1;
-    while (v > 0x7F) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
 static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11 || !PyList_Check(args[3])) {
         PyErr_SetString(PyExc_TypeError, "frame_run(buffer, int, int, list, int, int, int, int, int, int, int)");
@@ -2462,12 +2459,7 @@ static PyObject *py_frame_run(PyObject *self, PyObject *const *args, Py_ssize_t 
         long long offset = 0, size = 0;
         frame_range(PyList_GET_ITEM(ranges, i), &offset, &size);
         *w++ = (unsigned char)tag;
-        unsigned long long v = (unsigned long long)size;
-        while (v > 0x7F) {
-            *w++ = (unsigned char)(v & 0x7F) | 0x80;
-            v >>= 7;
-        }
-        *w++ = (unsigned char)v;
+        w = put_varint(w, (unsigned long long)size);
         memcpy(w, buf + (offset - base), (size_t)size);
         w += size;
     }

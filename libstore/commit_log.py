@@ -200,8 +200,11 @@ class CommitLog:
         # Threads in wait_for_confirm, counted before they read the offset: a move that finds
         # none skips the condition (an append on the request path pays nothing for it).
         self._confirm_waiters = 0
-        # Small appends stored through the mapping (SMALL_APPEND_BYTES): under ASYNC_FLUSH only.
-        self._map_small_appends = config.flush_disk_type is FlushDiskType.ASYNC_FLUSH
+        # Appends under this many bytes are stored through the mapping: SMALL_APPEND_BYTES under
+        # ASYNC_FLUSH, none under SYNC_FLUSH.
+        self._mapped_append_below = (
+            SMALL_APPEND_BYTES if config.flush_disk_type is FlushDiskType.ASYNC_FLUSH else 0
+        )
         self._role = config.broker_role
         self._master_confirm = 0  # SLAVE: what its master lets consumers see (set_master_confirm)
         self.ha_service = HAService(
@@ -688,7 +691,7 @@ class CommitLog:
                     with memoryview(buf) as view:
                         mf.append_records(
                             view[first : first + used],
-                            through_mapping=self._map_small_appends and used < SMALL_APPEND_BYTES,
+                            through_mapping=used < self._mapped_append_below,
                         )
                 except (OSError, ValueError) as exc:
                     # The records never reached the segment; the log is unchanged.

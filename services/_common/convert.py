@@ -101,21 +101,19 @@ def encode_results_reply(results: PutMessageResults) -> bytes:
     """A reply whose field 1 is ``results`` as :func:`results_to_pb` gives them (ProduceResponse,
     commitlog AppendResponse), already encoded: for a handler to return as it is
     (services._common.wire.accepts_encoded_replies). In one C call when libstore._codec is
-    built, with no message object on the way (a single-message Produce spent ~10 us building
+    built, with no message object on the way (a single-message Produce spent ~12 us building
     and encoding them); else through protobuf. The two give the same bytes (tests compare them)."""
     ext = native()
-    phys, sizes, qoffs = results.phy_offsets, results.sizes, results.queue_offsets
-    if ext is None or type(phys) is not list or type(sizes) is not list or type(qoffs) is not list:
+    if ext is None:
         return _encode_results_pb(results)
-    appended = results.appended
     return ext.encode_put_results(
         len(results),
-        appended,
+        results.appended,
         _PUT_STATUS_TO_PB[results.status],
         _PUT_STATUS_TO_PB[results.failed_status],
-        phys,
-        sizes[:appended],
-        qoffs,
+        results.phy_offsets,
+        results.sizes[: results.appended],
+        results.queue_offsets,
         results.store_timestamp,
         results.store_host,
         sorted(results.unwaited) if results.unwaited else [],

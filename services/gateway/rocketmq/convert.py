@@ -17,7 +17,7 @@ import functools
 import hashlib
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -25,6 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from libstore import errors as E
 from libstore.message import Message, MessageConst, MessageRecord, MessageSysFlag, ascii_int
 from libstore.producer_input import STORE_PROPERTIES
+from libstore.record_framing import WIRE_LENGTH_DELIMITED, field_header
 from libstore.results import PutMessageStatus
 from libstore.scheduled_message import MAX_DELAY_MS
 from libstore.system_topics import TIMER_DELAY_MS, TIMER_DELAY_SEC, TIMER_DELIVER_MS
@@ -99,6 +100,28 @@ def set_status(target: definition.Status, code: int = Code.OK, message: str = "O
     Status and copying it in through a constructor, on every entry of every answer."""
     target.code = code  # type: ignore[assignment]
     target.message = message
+
+
+# Replies whose every entry succeeded (SendMessage, AckMessage) are encoded by hand: building
+# the response message and serializing it cost 9-11 us for one entry, joining bytes about 2.
+ENTRIES_FIELD = 2  # SendMessageResponse.entries, AckMessageResponse.entries
+
+
+def string_field(number: int, text: str) -> bytes:
+    """A proto3 string field (``number`` < 16) as protobuf encodes it: nothing when empty."""
+    raw = text.encode()
+    return field_header(number << 3 | WIRE_LENGTH_DELIMITED, len(raw)) + raw if raw else b""
+
+
+def entries_reply(top_status: bytes, entries: Iterable[bytes]) -> bytes:
+    """A response as protobuf encodes it from ``top_status`` (its ``status`` field, field 1,
+    encoded) and the encodings of its entries (field ENTRIES_FIELD, in order)."""
+    tag = ENTRIES_FIELD << 3 | WIRE_LENGTH_DELIMITED
+    parts = [top_status]
+    for entry in entries:
+        parts.append(field_header(tag, len(entry)))
+        parts.append(entry)
+    return b"".join(parts)
 
 
 def timestamp_ms(ms: int) -> Timestamp:
