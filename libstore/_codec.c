@@ -10,6 +10,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX: how __slots__ are stored */
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
@@ -42,6 +43,7 @@ static const char *const FIELD_NAMES[F_COUNT] = {
 typedef struct {
     PyTypeObject *request_type; /* libstore.record_codec.DispatchRequest */
     PyObject *descr[F_COUNT];   /* its member descriptors */
+    Py_ssize_t slot_at[F_COUNT]; /* where each slot's pointer sits in an instance (its __slots__) */
     PyObject *system_codes;     /* dict str -> bytes | None: system_topics.SYSTEM_CODE_PROPERTIES */
     PyObject *topic_names;      /* dict bytes -> str */
     PyObject *empty_tuple;
@@ -1627,6 +1629,17 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
         }
     }
     for (int i = 0; i < F_COUNT; i++) {
+        PyMemberDef *member = Py_IS_TYPE(descr[i], &PyMemberDescr_Type)
+                                  ? ((PyMemberDescrObject *)descr[i])->d_member
+                                  : NULL;
+        if (member == NULL || member->type != T_OBJECT_EX) {
+            for (int k = 0; k < F_COUNT; k++) Py_DECREF(descr[k]);
+            PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot", FIELD_NAMES[i]);
+            return NULL;
+        }
+        S.slot_at[i] = member->offset;
+    }
+    for (int i = 0; i < F_COUNT; i++) {
         Py_XSETREF(S.descr[i], descr[i]);
     }
     Py_XSETREF(S.request_type, (PyTypeObject *)Py_NewRef(args[0]));
@@ -1701,18 +1714,15 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
 
 /* ---------------------------------------------------------------- IndexFile */
 
-/* Java String.hashCode over the UTF-16 code units of ``u`` (as libstore.tags.java_string_hash),
-   then the IndexFile's key hash: its absolute value, 0 when that does not fit an int32. */
-static int32_t index_hash_of_str(PyObject *u) {
-    /* ``u`` is ready (index_hashes checks). A lone surrogate is hashed as the code unit it is,
-       as Java would; the Python reference cannot encode one (dispatch never hands it one). */
+/* Java String.hashCode folded on from ``h`` over the UTF-16 code units of the ready str ``u``
+ * (as index_hash_of_str: hashing a + b is folding b on from a's hash). */
+static uint32_t java_fold(uint32_t h, PyObject *u) {
     Py_ssize_t n = PyUnicode_GET_LENGTH(u);
     int kind = PyUnicode_KIND(u);
     const void *data = PyUnicode_DATA(u);
-    uint32_t h = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_UCS4 c = PyUnicode_READ(kind, data, i);
-        if (c > 0xFFFF) { /* a surrogate pair in UTF-16 */
+        if (c > 0xFFFF) {
             c -= 0x10000;
             h = 31u * h + (uint32_t)(0xD800 + (c >> 10));
             h = 31u * h + (uint32_t)(0xDC00 + (c & 0x3FF));
@@ -1720,10 +1730,21 @@ static int32_t index_hash_of_str(PyObject *u) {
             h = 31u * h + (uint32_t)c;
         }
     }
+    return h;
+}
+
+/* The IndexFile's key hash of a Java hash: its absolute value, 0 when that does not fit an int32. */
+static int32_t index_hash_of_java(uint32_t h) {
     int32_t signed_h = (int32_t)h;
-    if (signed_h == INT32_MIN) return 0; /* abs() overflows: Java then clamps to 0 */
+    if (signed_h == INT32_MIN) return 0;
     return signed_h < 0 ? -signed_h : signed_h;
 }
+
+/* Java String.hashCode over the UTF-16 code units of ``u`` (as libstore.tags.java_string_hash),
+   then the IndexFile's key hash: its absolute value, 0 when that does not fit an int32. ``u`` is
+   ready (index_hashes checks). A lone surrogate is hashed as the code unit it is, as Java would;
+   the Python reference cannot encode one (dispatch never hands it one). */
+static int32_t index_hash_of_str(PyObject *u) { return index_hash_of_java(java_fold(0, u)); }
 
 PyDoc_STRVAR(index_hashes_doc,
 "index_hashes(keys: list[str]) -> list[int]\n\n"
@@ -2571,6 +2592,227 @@ static PyObject *py_retag(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromSsize_t(count);
 }
 
+/* ------------------------------------------------------------ dispatch runs */
+
+/* A slot of a DispatchRequest (exactly that type: the caller checks), read where __slots__ keep
+ * it: a borrowed reference, NULL when the slot is unset. */
+static inline PyObject *req_get(PyObject *req, int field) {
+    return *(PyObject **)((char *)req + S.slot_at[field]);
+}
+
+/* An int slot of a DispatchRequest into *out; -1 (an exception set) when unset or not an int
+ * that fits. Exact ints only, as the Python code's arithmetic would see them. */
+static int req_int(PyObject *req, int field, long long *out) {
+    PyObject *v = req_get(req, field);
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        PyErr_SetString(PyExc_TypeError, "not an int");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+PyDoc_STRVAR(queue_runs_doc,
+"queue_runs(requests: list[DispatchRequest], with_units: bool) -> list[tuple] | NotImplemented\n\n"
+"libstore.queue_runs.queue_runs in C: the requests that take a queue offset, grouped by queue\n"
+"in order of first appearance. NotImplemented for anything but DispatchRequests with int\n"
+"fields and str topics (the Python code then answers).");
+
+typedef struct {
+    PyObject *topic;   /* borrowed from the requests (the members list holds them) */
+    long long queue_id;
+    PyObject *members; /* a new list */
+} Run;
+
+static PyObject *py_queue_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "queue_runs(requests: list, with_units: bool)");
+        return NULL;
+    }
+    if (!S.configured) Py_RETURN_NOTIMPLEMENTED;
+    int with_units = PyObject_IsTrue(args[1]);
+    if (with_units < 0) return NULL;
+    PyObject *requests = args[0];
+    /* The queues met so far, in order: a chunk names a few (its producers' queues), so a scan
+     * from the last one met costs less than a dict keyed by (topic, queue id) tuples. */
+    Py_ssize_t count = 0, room = 16, last_hit = 0;
+    Run *runs = PyMem_Malloc(room * sizeof(Run));
+    PyObject *out = NULL;
+    if (runs == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(requests); i++) {
+        PyObject *req = PyList_GET_ITEM(requests, i);
+        long long sys_flag, queue_id;
+        if (Py_TYPE(req) != S.request_type || req_int(req, F_SYS_FLAG, &sys_flag) < 0) goto fallback;
+        if (sys_flag & TX_NO_QUEUE_OFFSET) continue;
+        PyObject *topic = req_get(req, F_TOPIC);
+        if (topic == NULL || !PyUnicode_CheckExact(topic) || req_int(req, F_QUEUE_ID, &queue_id) < 0)
+            goto fallback;
+        Run *run = NULL;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            Run *r = &runs[(last_hit + k) % count];
+            if (r->queue_id == queue_id && (r->topic == topic || PyUnicode_Compare(r->topic, topic) == 0)) {
+                run = r;
+                last_hit = (last_hit + k) % count;
+                break;
+            }
+        }
+        if (PyErr_Occurred()) goto error;
+        if (run == NULL) {
+            if (count == room) {
+                Run *grown = PyMem_Realloc(runs, 2 * room * sizeof(Run));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto error;
+                }
+                runs = grown;
+                room *= 2;
+            }
+            PyObject *members = PyList_New(0);
+            if (members == NULL) goto error;
+            run = &runs[count];
+            run->topic = topic;
+            run->queue_id = queue_id;
+            run->members = members;
+            last_hit = count++;
+        }
+        if (PyList_Append(run->members, req) < 0) goto error;
+    }
+    out = PyList_New(count);
+    if (out == NULL) goto error;
+    for (Py_ssize_t r = 0; r < count; r++) {
+        PyObject *members = runs[r].members;
+        Py_ssize_t n = PyList_GET_SIZE(members);
+        PyObject *units = NULL;
+        unsigned char *w = NULL;
+        long long first = 0, last = 0, first_end = 0, last_end = 0;
+        int consecutive = 1;
+        if (with_units) {
+            units = PyBytes_FromStringAndSize(NULL, n * 20);
+            if (units == NULL) goto error;
+            w = (unsigned char *)PyBytes_AS_STRING(units);
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *req = PyList_GET_ITEM(members, k);
+            long long qoff, phy = 0, size = 0, code = 0;
+            if (req_int(req, F_CONSUME_QUEUE_OFFSET, &qoff) < 0
+                || (with_units
+                    && (req_int(req, F_COMMIT_LOG_OFFSET, &phy) < 0 || req_int(req, F_MSG_SIZE, &size) < 0
+                        || req_int(req, F_TAGS_CODE, &code) < 0 || size < INT32_MIN || size > INT32_MAX))) {
+                Py_XDECREF(units);
+                goto fallback;
+            }
+            if (k == 0) {
+                first = qoff;
+                first_end = phy + size;
+            } else if (qoff != first + k) {
+                consecutive = 0;
+            }
+            last = qoff;
+            last_end = phy + size;
+            if (w != NULL) {
+                wr64(w, (int64_t)phy);
+                wr32(w + 8, (int32_t)size);
+                wr64(w + 12, (int64_t)code);
+                w += 20;
+            }
+        }
+        if (!consecutive) Py_CLEAR(units);
+        PyObject *run = Py_BuildValue("(OLLLLLNO)", runs[r].topic, runs[r].queue_id, first, last, first_end,
+                                      last_end, units != NULL ? units : Py_NewRef(Py_None), members);
+        if (run == NULL) goto error;
+        PyList_SET_ITEM(out, r, run);
+    }
+    for (Py_ssize_t r = 0; r < count; r++) Py_DECREF(runs[r].members);
+    PyMem_Free(runs);
+    return out;
+fallback:
+    PyErr_Clear();
+    for (Py_ssize_t r = 0; r < count; r++) Py_DECREF(runs[r].members);
+    PyMem_Free(runs);
+    Py_XDECREF(out);
+    Py_RETURN_NOTIMPLEMENTED;
+error:
+    for (Py_ssize_t r = 0; r < count; r++) Py_DECREF(runs[r].members);
+    PyMem_Free(runs);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(index_entries_doc,
+"index_entries(requests: list[DispatchRequest], last: int)\n"
+"    -> (hashes, offsets, timestamps, last) | NotImplemented\n\n"
+"libstore.index_service.index_entries in C: the IndexFile entries of the records after CommitLog\n"
+"offset ``last`` (``topic#UNIQ_KEY`` and ``topic#key`` per KEYS token; no ROLLBACK record), their\n"
+"key hashes computed without building the keys. NotImplemented for anything but\n"
+"DispatchRequests with int fields, str topic and keys, and a tuple of keys.");
+
+static PyObject *py_index_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyLong_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "index_entries(requests: list, last: int)");
+        return NULL;
+    }
+    if (!S.configured) Py_RETURN_NOTIMPLEMENTED;
+    long long last = PyLong_AsLongLong(args[1]);
+    if (last == -1 && PyErr_Occurred()) return NULL;
+    PyObject *requests = args[0];
+    PyObject *prefix_of = NULL; /* the topic whose "topic#" hash is in prefix (borrowed) */
+    uint32_t prefix = 0;
+    PyObject *hashes = PyList_New(0), *offsets = PyList_New(0), *timestamps = PyList_New(0);
+    if (hashes == NULL || offsets == NULL || timestamps == NULL) goto error;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(requests); i++) {
+        PyObject *req = PyList_GET_ITEM(requests, i);
+        long long offset, sys_flag, ts;
+        if (Py_TYPE(req) != S.request_type || req_int(req, F_COMMIT_LOG_OFFSET, &offset) < 0
+            || req_int(req, F_SYS_FLAG, &sys_flag) < 0)
+            goto fallback;
+        if (offset <= last || (sys_flag & 0xC) == 0xC) continue; /* a replay; ROLLBACK */
+        PyObject *uniq = req_get(req, F_UNIQ_KEY), *keys = req_get(req, F_KEYS), *topic = req_get(req, F_TOPIC);
+        int bad = uniq == NULL || keys == NULL || topic == NULL || !PyTuple_CheckExact(keys)
+                  || !PyUnicode_CheckExact(topic) || (uniq != Py_None && !PyUnicode_CheckExact(uniq));
+        for (Py_ssize_t k = 0; !bad && k < PyTuple_GET_SIZE(keys); k++)
+            bad = !PyUnicode_CheckExact(PyTuple_GET_ITEM(keys, k)) || PyUnicode_READY(PyTuple_GET_ITEM(keys, k)) < 0;
+        bad = bad || PyUnicode_READY(topic) < 0 || (uniq != Py_None && PyUnicode_READY(uniq) < 0);
+        int has_uniq = !bad && uniq != Py_None && PyUnicode_GET_LENGTH(uniq) > 0;
+        if (bad || (!has_uniq && PyTuple_GET_SIZE(keys) == 0) || req_int(req, F_STORE_TIMESTAMP, &ts) < 0) {
+            if (bad || PyErr_Occurred()) goto fallback;
+            continue; /* nothing to index */
+        }
+        if (topic != prefix_of) { /* a chunk's records mostly share their topic (object) */
+            prefix_of = topic;
+            prefix = 31u * java_fold(0, topic) + (uint32_t)'#';
+        }
+        PyObject *off_obj = PyLong_FromLongLong(offset), *ts_obj = PyLong_FromLongLong(ts);
+        int rc = off_obj == NULL || ts_obj == NULL ? -1 : 0;
+        Py_ssize_t total = PyTuple_GET_SIZE(keys) + (has_uniq ? 1 : 0);
+        for (Py_ssize_t k = 0; rc == 0 && k < total; k++) {
+            PyObject *part = has_uniq ? (k == 0 ? uniq : PyTuple_GET_ITEM(keys, k - 1)) : PyTuple_GET_ITEM(keys, k);
+            PyObject *h = PyLong_FromLong(index_hash_of_java(java_fold(prefix, part)));
+            rc = h == NULL ? -1 : PyList_Append(hashes, h);
+            Py_XDECREF(h);
+            if (rc == 0) rc = PyList_Append(offsets, off_obj);
+            if (rc == 0) rc = PyList_Append(timestamps, ts_obj);
+        }
+        Py_XDECREF(off_obj);
+        Py_XDECREF(ts_obj);
+        if (rc < 0) goto error;
+        last = offset;
+    }
+    PyObject *new_last = PyLong_FromLongLong(last);
+    if (new_last == NULL) goto error;
+    return Py_BuildValue("(NNNN)", hashes, offsets, timestamps, new_last);
+fallback:
+    PyErr_Clear();
+    Py_XDECREF(hashes);
+    Py_XDECREF(offsets);
+    Py_XDECREF(timestamps);
+    Py_RETURN_NOTIMPLEMENTED;
+error:
+    Py_XDECREF(hashes);
+    Py_XDECREF(offsets);
+    Py_XDECREF(timestamps);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -2592,6 +2834,8 @@ static PyMethodDef methods[] = {
     {"frame_run", (PyCFunction)(void (*)(void))py_frame_run, METH_FASTCALL, frame_run_doc},
     {"framed_starts", (PyCFunction)(void (*)(void))py_framed_starts, METH_FASTCALL, framed_starts_doc},
     {"retag", (PyCFunction)(void (*)(void))py_retag, METH_FASTCALL, retag_doc},
+    {"queue_runs", (PyCFunction)(void (*)(void))py_queue_runs, METH_FASTCALL, queue_runs_doc},
+    {"index_entries", (PyCFunction)(void (*)(void))py_index_entries, METH_FASTCALL, index_entries_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -301,21 +301,35 @@ class ConsumeQueue:
         self, phy_offsets: list[int], sizes: list[int], tags_codes: list[int], queue_offset: int
     ) -> None:
         """:meth:`put_message_position_info` for records at consecutive queue offsets from
-        ``queue_offset``, physical offsets increasing. When they continue the queue inside its
-        current segment (the common case) their units are packed and copied at once; else
-        record by record, with its replay, gap and roll handling. Raises StoreIOError."""
+        ``queue_offset``, physical offsets increasing (:meth:`put_packed`, else record by
+        record, with its replay, gap and roll handling). Raises StoreIOError."""
         n = len(phy_offsets)
-        files = self.queue.mapped_files
-        if n and files and phy_offsets[0] + sizes[0] > self.max_physic_offset:
-            mf = files[-1]
-            pos = mf.wrote_position
-            end = pos + n * CQ_STORE_UNIT_SIZE
-            if queue_offset * CQ_STORE_UNIT_SIZE == mf.file_from_offset + pos and end <= mf.file_size:
-                mf.append_raw(b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes)))
-                self.max_physic_offset = phy_offsets[-1] + sizes[-1]
-                return
+        if n and self.put_packed(
+            b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes)),
+            queue_offset,
+            phy_offsets[0] + sizes[0],
+            phy_offsets[-1] + sizes[-1],
+        ):
+            return
         for i in range(n):
             self.put_message_position_info(phy_offsets[i], sizes[i], tags_codes[i], queue_offset + i)
+
+    def put_packed(self, units: bytes, queue_offset: int, first_end: int, last_end: int) -> bool:
+        """Copy ``units`` (packed units of records at consecutive queue offsets from
+        ``queue_offset``; the first record ends at CommitLog offset ``first_end``, the last at
+        ``last_end``) at once when they continue the queue inside its current segment (the
+        common case) and are not a replay; False, writing nothing, otherwise (the caller then
+        writes them record by record). Raises StoreIOError."""
+        files = self.queue.mapped_files
+        if not units or not files or first_end <= self.max_physic_offset:
+            return False
+        mf = files[-1]
+        pos = mf.wrote_position
+        if queue_offset * CQ_STORE_UNIT_SIZE != mf.file_from_offset + pos or pos + len(units) > mf.file_size:
+            return False
+        mf.append_raw(units)
+        self.max_physic_offset = last_end
+        return True
 
     def _append(self, unit: bytes, logic_offset: int) -> None:
         mf = self.queue.get_last_mapped_file()

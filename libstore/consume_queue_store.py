@@ -25,13 +25,10 @@ from pathlib import Path
 from libstore.consume_queue import ConsumeQueue
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
-from libstore.message import MessageSysFlag
+from libstore.queue_runs import queue_runs
 from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
-
-# PREPARED and ROLLBACK records get no ConsumeQueue unit (spec §9).
-_NO_UNIT = frozenset({MessageSysFlag.TRANSACTION_PREPARED_TYPE, MessageSysFlag.TRANSACTION_ROLLBACK_TYPE})
 
 
 class ConsumeQueueStore:
@@ -133,36 +130,17 @@ class ConsumeQueueStore:
         self.dispatch_batch((req,))
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
-        """Apply consecutive records: a unit for NOT/COMMIT records, nothing for the others.
+        """Apply consecutive records: a unit for NOT/COMMIT records, nothing for PREPARED and
+        ROLLBACK ones (spec §9). Each queue's records are written as one run (libstore.queue_runs).
 
         Raises StoreIOError when a queue cannot be written.
         """
         queues = self._queues
-        no_unit = _NO_UNIT
-        mask = MessageSysFlag.TRANSACTION_TYPE_MASK
-        # Each queue's records, in log order: its units are then written as runs (put_units).
-        runs: dict[tuple[str, int], list[DispatchRequest]] = {}
-        for req in requests:
-            if req.sys_flag & mask in no_unit:
+        for topic, queue_id, first, _, first_end, last_end, units, members in queue_runs(requests):
+            cq = queues.get((topic, queue_id)) or self.find_or_create(topic, queue_id)
+            if units is not None and cq.put_packed(units, first, first_end, last_end):
                 continue
-            key = (req.topic, req.queue_id)
-            run = runs.get(key)
-            if run is None:
-                runs[key] = [req]
-            else:
-                run.append(req)
-        for key, run in runs.items():
-            cq = queues.get(key) or self.find_or_create(*key)
-            first = run[0].consume_queue_offset
-            if [r.consume_queue_offset for r in run] == list(range(first, first + len(run))):
-                cq.put_units(
-                    [r.commit_log_offset for r in run],
-                    [r.msg_size for r in run],
-                    [r.tags_code for r in run],
-                    first,
-                )
-                continue
-            for req in run:  # queue offsets with a hole or a repeat: record by record
+            for req in members:  # a hole or a repeat, a roll, a replay: record by record
                 cq.put_message_position_info(
                     req.commit_log_offset, req.msg_size, req.tags_code, req.consume_queue_offset
                 )

@@ -26,7 +26,7 @@ from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.index_service import IndexService
-from libstore.message import MessageSysFlag
+from libstore.queue_runs import queue_runs
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +107,7 @@ def apply_chunk(
         dispatcher.dispatch_batch(chunk)
     if not arrivals:
         return {}
-    no_queue_offset = MessageSysFlag.TRANSACTION_PREPARED_TYPE  # PREPARED 0x4, ROLLBACK 0xC
-    return {
-        (req.topic, req.queue_id): req.consume_queue_offset + 1
-        for req in chunk
-        if not req.sys_flag & no_queue_offset
-    }
+    return {(run[0], run[1]): run[3] + 1 for run in queue_runs(chunk, with_units=False)}  # last + 1
 
 
 def resume_offset(checkpoint: DispatchCheckpoint, log_min: int, log_max: int) -> int:

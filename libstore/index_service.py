@@ -54,6 +54,50 @@ def index_file_time(name: str) -> int:
     return int(moment.timestamp()) * 1000 + int(name[14:])
 
 
+def index_entries(
+    requests: Sequence[DispatchRequest], last: int
+) -> tuple[list[int], list[int], list[int], int]:
+    """The IndexFile entries of ``requests`` (records in log order) after CommitLog offset
+    ``last``: ``(key hashes, CommitLog offsets, store times, the last offset indexed)``, one
+    entry for ``topic#UNIQ_KEY`` and one per KEYS token ``topic#k`` of each record that has
+    any (none for ROLLBACK records, nor for records at or before ``last``: replays). In C when
+    libstore._codec is built, hashing the keys without building them; the Python below is
+    its reference (all the batch's keys hashed at once)."""
+    ext = record_codec.native()
+    if ext is not None and type(last) is int:
+        found = ext.index_entries(requests if type(requests) is list else list(requests), last)
+        if found is not NotImplemented:
+            return found  # type: ignore[no-any-return]
+    keys: list[str] = []
+    offsets: list[int] = []  # per key: the record's CommitLog offset and store time
+    timestamps: list[int] = []
+    rollback = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
+    mask = MessageSysFlag.TRANSACTION_TYPE_MASK
+    for req in requests:
+        offset = req.commit_log_offset
+        if offset <= last or req.sys_flag & mask == rollback:
+            continue
+        uniq = req.uniq_key
+        if not req.keys and not uniq:
+            continue
+        prefix = req.topic + "#"
+        ts = req.store_timestamp
+        if uniq:
+            keys.append(prefix + uniq)
+            offsets.append(offset)
+            timestamps.append(ts)
+        for key in req.keys:
+            keys.append(prefix + key)
+            offsets.append(offset)
+            timestamps.append(ts)
+        last = offset
+    if not keys:
+        return [], [], [], last
+    if ext is not None:
+        return ext.index_hashes(keys), offsets, timestamps, last
+    return [index_hash_of(h) for h in java_string_hashes(keys)], offsets, timestamps, last
+
+
 class IndexService:
     """IndexFiles under ``store_path`` (the ``index`` folder); sizes from the config keys
     maxHashSlotNum/maxIndexNum; ``max_msgs_num_batch`` caps query results."""
@@ -224,40 +268,11 @@ class IndexService:
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
         """Index ``topic#UNIQ_KEY`` and ``topic#k`` per KEYS token of each record, skipping
-        ROLLBACK records and records at or before the last indexed offset (replays). The keys of
-        the whole batch are hashed at once. Raises StoreIOError when a file cannot be made."""
-        last = self.last_indexed_offset
-        keys: list[str] = []
-        offsets: list[int] = []  # per key: the record's CommitLog offset and store time
-        timestamps: list[int] = []
-        rollback = MessageSysFlag.TRANSACTION_ROLLBACK_TYPE
-        mask = MessageSysFlag.TRANSACTION_TYPE_MASK
-        for req in requests:
-            offset = req.commit_log_offset
-            if offset <= last or req.sys_flag & mask == rollback:
-                continue
-            uniq = req.uniq_key
-            if not req.keys and not uniq:
-                continue
-            prefix = req.topic + "#"
-            ts = req.store_timestamp
-            if uniq:
-                keys.append(prefix + uniq)
-                offsets.append(offset)
-                timestamps.append(ts)
-            for key in req.keys:
-                keys.append(prefix + key)
-                offsets.append(offset)
-                timestamps.append(ts)
-            last = offset
-        if not keys:
+        ROLLBACK records and records at or before the last indexed offset (replays)
+        (:func:`index_entries`). Raises StoreIOError when a file cannot be made."""
+        hashes, offsets, timestamps, last = index_entries(requests, self.last_indexed_offset)
+        if not hashes:
             return
-        ext = record_codec.native()
-        hashes = (
-            ext.index_hashes(keys)
-            if ext is not None
-            else [index_hash_of(h) for h in java_string_hashes(keys)]
-        )
         f = self.files[-1] if self.files else self._new_file(None)
         done = f.put_many(hashes, offsets, timestamps)
         self._dirty.add(f.file_name)
