@@ -50,6 +50,7 @@ def _chunks(draw: st.DrawFn) -> list[DispatchRequest]:
     out = []
     for _ in range(draw(st.integers(0, 40))):
         topic = draw(st.sampled_from(topics))
+        topic = topic[:1] + topic[1:]  # an equal string, mostly another object (as decoding makes)
         queue_id = draw(st.integers(0, 3))
         key = (topic, queue_id)
         qoff = next_offset.get(key, draw(st.integers(0, 100)))
