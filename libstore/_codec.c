@@ -1628,19 +1628,26 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
     }
+    /* queue_runs and index_entries read the slots where __slots__ keep them: each must be a
+     * slot of this class (or a base), inside its instances. Nothing is kept unless all are. */
+    PyTypeObject *type = (PyTypeObject *)args[0];
+    Py_ssize_t slot_at[F_COUNT];
     for (int i = 0; i < F_COUNT; i++) {
         PyMemberDef *member = Py_IS_TYPE(descr[i], &PyMemberDescr_Type)
                                   ? ((PyMemberDescrObject *)descr[i])->d_member
                                   : NULL;
-        if (member == NULL || member->type != T_OBJECT_EX) {
+        if (member == NULL || member->type != T_OBJECT_EX || !PyType_IsSubtype(type, PyDescr_TYPE(descr[i]))
+            || member->offset < (Py_ssize_t)sizeof(PyObject)
+            || member->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)) {
             for (int k = 0; k < F_COUNT; k++) Py_DECREF(descr[k]);
-            PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot", FIELD_NAMES[i]);
+            PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot of the class", FIELD_NAMES[i]);
             return NULL;
         }
-        S.slot_at[i] = member->offset;
+        slot_at[i] = member->offset;
     }
     for (int i = 0; i < F_COUNT; i++) {
         Py_XSETREF(S.descr[i], descr[i]);
+        S.slot_at[i] = slot_at[i];
     }
     Py_XSETREF(S.request_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(S.system_codes, PyDict_Copy(args[1]));
@@ -2753,7 +2760,10 @@ static PyObject *py_index_entries(PyObject *self, PyObject *const *args, Py_ssiz
     }
     if (!S.configured) Py_RETURN_NOTIMPLEMENTED;
     long long last = PyLong_AsLongLong(args[1]);
-    if (last == -1 && PyErr_Occurred()) return NULL;
+    if (last == -1 && PyErr_Occurred()) { /* past 64 bits: the Python code answers */
+        PyErr_Clear();
+        Py_RETURN_NOTIMPLEMENTED;
+    }
     PyObject *requests = args[0];
     PyObject *prefix_of = NULL; /* the topic whose "topic#" hash is in prefix (borrowed) */
     uint32_t prefix = 0;

@@ -153,3 +153,25 @@ def test_a_chunk_builds_the_same_files_either_way(tmp_path_factory: pytest.TempP
     assert c_way[0] == python_way[0]
     assert c_way[1] == python_way[1]
     assert sorted(c_way[2].values()) == sorted(python_way[2].values())
+
+
+def test_configure_refuses_a_class_whose_slots_are_not_its_own() -> None:
+    """The C code reads a DispatchRequest's slots where __slots__ keep them: a class whose slot
+    names lead elsewhere (a slot of another class, a property) is refused, and a refused call
+    leaves the module reading the real class as before."""
+    names = DispatchRequest.__slots__
+
+    class Big:
+        __slots__ = tuple(f"z{i}" for i in range(400))
+
+    borrowed = type("Borrowed", (), {name: Big.__dict__["z399"] for name in names})
+    shifted = type("Shifted", (), {"__slots__": ("pad", *(n for n in names if n != "trace_context"))})
+    shifted.trace_context = property(lambda self: None)  # type: ignore[attr-defined]
+    for bad in (borrowed, shifted):
+        with pytest.raises(TypeError):
+            EXT.configure(bad, {}, None)
+    req = DispatchRequest(True, 100, "T", 3, 1000, 7, 0, 0, 5, 0, None, 0, ("k",), "U", False, "Z")
+    assert [r[:4] for r in queue_runs([req])] == [("T", 3, 7, 7)]
+    with _pure_python():
+        assert index_entries([req], -1) == EXT.index_entries([req], -1)
+    assert EXT.index_entries([req], 1 << 70) is NotImplemented  # past 64 bits: Python answers
