@@ -2823,6 +2823,69 @@ error:
     return NULL;
 }
 
+PyDoc_STRVAR(scan_run_doc,
+"scan_run(buf, pos, base_offset, decode_properties) -> (records, pos, state, bad)\n\n"
+"log_scanner.scan_buffer's loop in C, from ``pos`` of ``buf`` (CommitLog bytes from\n"
+"``base_offset``): the records check_record accepts (no CRC), one after another, until\n"
+"``state`` says why it stopped at ``pos``: 0 the end of ``buf``, 1 a blank END record, 2 bytes\n"
+"that are not a record (``bad``: their request, commit_log_offset set to where they sit), 3 a\n"
+"record only the Python code decodes (check_record's fallback: it takes that one).");
+
+static PyObject *py_scan_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_run(buf, pos, base_offset, decode_properties)");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long long base = pos == -1 && PyErr_Occurred() ? -1 : PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int decode = PyObject_IsTrue(args[3]);
+    if (decode < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t limit = view.len;
+    PyObject *records = PyList_New(0), *bad = NULL;
+    int state = 0;
+    if (records == NULL) goto error;
+    if (pos < 0 || pos > limit || base < 0) {
+        PyErr_SetString(PyExc_ValueError, "scan_run: pos or base_offset out of range");
+        goto error;
+    }
+    while (pos < limit) {
+        PyObject *checked = check_one(buf, pos, limit, 0, base + pos, decode, 0, 0, NULL, 1);
+        if (checked == NULL) goto error;
+        if (checked == FALLBACK) { /* borrowed */
+            state = 3;
+            break;
+        }
+        PyObject *req = PyTuple_GET_ITEM(checked, 0);
+        long long size;
+        int rc = req_int(req, F_MSG_SIZE, &size);
+        if (rc == 0 && req_get(req, F_SUCCESS) != Py_True) {
+            rc = set_field(req, F_COMMIT_LOG_OFFSET, PyLong_FromLongLong(base + pos));
+            bad = rc == 0 ? Py_NewRef(req) : NULL;
+            state = 2;
+        } else if (rc == 0 && size == 0) {
+            state = 1;
+        } else if (rc == 0) {
+            rc = PyList_Append(records, req);
+            pos += (Py_ssize_t)size;
+        }
+        Py_DECREF(checked);
+        if (rc < 0) goto error;
+        if (state) break;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(NniN)", records, pos, state, bad != NULL ? bad : Py_NewRef(Py_None));
+error:
+    PyBuffer_Release(&view);
+    Py_XDECREF(records);
+    Py_XDECREF(bad);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -2846,6 +2909,7 @@ static PyMethodDef methods[] = {
     {"retag", (PyCFunction)(void (*)(void))py_retag, METH_FASTCALL, retag_doc},
     {"queue_runs", (PyCFunction)(void (*)(void))py_queue_runs, METH_FASTCALL, queue_runs_doc},
     {"index_entries", (PyCFunction)(void (*)(void))py_index_entries, METH_FASTCALL, index_entries_doc},
+    {"scan_run", (PyCFunction)(void (*)(void))py_scan_run, METH_FASTCALL, scan_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

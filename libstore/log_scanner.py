@@ -12,7 +12,10 @@ from collections.abc import Iterator
 
 from libstore.dispatch_request import DispatchRequest
 from libstore.mapped_file_queue import MappedFileQueue
-from libstore.record_codec import check_record
+from libstore.record_codec import check_record, native
+
+# Why libstore._codec.scan_run stopped (its docstring).
+_RUN_END, _RUN_BLANK, _RUN_INVALID, _RUN_FALLBACK = 0, 1, 2, 3
 
 
 def scan_log(
@@ -76,11 +79,24 @@ def scan_buffer(
 ) -> tuple[list[DispatchRequest], int, DispatchRequest | None]:
     """Decode the whole records in ``buf`` (CommitLog bytes starting at ``base_offset``, e.g. a
     Tail chunk). Returns (records, offset just past the last record or blank END record read,
-    the invalid request if bytes that are not a record stopped the scan)."""
+    the invalid request if bytes that are not a record stopped the scan). The loop runs in C
+    when libstore._codec is built (``scan_run``: ~2 us a 1 KiB record through check_record one
+    call at a time), handing back to the Python below the records only it decodes."""
     out: list[DispatchRequest] = []
     pos = 0
     limit = len(buf)
+    ext = native()
     while pos < limit:
+        if ext is not None:
+            records, pos, state, bad = ext.scan_run(buf, pos, base_offset, decode_properties)
+            out += records
+            if state == _RUN_END:
+                break
+            if state == _RUN_BLANK:
+                return out, base_offset + limit, None
+            if state == _RUN_INVALID:
+                return out, base_offset + pos, bad
+            # _RUN_FALLBACK: the record at pos is decoded below
         req = check_record(
             buf,
             pos,

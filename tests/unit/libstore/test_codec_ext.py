@@ -18,9 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libstore import durability, record_codec, record_encoder
+from libstore import durability, log_scanner, record_codec, record_encoder
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import CorruptRecordError, MessageIllegalError
+from libstore.log_scanner import scan_buffer
 from libstore.message import Message, MessageConst
 from libstore.message_id import encode_host
 from libstore.producer_input import STORE_PROPERTIES, check_producer_properties
@@ -218,6 +219,33 @@ def test_check_record_matches_the_python_reference(msgs, edits, cut):
                 break
             pos += size
         _compare_at(buf, 0, min(len(buf), 7))  # too short for a blank
+
+
+def _scanned(buf: bytes | bytearray, base: int, decode: bool, pure: bool) -> object:
+    with _implementation(pure):
+        records, end, bad = scan_buffer(buf, base, decode_properties=decode)
+    return [_slots(r) for r in records], end, None if bad is None else _slots(bad)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(_message, min_size=1, max_size=6),
+    st.lists(_edit, max_size=3),
+    st.integers(0, 40),
+    st.booleans(),
+    st.integers(0, 1 << 40),
+)
+def test_scan_buffer_in_c_matches_the_python_reference(msgs, edits, cut, blank, base):
+    """log_scanner.scan_buffer's C loop (_codec.scan_run) against its Python loop: the same
+    records, end offset and invalid request, for clean, damaged and cut chunks, with a blank
+    END record after the records or not, system topics (some only Python decodes) included."""
+    raw = bytearray(_encoded(msgs, base) + (encode_blank(64) if blank else b""))
+    clean = bytes(raw)
+    for at, value in edits:
+        raw[at % len(raw)] = value
+    for buf in (clean, bytes(raw), bytes(raw[: max(0, len(raw) - cut)])):
+        for decode in (True, False):
+            assert _scanned(buf, base, decode, False) == _scanned(buf, base, decode, True)
 
 
 def _decoded_all(raws: list[bytes], check_crc: bool, pure: bool) -> object:
@@ -720,3 +748,31 @@ def test_stubs_and_held_records_match_the_python_reference(
     for key, record in zip(keys, records, strict=True):
         rec = decode_record(record)
         assert rec.phy_offset == key and rec.store_timestamp == 7 and not durability.is_stub(record)
+
+
+def test_scan_buffer_takes_back_a_record_the_c_loop_leaves_to_python(monkeypatch):
+    """A record only the Python code decodes (scan_run's state 3) is decoded there, and the C
+    loop goes on after it."""
+    msgs = [Message("T", b"%d" % i, 0, properties={"KEYS": f"k{i}"}) for i in range(4)]
+    buf = _encoded(msgs, 1000)
+    second = int.from_bytes(buf[:4], "big")
+    calls = []
+
+    class HandsBack:
+        def __getattr__(self, name):
+            return getattr(EXT, name)
+
+        def scan_run(self, data, pos, base, decode):
+            calls.append(pos)
+            if pos < second:  # as if the second record were one only Python decodes
+                records, _, _, _ = EXT.scan_run(data[:second], pos, base, decode)
+                return records, second, 3, None
+            return EXT.scan_run(data, pos, base, decode)
+
+    expected = _scanned(buf, 1000, True, True)
+    monkeypatch.setattr(record_codec, "_ext", HandsBack())
+    monkeypatch.setattr(log_scanner, "native", lambda: record_codec._ext)
+    records, end, bad = scan_buffer(buf, 1000)
+    assert ([_slots(r) for r in records], end, bad) == expected
+    third = second + int.from_bytes(buf[second : second + 4], "big")
+    assert len(records) == 4 and calls == [0, third]  # the second one decoded in Python
