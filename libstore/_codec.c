@@ -398,6 +398,19 @@ static PyObject *topic_name(const unsigned char *p, Py_ssize_t n) {
     return name;
 }
 
+/* Set a slot of a DispatchRequest to a new reference to ``value``: where __slots__ keep it when
+ * ``req`` is exactly S.request_type (configure checked the offsets), else through its member
+ * descriptor. Returns -1 with an exception set on failure. */
+static inline int req_set(PyObject *req, int field, PyObject *value) {
+    if (Py_TYPE(req) != S.request_type) {
+        PyObject *d = S.descr[field];
+        return Py_TYPE(d)->tp_descr_set(d, req, value);
+    }
+    PyObject **slot = (PyObject **)((char *)req + S.slot_at[field]);
+    Py_XSETREF(*slot, Py_NewRef(value));
+    return 0;
+}
+
 /* A DispatchRequest from its slot values (new references, stolen; NULL where the __init__
  * default applies). Returns NULL with an exception set on failure (values released). */
 static PyObject *build_request(PyObject *values[F_COUNT]) {
@@ -416,7 +429,7 @@ static PyObject *build_request(PyObject *values[F_COUNT]) {
             }
             if (v == NULL) rc = -1;
         }
-        if (rc == 0) rc = Py_TYPE(S.descr[i])->tp_descr_set(S.descr[i], req, v);
+        if (rc == 0) rc = req_set(req, i, v);
         Py_XDECREF(v);
     }
     if (rc < 0) {
@@ -428,8 +441,7 @@ static PyObject *build_request(PyObject *values[F_COUNT]) {
 
 static int set_field(PyObject *req, int field, PyObject *value /* stolen */) {
     if (value == NULL) return -1;
-    PyObject *d = S.descr[field];
-    int rc = Py_TYPE(d)->tp_descr_set(d, req, value);
+    int rc = req_set(req, field, value);
     Py_DECREF(value);
     return rc;
 }
