@@ -297,23 +297,6 @@ class ConsumeQueue:
         self.max_physic_offset = phy_offset + size
         return True
 
-    def put_units(
-        self, phy_offsets: list[int], sizes: list[int], tags_codes: list[int], queue_offset: int
-    ) -> None:
-        """:meth:`put_message_position_info` for records at consecutive queue offsets from
-        ``queue_offset``, physical offsets increasing (:meth:`put_packed`, else record by
-        record, with its replay, gap and roll handling). Raises StoreIOError."""
-        n = len(phy_offsets)
-        if n and self.put_packed(
-            b"".join(map(_UNIT.pack, phy_offsets, sizes, tags_codes)),
-            queue_offset,
-            phy_offsets[0] + sizes[0],
-            phy_offsets[-1] + sizes[-1],
-        ):
-            return
-        for i in range(n):
-            self.put_message_position_info(phy_offsets[i], sizes[i], tags_codes[i], queue_offset + i)
-
     def put_packed(self, units: bytes, queue_offset: int, first_end: int, last_end: int) -> bool:
         """Copy ``units`` (packed units of records at consecutive queue offsets from
         ``queue_offset``; the first record ends at CommitLog offset ``first_end``, the last at

@@ -107,7 +107,8 @@ def apply_chunk(
         dispatcher.dispatch_batch(chunk)
     if not arrivals:
         return {}
-    return {(run[0], run[1]): run[3] + 1 for run in queue_runs(chunk, with_units=False)}  # last + 1
+    runs = queue_runs(chunk, with_units=False)
+    return {(topic, queue_id): last + 1 for topic, queue_id, _, last, *_ in runs}
 
 
 def resume_offset(checkpoint: DispatchCheckpoint, log_min: int, log_max: int) -> int:

@@ -196,7 +196,7 @@ def _queue_files(root: Path) -> dict[str, bytes]:
 
 def test_a_dispatched_chunk_writes_what_record_by_record_puts_write(tmp_path: Path):
     """ConsumeQueueStore.dispatch_batch writes each queue's units of a chunk as runs
-    (ConsumeQueue.put_units): the files must equal what one put_message_position_info per record
+    (ConsumeQueue.put_packed): the files must equal what one put_message_position_info per record
     writes, across segment rolls, replays of dispatched records, a hole in a queue's offsets
     and records that take no unit (PREPARED, ROLLBACK)."""
     import random
@@ -249,11 +249,21 @@ def test_a_dispatched_chunk_writes_what_record_by_record_puts_write(tmp_path: Pa
     assert _queue_files(tmp_path / "chunked") == files
 
 
-def test_put_units_packs_a_run_or_falls_back_to_record_by_record(tmp_path: Path):
+def test_put_packed_copies_a_run_or_leaves_it_to_record_by_record(tmp_path: Path):
     cq = _cq(tmp_path)
-    cq.put_units([1000, 1100, 1200], [100, 100, 100], [1, 2, 3], 0)  # fits segment 0: one copy
-    cq.put_units([1300, 1400, 1500, 1600], [100, 100, 100, 100], [4, 5, 6, 7], 3)  # rolls: by record
-    cq.put_units([1000, 1100], [100, 100], [9, 9], 0)  # a replay: skipped
+
+    def put(phys: list[int], codes: list[int], qoff: int) -> bool:
+        units = b"".join(struct.pack(">qiq", p, 100, c) for p, c in zip(phys, codes, strict=True))
+        if cq.put_packed(units, qoff, phys[0] + 100, phys[-1] + 100):
+            return True
+        for i, (p, c) in enumerate(zip(phys, codes, strict=True)):
+            cq.put_message_position_info(p, 100, c, qoff + i)
+        return False
+
+    assert not put([1000], [1], 0)  # no segment yet: by record, which makes it
+    assert put([1100, 1200], [2, 3], 1)  # fits segment 0: one copy
+    assert not put([1300, 1400, 1500, 1600], [4, 5, 6, 7], 3)  # rolls: by record
+    assert not put([1000, 1100], [9, 9], 0)  # a replay: skipped
     units = cq.read_units(0, 10)
     assert [(u.queue_offset, u.phy_offset, u.tags_code) for u in units] == [
         (i, 1000 + 100 * i, i + 1) for i in range(7)
