@@ -53,12 +53,12 @@ typedef struct {
     /* A C function computing zlib's crc32 (ISA-L's crc32_gzip_refl, found in the isal wheel:
      * record_codec), or NULL: then crc_func, called through Python, or zlib. */
     uint32_t (*crc_native)(uint32_t crc, const unsigned char *buf, uint64_t len);
-    PyObject *sep_entry; /* "\x02" */
     PyObject *array_type; /* array.array */
     PyObject *typecode_q; /* "q" */
     PyObject *n_toreadonly; /* "toreadonly" */
     PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
     PyObject *record_descr[18];
+    Py_ssize_t record_slot_at[18]; /* where each MessageRecord field sits in an instance */
     PyObject *decode_host; /* encoded host bytes -> (ip, port) */
     PyObject *n_topic, *n_body, *n_queue_id, *n_properties, *n_born_host, *n_sys_flag, *n_flag,
         *n_born_timestamp, *n_reconsume_times, *n_prepared_transaction_offset; /* attribute names */
@@ -985,42 +985,86 @@ static PyObject *hex_id(const unsigned char *host, Py_ssize_t host_len, int64_t 
     return out;
 }
 
-/* record_codec.bytes_to_properties: decoded with "replace", split on \x02, pieces of >= 3
- * characters split at the first \x01, entries with an empty name or value dropped. */
+/* Property names decoded last: every record of a pull names the same few properties, so a
+ * byte compare here saves decoding, allocating and hashing each name again (the names kept are
+ * interned, so the dict lookups that follow compare them by identity). Only ASCII names of up
+ * to PROP_NAME_MAX bytes; slots replaced in turn; only touched with the GIL held. */
+#define NAME_SLOTS 16
+#define PROP_NAME_MAX 32
+static struct {
+    unsigned char raw[PROP_NAME_MAX];
+    Py_ssize_t len;
+    PyObject *name;
+} name_cache[NAME_SLOTS];
+static int name_next;
+
+static PyObject *property_name(const unsigned char *p, Py_ssize_t n) {
+    if (n > PROP_NAME_MAX || !is_ascii(p, n)) return PyUnicode_DecodeUTF8((const char *)p, n, "replace");
+    for (int i = 0; i < NAME_SLOTS; i++) {
+        if (name_cache[i].len == n && name_cache[i].name != NULL && memcmp(name_cache[i].raw, p, (size_t)n) == 0)
+            return Py_NewRef(name_cache[i].name);
+    }
+    PyObject *name = PyUnicode_FromStringAndSize((const char *)p, n);
+    if (name == NULL) return NULL;
+    PyUnicode_InternInPlace(&name);
+    int slot = name_next;
+    name_next = (name_next + 1) % NAME_SLOTS;
+    Py_XSETREF(name_cache[slot].name, Py_NewRef(name));
+    memcpy(name_cache[slot].raw, p, (size_t)n);
+    name_cache[slot].len = n;
+    return name;
+}
+
+/* record_codec.bytes_to_properties from the bytes: that decodes the whole with "replace" and
+ * splits on \x02, pieces of >= 3 characters at the first \x01, dropping entries with an empty
+ * name or value. UTF-8 decoding resynchronizes at every ASCII byte (\x01 and \x02 are never
+ * part of a sequence, and "replace" never swallows one), so splitting the bytes first and
+ * decoding each name and value on its own gives the same strings; and a piece whose name and
+ * value are both non-empty is at least 3 characters. */
 static PyObject *parse_properties(const unsigned char *p, Py_ssize_t n) {
     PyObject *out = PyDict_New();
-    if (out == NULL || n == 0) return out;
-    PyObject *text = PyUnicode_DecodeUTF8((const char *)p, n, "replace");
-    if (text == NULL) goto error;
-    PyObject *pieces = PyUnicode_Split(text, S.sep_entry, -1);
-    Py_DECREF(text);
-    if (pieces == NULL) goto error;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pieces); i++) {
-        PyObject *piece = PyList_GET_ITEM(pieces, i);
-        Py_ssize_t len = PyUnicode_GET_LENGTH(piece);
-        if (len < 3) continue;
-        Py_ssize_t at = PyUnicode_FindChar(piece, 0x01, 0, len, 1);
-        if (at == -2) {
-            Py_DECREF(pieces);
-            goto error;
+    if (out == NULL) return NULL;
+    const unsigned char *end = p + n;
+    while (p < end) {
+        const unsigned char *stop = memchr(p, 2, (size_t)(end - p));
+        if (stop == NULL) stop = end;
+        const unsigned char *sep = memchr(p, 1, (size_t)(stop - p));
+        if (sep != NULL && sep > p && sep + 1 < stop) {
+            PyObject *key = property_name(p, sep - p);
+            PyObject *value = key ? PyUnicode_DecodeUTF8((const char *)sep + 1, stop - sep - 1, "replace") : NULL;
+            int rc = value ? PyDict_SetItem(out, key, value) : -1;
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            if (rc < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
         }
-        if (at <= 0 || at == len - 1) continue; /* no separator, empty name or empty value */
-        PyObject *key = PyUnicode_Substring(piece, 0, at);
-        PyObject *value = key ? PyUnicode_Substring(piece, at + 1, len) : NULL;
-        int rc = value ? PyDict_SetItem(out, key, value) : -1;
-        Py_XDECREF(key);
-        Py_XDECREF(value);
-        if (rc < 0) {
-            Py_DECREF(pieces);
-            goto error;
-        }
+        if (stop == end) break;
+        p = stop + 1;
     }
-    Py_DECREF(pieces);
     return out;
-error:
-    Py_XDECREF(out);
-    return NULL;
 }
+
+/* An int for ``v``, the same object as last time when ``v`` is the value it was then: the
+ * records of a pull share their sizes, magic code, flags and, put as a batch, their born and
+ * store times, and an int is immutable, so one object serves them all. GIL held. */
+typedef struct {
+    long long value;
+    PyObject *obj;
+} IntMemo;
+
+static PyObject *memo_int(IntMemo *m, long long v) {
+    if (m->obj != NULL && m->value == v) return Py_NewRef(m->obj);
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL) return NULL;
+    Py_XSETREF(m->obj, Py_NewRef(o));
+    m->value = v;
+    return o;
+}
+
+enum { M_TOTAL, M_MAGIC, M_QUEUE_ID, M_FLAG, M_SYS_FLAG, M_BORN_TS, M_STORE_TS, M_RECONSUME, M_PREPARED, M_COUNT };
+static IntMemo int_memo[M_COUNT];
 
 /* The hosts decoded last: a pull's records nearly all share their born host and store host,
  * and the (ip, port) tuple of an encoded host never changes, so a byte compare here saves the
@@ -1073,27 +1117,31 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t len, Py_ssize_t 
     PyObject *v[18] = {NULL};
     v[15] = c.topic; /* owned */
     Py_ssize_t end = pos + h->total;
-    if ((v[0] = PyLong_FromLong(h->total)) == NULL || (v[1] = PyLong_FromLong(h->magic)) == NULL
-        || (v[2] = PyLong_FromLong(h->body_crc)) == NULL || (v[3] = PyLong_FromLong(h->queue_id)) == NULL
-        || (v[4] = PyLong_FromLong(h->flag)) == NULL || (v[5] = PyLong_FromLongLong(h->queue_offset)) == NULL
-        || (v[6] = PyLong_FromLongLong(h->phy_offset)) == NULL || (v[7] = PyLong_FromLong(h->sys_flag)) == NULL
-        || (v[8] = PyLong_FromLongLong(h->born_ts)) == NULL
+    IntMemo *m = int_memo;
+    if ((v[0] = memo_int(&m[M_TOTAL], h->total)) == NULL || (v[1] = memo_int(&m[M_MAGIC], h->magic)) == NULL
+        || (v[2] = PyLong_FromLong(h->body_crc)) == NULL || (v[3] = memo_int(&m[M_QUEUE_ID], h->queue_id)) == NULL
+        || (v[4] = memo_int(&m[M_FLAG], h->flag)) == NULL || (v[5] = PyLong_FromLongLong(h->queue_offset)) == NULL
+        || (v[6] = PyLong_FromLongLong(h->phy_offset)) == NULL || (v[7] = memo_int(&m[M_SYS_FLAG], h->sys_flag)) == NULL
+        || (v[8] = memo_int(&m[M_BORN_TS], h->born_ts)) == NULL
         || (v[9] = decoded_host(r + h->born_at, h->born_len)) == NULL
-        || (v[10] = PyLong_FromLongLong(h->store_ts)) == NULL
+        || (v[10] = memo_int(&m[M_STORE_TS], h->store_ts)) == NULL
         || (v[11] = decoded_host(r + h->store_at, h->store_len)) == NULL
-        || (v[12] = PyLong_FromLong(h->reconsume)) == NULL || (v[13] = PyLong_FromLongLong(h->prepared_tx)) == NULL
+        || (v[12] = memo_int(&m[M_RECONSUME], h->reconsume)) == NULL
+        || (v[13] = memo_int(&m[M_PREPARED], h->prepared_tx)) == NULL
         || (v[14] = PyBytes_FromStringAndSize((const char *)buf + c.body_at, h->body_len)) == NULL
         || (v[16] = parse_properties(buf + c.props_at, end - c.props_at)) == NULL
         || (v[17] = hex_id(r + h->store_at, h->store_len, h->phy_offset)) == NULL) {
         for (int i = 0; i < 18; i++) Py_XDECREF(v[i]);
         return NULL;
     }
+    /* An instance of exactly S.record_type, fresh from tp_alloc (its slots NULL): each value
+     * goes where configure_record found its __slots__ slot, the reference handed over. */
     PyObject *rec = S.record_type->tp_alloc(S.record_type, 0);
-    for (int i = 0; i < 18; i++) {
-        if (rec != NULL && Py_TYPE(S.record_descr[i])->tp_descr_set(S.record_descr[i], rec, v[i]) < 0)
-            Py_CLEAR(rec);
-        Py_DECREF(v[i]);
+    if (rec == NULL) {
+        for (int i = 0; i < 18; i++) Py_DECREF(v[i]);
+        return NULL;
     }
+    for (int i = 0; i < 18; i++) *(PyObject **)((char *)rec + S.record_slot_at[i]) = v[i];
     /* Not tracked by the cyclic garbage collector: its fields are numbers, bytes, strings, a
      * (str, int) host tuple and a dict of strings, none of which can lead back to it. A pull
      * decodes hundreds of records at once and the caller keeps them a while; tracked, each
@@ -1625,6 +1673,23 @@ PyDoc_STRVAR(configure_doc,
 "property name, None for the store time, b'' for none) and the CRC-32 function to call for\n"
 "bodies (None: zlib's).");
 
+/* Where each member descriptor of ``descr`` keeps its value in an instance of ``type``: a
+ * __slots__ slot (T_OBJECT_EX) of the class or a base, inside its instances. Fills ``out`` and
+ * returns -1 when all are; else the index of the first that is not (``out`` then partly set). */
+static int slot_offsets(PyTypeObject *type, PyObject *const *descr, int n, Py_ssize_t *out) {
+    for (int i = 0; i < n; i++) {
+        PyMemberDef *member = Py_IS_TYPE(descr[i], &PyMemberDescr_Type)
+                                  ? ((PyMemberDescrObject *)descr[i])->d_member
+                                  : NULL;
+        if (member == NULL || member->type != T_OBJECT_EX || !PyType_IsSubtype(type, PyDescr_TYPE(descr[i]))
+            || member->offset < (Py_ssize_t)sizeof(PyObject)
+            || member->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *))
+            return i;
+        out[i] = member->offset;
+    }
+    return -1;
+}
+
 static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyType_Check(args[0]) || !PyDict_Check(args[1])
         || (args[2] != Py_None && !PyCallable_Check(args[2]))) {
@@ -1642,20 +1707,12 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     /* queue_runs and index_entries read the slots where __slots__ keep them: each must be a
      * slot of this class (or a base), inside its instances. Nothing is kept unless all are. */
-    PyTypeObject *type = (PyTypeObject *)args[0];
     Py_ssize_t slot_at[F_COUNT];
-    for (int i = 0; i < F_COUNT; i++) {
-        PyMemberDef *member = Py_IS_TYPE(descr[i], &PyMemberDescr_Type)
-                                  ? ((PyMemberDescrObject *)descr[i])->d_member
-                                  : NULL;
-        if (member == NULL || member->type != T_OBJECT_EX || !PyType_IsSubtype(type, PyDescr_TYPE(descr[i]))
-            || member->offset < (Py_ssize_t)sizeof(PyObject)
-            || member->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *)) {
-            for (int k = 0; k < F_COUNT; k++) Py_DECREF(descr[k]);
-            PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot of the class", FIELD_NAMES[i]);
-            return NULL;
-        }
-        slot_at[i] = member->offset;
+    int bad = slot_offsets((PyTypeObject *)args[0], descr, F_COUNT, slot_at);
+    if (bad >= 0) {
+        for (int k = 0; k < F_COUNT; k++) Py_DECREF(descr[k]);
+        PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot of the class", FIELD_NAMES[bad]);
+        return NULL;
     }
     for (int i = 0; i < F_COUNT; i++) {
         Py_XSETREF(S.descr[i], descr[i]);
@@ -1724,7 +1781,19 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
             return NULL;
         }
     }
-    for (int i = 0; i < 18; i++) Py_XSETREF(S.record_descr[i], descr[i]);
+    /* decode_at stores each field where __slots__ keep it: nothing is kept unless all are slots. */
+    Py_ssize_t slot_at[18];
+    int bad = slot_offsets((PyTypeObject *)args[0], descr, 18, slot_at);
+    if (bad >= 0) {
+        for (int k = 0; k < 18; k++) Py_DECREF(descr[k]);
+        PyErr_Format(PyExc_TypeError, "MessageRecord field %R is not a __slots__ slot of the class",
+                     PyTuple_GET_ITEM(args[1], bad));
+        return NULL;
+    }
+    for (int i = 0; i < 18; i++) {
+        Py_XSETREF(S.record_descr[i], descr[i]);
+        S.record_slot_at[i] = slot_at[i];
+    }
     Py_XSETREF(S.record_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(S.decode_host, Py_NewRef(args[2]));
     for (int i = 0; i < HOST_SLOTS; i++) Py_CLEAR(host_cache[i].value); /* decoded by the old one */
@@ -2935,8 +3004,6 @@ PyMODINIT_FUNC PyInit__codec(void) {
     S.empty_tuple = PyTuple_New(0);
     S.empty_str = PyUnicode_FromStringAndSize("", 0);
     S.space = PyUnicode_FromString(" ");
-    S.sep_entry = PyUnicode_FromString("\x02");
-    if (S.sep_entry == NULL) return NULL;
     PyObject *array_module = PyImport_ImportModule("array");
     if (array_module == NULL) return NULL;
     S.array_type = PyObject_GetAttrString(array_module, "array");

@@ -278,6 +278,66 @@ def test_decode_records_matches_the_python_reference(msgs, edits, damaged):
                 assert got == [decode_record(r, check_crc=check_crc) for r in batch]
 
 
+def _with_raw_properties(raw: bytes) -> bytes:
+    """One record whose properties area is ``raw`` as it is (a producer could not have sent
+    it: separators inside names and values, malformed UTF-8), the header's size fixed up."""
+    record = bytearray(_encoded([Message("T", b"body", 0)]))
+    assert record[-2:] == b"\x00\x00"  # no properties: the length is the last field
+    record[-2:] = len(raw).to_bytes(2, "big")
+    record += raw
+    record[0:4] = len(record).to_bytes(4, "big")
+    return bytes(record)
+
+
+# Bytes a properties area is made of: separators, names the decoder keeps (the C one caches
+# ASCII names of up to 32 bytes), a 33-byte name, truncated and invalid UTF-8, whole non-ASCII.
+_property_bytes = st.lists(
+    st.sampled_from(
+        [
+            b"\x01",
+            b"\x02",
+            b"\x01\x01",
+            b"a",
+            b"TAGS",
+            b"UNIQ_KEY",
+            b"K" * 32,
+            b"K" * 33,
+            b"\xe2\x82",
+            b"\xff",
+            "é中😀".encode(),
+            b"\xed\xa0\x80",
+            b"\xf0\x9f",
+            b"v",
+            b" ",
+        ]
+    ),
+    max_size=24,
+).map(b"".join)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_property_bytes, min_size=1, max_size=5))
+def test_decoded_properties_match_the_python_reference_for_any_bytes(areas):
+    """The C decoder splits the properties' bytes before decoding the names and values (and
+    keeps the names it met last): the same dict as decoding the whole area with "replace" and
+    splitting the text, for separators anywhere and malformed UTF-8 next to them."""
+    raws = [_with_raw_properties(area) for area in areas]
+    for check_crc in (True, False):
+        got, want = _decoded_all(raws, check_crc, False), _decoded_all(raws, check_crc, True)
+        assert got == want
+        if not isinstance(want, tuple):
+            assert [r.properties for r in got] == [record_codec.bytes_to_properties(a) for a in areas]
+
+
+def test_decoded_property_names_stay_right_past_what_the_decoder_keeps():
+    """More distinct names than the C decoder keeps, of equal lengths, in turn: every record
+    still gets its own names and values."""
+    areas = [b"".join(b"N%02d\x01v%d-%d\x02" % ((i * 7 + k) % 40, i, k) for k in range(5)) for i in range(60)]
+    records = record_codec.decode_records([_with_raw_properties(a) for a in areas])
+    assert [r.properties for r in records] == [record_codec.bytes_to_properties(a) for a in areas]
+    assert records[0].properties == {f"N{(7 * 0 + k) % 40:02d}": f"v0-{k}" for k in range(5)}
+
+
 def test_decoded_records_are_left_out_of_the_cycle_collector_and_freed_by_refcount():
     """A pull's records hold no object that could refer back to them, so the C decoder leaves
     them untracked (young collections used to walk and promote every record a consumer held);
