@@ -8,7 +8,8 @@
   several batches in flight.
 * :class:`PullConsumer` consumes a topic as a group: its queues in two (or more) sets, one
   long-polling PullMany in flight per set (per queue Pull against a gateway without PullMany),
-  records fetched raw and decoded here, each queue in order. :meth:`PullConsumer.commit` records
+  records fetched raw and decoded here, each queue in order; a consumer of one set sends its
+  next pull before it decodes a reply, so the gateway reads while it decodes. :meth:`PullConsumer.commit` records
   the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
   processing); a new consumer of the group resumes from them. A group whose position retention
   deleted moves on to the first message kept (logged; counted in :attr:`PullConsumer.skipped`).
@@ -515,38 +516,59 @@ class PullConsumer:
         )
         return self._conn.stub.PullMany.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
 
+    def _start(self, key: int | tuple[int, ...]) -> None:
+        """Send the pull of ``key`` (a set's PullMany, or one queue's Pull) from where its
+        queues stand, long-polling; its completion is queued on ``_done``."""
+        fut = self._pull_set(key, self.hold_ms) if isinstance(key, tuple) else self._pull(key, self.hold_ms)
+        self._inflight[key] = fut
+        fut.add_done_callback(lambda _f: self._done.put(key))
+
     def poll(self, timeout_ms: int = 1000) -> list[MessageRecord]:
         """Messages from whichever queues have some (each queue in order), waiting up to
-        ``timeout_ms`` when none has. Pulls that are still held stay in flight for the next poll."""
+        ``timeout_ms`` when none has. Pulls that are still held stay in flight for the next
+        poll. A reply with nothing in it (a hold that ran out while the caller was away, or
+        units the tag filter passed over) does not end the wait: its set is pulled again
+        (with ``hold_ms`` 0, one round of pulls is all a poll sends)."""
         started_ns = time.time_ns()
-        keys: Sequence[int | tuple[int, ...]] = self._sets if self._pull_many else self.queues
-        for key in keys:
-            if key not in self._inflight:
-                if isinstance(key, tuple):
-                    fut = self._pull_set(key, self.hold_ms)
-                else:
-                    fut = self._pull(key, self.hold_ms)
-                self._inflight[key] = fut
-                fut.add_done_callback(lambda _f, k=key: self._done.put(k))
+        deadline = time.monotonic() + timeout_ms / 1000.0
         out: list[MessageRecord] = []
-        try:
-            ready = [self._done.get(timeout=timeout_ms / 1000.0)]
-        except queue.Empty:
-            return out
-        while True:  # and whatever else completed meanwhile
+        failed: set[int | tuple[int, ...]] = set()  # pulled again on the next poll, not this one
+        while True:
+            keys: Sequence[int | tuple[int, ...]] = self._sets if self._pull_many else self.queues
+            for key in keys:
+                if key not in self._inflight and key not in failed:
+                    self._start(key)
+            if not self._inflight:
+                break
             try:
-                ready.append(self._done.get_nowait())
+                ready = [self._done.get(timeout=max(0.0, deadline - time.monotonic()))]
             except queue.Empty:
                 break
-        for key in ready:
-            fut = self._inflight.pop(key, None)
-            if fut is not None:
-                out.extend(self._take(key, fut))
+            while True:  # and whatever else completed meanwhile
+                try:
+                    ready.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            for key in ready:
+                fut = self._inflight.pop(key, None)
+                if fut is not None:
+                    records = self._take(key, fut)
+                    if records is None:
+                        failed.add(key)
+                    else:
+                        out.extend(records)
+            if out or not self.hold_ms or time.monotonic() >= deadline:
+                break  # (without a hold, one round: pulling again at once would only spin)
         if out:
             _trace_receive(self.topic, self.group, out, started_ns)
         return out
 
-    def _take(self, key: int | tuple[int, ...], fut: grpc.Future) -> list[MessageRecord]:
+    def _take(self, key: int | tuple[int, ...], fut: grpc.Future) -> list[MessageRecord] | None:
+        """The records of the completed pull ``key`` (its queues' positions move), or None when
+        it failed with a status worth retrying. When no other pull is in flight, the next pull
+        of ``key`` goes out before the records are decoded, so the gateway reads while this
+        process decodes (with other sets in flight, one is served meanwhile already, and a
+        pull more would only contend for this process's GIL)."""
         try:
             reply = fut.result()
         except grpc.RpcError as err:
@@ -554,29 +576,31 @@ class PullConsumer:
                 self._pull_many = False  # a gateway from before PullMany: a Pull per queue from now on
                 return []
             if err.code() in _RETRY_CODES:
-                return []  # re-pulled on the next poll
+                return None
             reraise_mapped(err)
-        if not isinstance(key, tuple):
-            return self._apply(key, reply)
+        if isinstance(key, tuple):
+            results = [(r.queue_id, r) for r in reply.results if r.queue_id in key]
+        else:
+            results = [(key, reply)]
+        for queue_id, result in results:
+            self._advance(queue_id, result)
+        if not self._inflight:
+            self._start(key)
         out: list[MessageRecord] = []
-        for result in reply.results:
-            if result.queue_id in key:
-                out.extend(self._apply(result.queue_id, result))
+        for _, result in results:
+            if result.records:
+                out.extend(decode_records(list(result.records)))
         return out
 
-    def _apply(self, queue_id: int, reply: Any) -> list[MessageRecord]:
+    def _advance(self, queue_id: int, reply: Any) -> None:
         """Take one queue's pull result: move its position, count what retention skipped."""
         self._next[queue_id] = reply.next_offset
         self._note_skipped(queue_id, reply)
         if reply.records:
             self._consumed[queue_id] = reply.next_offset
-            records = decode_records(list(reply.records))
-        else:
-            records = []
-            if reply.next_offset >= 0 and self._consumed.get(queue_id, -1) < reply.next_offset:
-                # filtered-out or skipped units still move the committed position
-                self._consumed[queue_id] = reply.next_offset
-        return records
+        elif reply.next_offset >= 0 and self._consumed.get(queue_id, -1) < reply.next_offset:
+            # filtered-out or skipped units still move the committed position
+            self._consumed[queue_id] = reply.next_offset
 
     def _note_skipped(self, queue_id: int, reply: Any) -> None:
         """Count (and log) the messages a pull passed over because retention deleted them."""

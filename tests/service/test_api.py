@@ -176,6 +176,28 @@ def test_long_polling_pull_returns_when_a_message_arrives(gateway: str):
     channel.close()
 
 
+def test_poll_after_a_pause_waits_for_what_arrives_meanwhile(gateway: str):
+    """A poll sends the next pull before it returns; when the caller comes back after that
+    pull's hold has run out empty, the poll waits on for the pull that replaces it and returns
+    the message that arrived meanwhile, instead of the stale empty reply."""
+    topic = _topic("Paused")
+    with Admin(gateway) as admin:
+        admin.create_topic(topic, 1)
+    with Producer(gateway) as producer, PullConsumer(gateway, "g", topic, hold_ms=300) as consumer:
+        assert producer.send(topic, b"first").all_ok
+        assert [r.body for r in poll_until(consumer, 1, timeout_s=20)] == [b"first"]
+        time.sleep(1.0)  # the pull sent before the poll returned is answered empty meanwhile
+        assert producer.send(topic, b"later").all_ok
+        t0 = time.monotonic()
+        got = consumer.poll(10_000)
+        assert [r.body for r in got] == [b"later"]
+        assert time.monotonic() - t0 < 8, "woken by the message, not by the poll's timeout"
+        consumer.commit()
+    with Admin(gateway) as admin:
+        progress = {q.queue_id: q for q in admin.consumer_progress("g", topic).queues}
+    assert progress[0].committed_offset == 2 and progress[0].lag == 0
+
+
 def _pull_many(stub, topic: str, queues: list[tuple[int, int]], **fields) -> gateway_pb.PullManyResponse:
     request = gateway_pb.PullManyRequest(
         group="g",
