@@ -9,10 +9,11 @@
 * :class:`PullConsumer` consumes a topic as a group: its queues in two (or more) sets, one
   long-polling PullMany in flight per set (per queue Pull against a gateway without PullMany),
   records fetched raw and decoded here, each queue in order; a consumer of one set sends its
-  next pull before it decodes a reply, so the gateway reads while it decodes. :meth:`PullConsumer.commit` records
-  the offsets after the messages :meth:`PullConsumer.poll` returned (at-least-once: commit after
-  processing); a new consumer of the group resumes from them. A group whose position retention
-  deleted moves on to the first message kept (logged; counted in :attr:`PullConsumer.skipped`).
+  next pull before it decodes a reply, so the gateway reads while it decodes.
+  :meth:`PullConsumer.commit` records the offsets after the messages :meth:`PullConsumer.poll`
+  returned (at-least-once: commit after processing); a new consumer of the group resumes from
+  them. A group whose position retention deleted moves on to the first message kept (logged;
+  counted in :attr:`PullConsumer.skipped`).
 * :class:`Admin` covers topics, queries, consumer progress and store stats.
 
 With ``credentials`` (services.credentials.Credentials, an account of the gateway's accounts
