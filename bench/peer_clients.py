@@ -94,9 +94,11 @@ class MqstoreClient:
             raise WorkloadError(f"Produce: {results.status.name}, {results.appended}/{len(bodies)} appended")
 
     async def consume(self, expected: int, check: SequenceCheck) -> None:
-        """Read the topic's queue as a fresh group (pulls of up to READ_BATCH)."""
-        from services.client import PullConsumer
+        """Read the topic's queue as a fresh group (pulls of up to READ_BATCH), in a process
+        whose allocator keeps freed heap, as `mqstore consume` sets it."""
+        from services.client import PullConsumer, tune_allocator
 
+        tune_allocator()
         with PullConsumer(
             self.address, f"{self._topic}-group", self._topic, batch_size=READ_BATCH, hold_ms=500
         ) as consumer:

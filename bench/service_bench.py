@@ -12,7 +12,8 @@ server's cores are the ones measured:
   outstanding per client; latency runs from each batch's scheduled send time to its
   acknowledgement, so a server that falls behind shows as latency (no coordinated omission).
 * consume: a fresh group reads the first ``expected`` messages, 512 per pull, long polling,
-  records decoded in the client.
+  records decoded in the client, in a process whose allocator keeps freed heap
+  (services.client.tune_allocator, as ``mqstore consume`` sets it).
 
 The suite (bench.__main__) repeats each row and reports :class:`Medians`.
 """
@@ -348,8 +349,9 @@ def consume(
 ) -> LoadResult:
     """Read ``expected`` messages of ``topic`` as ``group`` (a fresh group starts at the queues'
     beginning), then commit; latency is per poll. ``server_pids``: as for :func:`produce`."""
-    from services.client import PullConsumer
+    from services.client import PullConsumer, tune_allocator
 
+    tune_allocator()  # as `mqstore consume` does (module docstring)
     got = 0
     latencies: list[float] = []
     with PullConsumer(address, group, topic, batch_size=512, hold_ms=1000) as consumer:

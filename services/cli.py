@@ -506,8 +506,9 @@ def consume(
     address: AddressOpt = DEFAULT_GATEWAY,
 ) -> None:
     """Consume as a group from its committed offsets, committing as it goes."""
-    from services.client import PullConsumer
+    from services.client import PullConsumer, tune_allocator
 
+    tune_allocator()  # this process decodes pulls of megabytes: keep freed heap (client module doc)
     received = 0
     out = output.open("w", encoding="utf-8") if output else None
     t0 = time.perf_counter()
