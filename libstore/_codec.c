@@ -57,7 +57,6 @@ typedef struct {
     PyObject *typecode_q; /* "q" */
     PyObject *n_toreadonly; /* "toreadonly" */
     PyTypeObject *record_type; /* libstore.message.MessageRecord, or NULL */
-    PyObject *record_descr[18];
     Py_ssize_t record_slot_at[18]; /* where each MessageRecord field sits in an instance */
     PyObject *decode_host; /* encoded host bytes -> (ip, port) */
     PyObject *n_topic, *n_body, *n_queue_id, *n_properties, *n_born_host, *n_sys_flag, *n_flag,
@@ -986,9 +985,10 @@ static PyObject *hex_id(const unsigned char *host, Py_ssize_t host_len, int64_t 
 }
 
 /* Property names decoded last: every record of a pull names the same few properties, so a
- * byte compare here saves decoding, allocating and hashing each name again (the names kept are
- * interned, so the dict lookups that follow compare them by identity). Only ASCII names of up
- * to PROP_NAME_MAX bytes; slots replaced in turn; only touched with the GIL held. */
+ * byte compare here saves decoding, allocating and hashing each name again (one string object,
+ * its hash kept, serves every record). Not interned: names come from any producer, and some
+ * Python versions (3.12.0-3.12.5) never free interned strings. Only ASCII names of up to
+ * PROP_NAME_MAX bytes; slots replaced in turn; only touched with the GIL held. */
 #define NAME_SLOTS 16
 #define PROP_NAME_MAX 32
 static struct {
@@ -1006,7 +1006,6 @@ static PyObject *property_name(const unsigned char *p, Py_ssize_t n) {
     }
     PyObject *name = PyUnicode_FromStringAndSize((const char *)p, n);
     if (name == NULL) return NULL;
-    PyUnicode_InternInPlace(&name);
     int slot = name_next;
     name_next = (name_next + 1) % NAME_SLOTS;
     Py_XSETREF(name_cache[slot].name, Py_NewRef(name));
@@ -1134,14 +1133,20 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t len, Py_ssize_t 
         for (int i = 0; i < 18; i++) Py_XDECREF(v[i]);
         return NULL;
     }
-    /* An instance of exactly S.record_type, fresh from tp_alloc (its slots NULL): each value
-     * goes where configure_record found its __slots__ slot, the reference handed over. */
-    PyObject *rec = S.record_type->tp_alloc(S.record_type, 0);
+    /* An instance of exactly the configured type, fresh from tp_alloc (its slots NULL): each
+     * value goes where configure_record found its __slots__ slot, the reference handed over.
+     * The type and its offsets are taken together, before tp_alloc (which may collect garbage
+     * and so run Python code, a configure_record included). */
+    PyTypeObject *type = (PyTypeObject *)Py_NewRef(S.record_type);
+    Py_ssize_t at[18];
+    memcpy(at, S.record_slot_at, sizeof at);
+    PyObject *rec = type->tp_alloc(type, 0);
+    Py_DECREF(type); /* the instance holds its type now */
     if (rec == NULL) {
         for (int i = 0; i < 18; i++) Py_DECREF(v[i]);
         return NULL;
     }
-    for (int i = 0; i < 18; i++) *(PyObject **)((char *)rec + S.record_slot_at[i]) = v[i];
+    for (int i = 0; i < 18; i++) *(PyObject **)((char *)rec + at[i]) = v[i];
     /* Not tracked by the cyclic garbage collector: its fields are numbers, bytes, strings, a
      * (str, int) host tuple and a dict of strings, none of which can lead back to it. A pull
      * decodes hundreds of records at once and the caller keeps them a while; tracked, each
@@ -1149,7 +1154,7 @@ static PyObject *decode_at(const unsigned char *buf, Py_ssize_t len, Py_ssize_t 
      * collections walked them again (~30% of the time spent decoding). A record made part of
      * a cycle later (a field set to something that refers back to it) is then freed only if
      * the cycle is broken by hand. */
-    if (rec != NULL) PyObject_GC_UnTrack(rec);
+    PyObject_GC_UnTrack(rec);
     return rec;
 }
 
@@ -1206,7 +1211,9 @@ static PyObject *py_decode_records(PyObject *self, PyObject *const *args, Py_ssi
             Py_RETURN_NOTIMPLEMENTED;
         }
         Py_ssize_t len = PyBytes_GET_SIZE(raw);
+        Py_INCREF(raw); /* decode_at may run Python code (decode_host, a collection) that empties the list */
         PyObject *rec = decode_at((const unsigned char *)PyBytes_AS_STRING(raw), len, 0, len, check_crc);
+        Py_DECREF(raw);
         if (rec == NULL || rec == Py_NotImplemented) {
             Py_DECREF(out);
             return rec;
@@ -1674,8 +1681,9 @@ PyDoc_STRVAR(configure_doc,
 "bodies (None: zlib's).");
 
 /* Where each member descriptor of ``descr`` keeps its value in an instance of ``type``: a
- * __slots__ slot (T_OBJECT_EX) of the class or a base, inside its instances. Fills ``out`` and
- * returns -1 when all are; else the index of the first that is not (``out`` then partly set). */
+ * __slots__ slot (T_OBJECT_EX) of the class or a base, inside its instances, no two the same.
+ * Fills ``out`` and returns -1 when all are; else the index of the first that is not (``out``
+ * then partly set). */
 static int slot_offsets(PyTypeObject *type, PyObject *const *descr, int n, Py_ssize_t *out) {
     for (int i = 0; i < n; i++) {
         PyMemberDef *member = Py_IS_TYPE(descr[i], &PyMemberDescr_Type)
@@ -1685,6 +1693,9 @@ static int slot_offsets(PyTypeObject *type, PyObject *const *descr, int n, Py_ss
             || member->offset < (Py_ssize_t)sizeof(PyObject)
             || member->offset > type->tp_basicsize - (Py_ssize_t)sizeof(PyObject *))
             return i;
+        for (int k = 0; k < i; k++) {
+            if (out[k] == member->offset) return i; /* two fields in one slot */
+        }
         out[i] = member->offset;
     }
     return -1;
@@ -1711,7 +1722,7 @@ static PyObject *py_configure(PyObject *self, PyObject *const *args, Py_ssize_t 
     int bad = slot_offsets((PyTypeObject *)args[0], descr, F_COUNT, slot_at);
     if (bad >= 0) {
         for (int k = 0; k < F_COUNT; k++) Py_DECREF(descr[k]);
-        PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot of the class", FIELD_NAMES[bad]);
+        PyErr_Format(PyExc_TypeError, "%s is not a __slots__ slot of its own in the class", FIELD_NAMES[bad]);
         return NULL;
     }
     for (int i = 0; i < F_COUNT; i++) {
@@ -1784,17 +1795,16 @@ static PyObject *py_configure_record(PyObject *self, PyObject *const *args, Py_s
     /* decode_at stores each field where __slots__ keep it: nothing is kept unless all are slots. */
     Py_ssize_t slot_at[18];
     int bad = slot_offsets((PyTypeObject *)args[0], descr, 18, slot_at);
+    for (int k = 0; k < 18; k++) Py_DECREF(descr[k]); /* the offsets are the type's layout */
     if (bad >= 0) {
-        for (int k = 0; k < 18; k++) Py_DECREF(descr[k]);
-        PyErr_Format(PyExc_TypeError, "MessageRecord field %R is not a __slots__ slot of the class",
+        PyErr_Format(PyExc_TypeError, "MessageRecord field %R is not a __slots__ slot of its own in the class",
                      PyTuple_GET_ITEM(args[1], bad));
         return NULL;
     }
-    for (int i = 0; i < 18; i++) {
-        Py_XSETREF(S.record_descr[i], descr[i]);
-        S.record_slot_at[i] = slot_at[i];
-    }
-    Py_XSETREF(S.record_type, (PyTypeObject *)Py_NewRef(args[0]));
+    PyTypeObject *old_type = S.record_type; /* released once the type and offsets agree again */
+    S.record_type = (PyTypeObject *)Py_NewRef(args[0]);
+    memcpy(S.record_slot_at, slot_at, sizeof slot_at);
+    Py_XDECREF(old_type);
     Py_XSETREF(S.decode_host, Py_NewRef(args[2]));
     for (int i = 0; i < HOST_SLOTS; i++) Py_CLEAR(host_cache[i].value); /* decoded by the old one */
     Py_RETURN_NONE;

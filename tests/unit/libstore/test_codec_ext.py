@@ -338,6 +338,27 @@ def test_decoded_property_names_stay_right_past_what_the_decoder_keeps():
     assert records[0].properties == {f"N{(7 * 0 + k) % 40:02d}": f"v0-{k}" for k in range(5)}
 
 
+def test_configure_record_refuses_fields_that_are_not_slots_of_their_own() -> None:
+    """The C decoder stores a MessageRecord's fields where __slots__ keep them: a class where
+    two fields lead to one slot, or a field is a property, is refused, and a refused call leaves
+    the decoder building real MessageRecords as before."""
+    import dataclasses
+
+    from libstore.message import MessageRecord
+
+    names = tuple(f.name for f in dataclasses.fields(MessageRecord))
+    aliased = type("Aliased", (), {"__slots__": names[1:]})
+    aliased.total_size = aliased.__dict__["magic_code"]  # type: ignore[attr-defined]
+    computed = type("Computed", (), {"__slots__": names[:-1]})
+    computed.msg_id = property(lambda self: "", lambda self, v: None)  # type: ignore[attr-defined]
+    for bad in (aliased, computed):
+        with pytest.raises(TypeError, match="slot of its own"):
+            EXT.configure_record(bad, names, record_codec._decoded_host)
+    raw = _encoded([Message("T", b"body", 0, tags="a")])
+    record = record_codec.decode_records([raw])[0]
+    assert type(record) is MessageRecord and record.tags == "a" and record.body == b"body"
+
+
 def test_decoded_records_are_left_out_of_the_cycle_collector_and_freed_by_refcount():
     """A pull's records hold no object that could refer back to them, so the C decoder leaves
     them untracked (young collections used to walk and promote every record a consumer held);
