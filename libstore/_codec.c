@@ -1223,6 +1223,168 @@ static PyObject *py_decode_records(PyObject *self, PyObject *const *args, Py_ssi
     return out;
 }
 
+/* ------------------------------------------------------ PullMany replies */
+
+/* A protobuf varint at b[*pos..len): 0 with the value and *pos moved past it; -1 when the
+ * bytes end first or it runs past 10 bytes. */
+static int wire_varint(const unsigned char *b, Py_ssize_t len, Py_ssize_t *pos, uint64_t *out) {
+    Py_ssize_t p = *pos;
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (p >= len) return -1;
+        unsigned char c = b[p++];
+        v |= (uint64_t)(c & 0x7F) << shift;
+        if (c < 0x80) {
+            *pos = p;
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Past a field's value of wire type ``wt`` at b[*pos..len): 0, or -1 (groups, wire types 6
+ * and 7, values cut short). */
+static int wire_skip(const unsigned char *b, Py_ssize_t len, Py_ssize_t *pos, int wt) {
+    uint64_t v;
+    switch (wt) {
+    case 0: return wire_varint(b, len, pos, &v);
+    case 1: if (len - *pos < 8) return -1; *pos += 8; return 0;
+    case 5: if (len - *pos < 4) return -1; *pos += 4; return 0;
+    case 2:
+        if (wire_varint(b, len, pos, &v) < 0 || v > (uint64_t)(len - *pos)) return -1;
+        *pos += (Py_ssize_t)v;
+        return 0;
+    default: return -1;
+    }
+}
+
+/* One PullResponse at b[start..end) (a PullMany result, raw form). With ``records`` NULL:
+ * its (queue_id, next_offset, skipped, record count, start, end) as a new reference; else
+ * each record decoded where it lies (as decode_records decodes it) and appended to
+ * ``records``, and None. NotImplemented (a new reference) for anything the protobuf runtime
+ * should decide (a field with an unexpected wire type, the messages field of the non-raw form,
+ * a record decode_at leaves to Python, bytes cut short); NULL with an exception set. Scalars:
+ * the last occurrence wins, as protobuf merges them. */
+static PyObject *pulled_queue(const unsigned char *b, Py_ssize_t start, Py_ssize_t end, int check_crc,
+                              PyObject *records) {
+    uint64_t queue_id = 0, next_offset = 0, skipped = 0;
+    Py_ssize_t count = 0, p = start;
+    while (p < end) {
+        uint64_t key, v;
+        if (wire_varint(b, end, &p, &key) < 0) Py_RETURN_NOTIMPLEMENTED;
+        uint64_t field = key >> 3;
+        int wt = (int)(key & 7);
+        if (field == 6) { /* records */
+            if (wt != 2 || wire_varint(b, end, &p, &v) < 0 || v > (uint64_t)(end - p)) Py_RETURN_NOTIMPLEMENTED;
+            if (records != NULL) {
+                PyObject *rec = decode_at(b, end, p, p + (Py_ssize_t)v, check_crc);
+                if (rec == NULL || rec == Py_NotImplemented) return rec;
+                int rc = PyList_Append(records, rec);
+                Py_DECREF(rec);
+                if (rc < 0) return NULL;
+            }
+            count++;
+            p += (Py_ssize_t)v;
+        } else if (field == 2 || field == 8 || field == 9) { /* next_offset, skipped, queue_id */
+            if (wt != 0 || wire_varint(b, end, &p, &v) < 0) Py_RETURN_NOTIMPLEMENTED;
+            if (field == 2) next_offset = v;
+            else if (field == 8) skipped = v;
+            else queue_id = v;
+        } else if (field == 5 || field == 0) { /* messages (the non-raw form), or no field */
+            Py_RETURN_NOTIMPLEMENTED;
+        } else if (wire_skip(b, end, &p, wt) < 0) { /* status, min/max offset, queue_offsets, unknown */
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+    }
+    if (records != NULL) Py_RETURN_NONE;
+    /* int32 and int64 fields, two's complement as protobuf sends negative values */
+    return Py_BuildValue("(iLLnnn)", (int)(int32_t)(uint32_t)queue_id, (long long)next_offset,
+                         (long long)skipped, count, start, end);
+}
+
+PyDoc_STRVAR(pull_many_results_doc,
+"pull_many_results(reply) -> list[(queue_id, next_offset, skipped, count, start, end)]\n"
+"                             | NotImplemented\n\n"
+"A serialized mqstore.v1.PullManyResponse (bytes) read as its raw-form results without building\n"
+"the protobuf message: per result its queue id, next offset, skipped count, how many records it\n"
+"carries and where it lies in ``reply`` (for pull_result_records). NotImplemented for whatever\n"
+"the protobuf runtime should read instead (services.client falls back to it).");
+
+static PyObject *py_pull_many_results(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "pull_many_results(reply: bytes)");
+        return NULL;
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]), p = 0;
+    PyObject *out = PyList_New(0);
+    while (out != NULL && p < len) {
+        uint64_t key, v;
+        PyObject *item;
+        if (wire_varint(b, len, &p, &key) < 0 || (key >> 3) == 0) {
+            item = Py_NewRef(Py_NotImplemented);
+        } else if ((key >> 3) == 1) { /* results */
+            if ((key & 7) != 2 || wire_varint(b, len, &p, &v) < 0 || v > (uint64_t)(len - p)) {
+                item = Py_NewRef(Py_NotImplemented);
+            } else {
+                item = pulled_queue(b, p, p + (Py_ssize_t)v, 0, NULL);
+                p += (Py_ssize_t)v;
+            }
+        } else if (wire_skip(b, len, &p, (int)(key & 7)) < 0) {
+            item = Py_NewRef(Py_NotImplemented);
+        } else {
+            continue;
+        }
+        if (item == NULL || item == Py_NotImplemented || PyList_Append(out, item) < 0) {
+            Py_CLEAR(out);
+            if (item == Py_NotImplemented) out = item; /* the reference handed back */
+            else Py_XDECREF(item);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(pull_result_records_doc,
+"pull_result_records(reply, start, end, check_crc) -> list[MessageRecord] | NotImplemented\n\n"
+"The records of the PullManyResponse result at reply[start:end] (as pull_many_results found\n"
+"it), each decoded where it lies, as decode_records decodes it; NotImplemented as soon as one\n"
+"is left to Python (the caller then decodes them through the protobuf runtime, which words the\n"
+"error).");
+
+static PyObject *py_pull_result_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "pull_result_records(reply: bytes, start, end, check_crc)");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    if (S.record_type == NULL) Py_RETURN_NOTIMPLEMENTED;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = start == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    int check_crc = PyObject_IsTrue(args[3]);
+    if (check_crc < 0) return NULL;
+    PyObject *reply = Py_NewRef(args[0]); /* held: decode_at may run Python code */
+    if (start < 0 || end < start || end > PyBytes_GET_SIZE(reply)) {
+        Py_DECREF(reply);
+        PyErr_SetString(PyExc_ValueError, "pull_result_records: start and end must lie within the reply");
+        return NULL;
+    }
+    PyObject *records = PyList_New(0);
+    PyObject *rc = records ? pulled_queue((const unsigned char *)PyBytes_AS_STRING(reply), start, end, check_crc,
+                                          records)
+                           : NULL;
+    Py_DECREF(reply);
+    if (rc == Py_None) {
+        Py_DECREF(rc);
+        return records;
+    }
+    Py_XDECREF(records);
+    return rc; /* NULL or NotImplemented */
+}
+
 /* -------------------------------------------------------- queue offsets */
 
 PyDoc_STRVAR(assign_offsets_doc,
@@ -2983,6 +3145,9 @@ static PyMethodDef methods[] = {
     {"adopt_run", (PyCFunction)(void (*)(void))py_adopt_run, METH_FASTCALL, adopt_run_doc},
     {"decode_record", (PyCFunction)(void (*)(void))py_decode_record, METH_FASTCALL, decode_record_doc},
     {"decode_records", (PyCFunction)(void (*)(void))py_decode_records, METH_FASTCALL, decode_records_doc},
+    {"pull_many_results", (PyCFunction)(void (*)(void))py_pull_many_results, METH_FASTCALL, pull_many_results_doc},
+    {"pull_result_records", (PyCFunction)(void (*)(void))py_pull_result_records, METH_FASTCALL,
+     pull_result_records_doc},
     {"assign_offsets", (PyCFunction)(void (*)(void))py_assign_offsets, METH_FASTCALL, assign_offsets_doc},
     {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL, encode_run_doc},
     {"configure_record", (PyCFunction)(void (*)(void))py_configure_record, METH_FASTCALL,

@@ -8,8 +8,9 @@
   several batches in flight.
 * :class:`PullConsumer` consumes a topic as a group: its queues in two (or more) sets, one
   long-polling PullMany in flight per set (per queue Pull against a gateway without PullMany),
-  records fetched raw and decoded here, each queue in order; a consumer of one set sends its
-  next pull before it decodes a reply, so the gateway reads while it decodes.
+  records fetched raw and decoded here, each queue in order (a PullMany reply is read where it
+  lies, services.pull_reply); a consumer of one set sends its next pull before it decodes a
+  reply, so the gateway reads while it decodes.
   :meth:`PullConsumer.commit` records the offsets after the messages :meth:`PullConsumer.poll`
   returned (at-least-once: commit after processing); a new consumer of the group resumes from
   them. A group whose position retention deleted moves on to the first message kept (logged;
@@ -57,7 +58,6 @@ from libstore import (
     TopicConfig,
     UniqKeyGenerator,
 )
-from libstore.record_codec import decode_records
 from libstore.record_encoder import STORE_HOST_PLACEHOLDER, RecordEncoder
 from libstore.subscription_group import SubscriptionGroupConfig
 from libstore.system_topics import TIMER_DELIVER_MS
@@ -68,8 +68,9 @@ from services._common.process_tuning import tune_allocator as _tune_allocator
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
 from services._common.tls import TlsConfig
-from services.credentials import Credentials, SignedGatewayStub
+from services.credentials import Credentials, SignedGatewayStub, SignedMethod
 from services.proto import commitlog_pb, common_pb, dispatch_pb, gateway_grpc, gateway_pb
+from services.pull_reply import PulledQueue, pull_many_results
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,14 @@ class _Connection:
             SignedGatewayStub(self.channel, credentials)
             if credentials is not None
             else gateway_grpc.GatewayStub(self.channel)
+        )
+        # PullMany with its reply left as bytes (services.pull_reply reads it in place).
+        self.pull_many_raw: Any = (
+            SignedMethod(self.channel, PULL_MANY_METHOD, None, credentials)
+            if credentials is not None
+            else self.channel.unary_unary(
+                PULL_MANY_METHOD, request_serializer=gateway_pb.PullManyRequest.SerializeToString
+            )
         )
 
     def close(self) -> None:
@@ -441,6 +450,7 @@ def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
 
 
 QUEUES_PER_PULL_MANY = 4
+PULL_MANY_METHOD = "/mqstore.v1.Gateway/PullMany"
 
 
 def tune_allocator() -> bool:
@@ -532,7 +542,7 @@ class PullConsumer:
             tag_expression=self.tag_expression,
             wait_ms=wait_ms,
         )
-        return self._conn.stub.PullMany.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
+        return self._conn.pull_many_raw.future(request, timeout=self.timeout_s + wait_ms / 1000.0)
 
     def _start(self, key: int | tuple[int, ...]) -> None:
         """Send the pull of ``key`` (a set's PullMany, or one queue's Pull) from where its
@@ -596,25 +606,25 @@ class PullConsumer:
             if err.code() in _RETRY_CODES:
                 return None
             reraise_mapped(err)
-        if isinstance(key, tuple):
-            results = [(r.queue_id, r) for r in reply.results if r.queue_id in key]
+        if isinstance(key, tuple):  # a PullMany's reply, as bytes
+            results = [r for r in pull_many_results(reply) if r.queue_id in key]
         else:
-            results = [(key, reply)]
-        for queue_id, result in results:
-            self._advance(queue_id, result)
+            results = [PulledQueue.of(reply, key)]
+        for result in results:
+            self._advance(result)
         if not self._inflight:
             self._start(key)
         out: list[MessageRecord] = []
-        for _, result in results:
-            if result.records:
-                out.extend(decode_records(list(result.records)))
+        for result in results:
+            out.extend(result.records())
         return out
 
-    def _advance(self, queue_id: int, reply: Any) -> None:
+    def _advance(self, reply: PulledQueue) -> None:
         """Take one queue's pull result: move its position, count what retention skipped."""
+        queue_id = reply.queue_id
         self._next[queue_id] = reply.next_offset
         self._note_skipped(queue_id, reply)
-        if reply.records:
+        if reply.has_records:
             self._consumed[queue_id] = reply.next_offset
         elif reply.next_offset >= 0 and self._consumed.get(queue_id, -1) < reply.next_offset:
             # filtered-out or skipped units still move the committed position

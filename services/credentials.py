@@ -42,8 +42,9 @@ class Credentials:
         return cls(ak, sk) if ak and sk else None
 
 
-class _SignedMethod:
-    """One unary method: serialize, sign those bytes, send them as they are."""
+class SignedMethod:
+    """One unary method: serialize, sign those bytes, send them as they are. The reply is
+    parsed as ``response_type``, or handed over as its bytes when that is None."""
 
     def __init__(
         self, channel: grpc.Channel, method: str, response_type: Any, credentials: Credentials
@@ -51,7 +52,9 @@ class _SignedMethod:
         self._method = method
         self._credentials = credentials
         # No request serializer: the request goes out as the bytes that were signed.
-        self._call = channel.unary_unary(method, response_deserializer=response_type.FromString)
+        self._call = channel.unary_unary(
+            method, response_deserializer=None if response_type is None else response_type.FromString
+        )
 
     def _signed(
         self, request: Any, metadata: Sequence[tuple[str, str]] | None
@@ -85,7 +88,7 @@ class SignedGatewayStub:
             setattr(
                 self,
                 method.name,
-                _SignedMethod(channel, f"/{_SERVICE.full_name}/{method.name}", response_class, credentials),
+                SignedMethod(channel, f"/{_SERVICE.full_name}/{method.name}", response_class, credentials),
             )
 
 
