@@ -64,7 +64,7 @@ from libstore.system_topics import TIMER_DELIVER_MS
 from services._common import convert, message_trace
 from services._common.errors import retry_pushback_ms, store_error_from_rpc
 from services._common.message_trace import TRACEPARENT
-from services._common.process_tuning import tune_allocator as _tune_allocator
+from services._common.process_tuning import tune_allocator as tune_allocator  # for consuming programs
 from services._common.remote import reraise_mapped
 from services._common.server import CHANNEL_OPTIONS
 from services._common.tls import TlsConfig
@@ -451,19 +451,6 @@ def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
 
 QUEUES_PER_PULL_MANY = 4
 PULL_MANY_METHOD = "/mqstore.v1.Gateway/PullMany"
-
-
-def tune_allocator() -> bool:
-    """Set glibc's malloc to keep blocks of up to 16 MiB on the heap and up to 128 MiB of free
-    heap before returning any to the kernel, as ``mqstore serve`` does for itself
-    (services._common.process_tuning, which gives the measurements): a consumer frees a few MB
-    per pull (the reply, its records, the records decoded from them), and with glibc's defaults
-    much of that went back to the kernel and came back as page faults, each page zero-filled.
-    Process-wide and for the process's life: call it once from the program, never from a
-    library. Returns whether it was set: False where the environment tunes malloc already
-    (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES) or the C library is not
-    glibc."""
-    return _tune_allocator()
 
 
 class PullConsumer:

@@ -7,15 +7,17 @@ copied once more): in a consumer's profile (16 queues, 1 KiB messages) the first
 the parse took about a seventh of its CPU. With the C module (libstore/_codec.c:
 ``pull_many_results``, ``pull_result_records``) the reply's bytes are read where they lie: a
 walk of its fields gives each result's queue id, next offset, skipped count and where it lies,
-and its records are decoded from there when asked for (after the consumer has sent its next
-pull). Whatever the C code leaves alone (a field with an unexpected wire type, the non-raw
-form, a record it does not decode) goes through the protobuf runtime instead, which reads the
+and its records are decoded from there when asked for (PullConsumer asks after it has moved
+its positions and, with no other pull in flight, sent its next pull). Whatever the C code
+leaves alone (a field with an unexpected wire type, the non-raw form, a record it does not
+decode) goes through the protobuf runtime instead, which reads the
 same reply the same way and words the errors (``tests/unit/services/test_pull_reply.py``
 compares the two on generated replies).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from libstore.message import MessageRecord
@@ -23,33 +25,22 @@ from libstore.record_codec import decode_records, native
 from services.proto import gateway_pb
 
 
+@dataclass(slots=True)
 class PulledQueue:
     """One queue's result of a pull: ``queue_id``, ``next_offset`` (where to pull next),
     ``skipped`` (messages passed over because retention deleted them), ``has_records``; and
-    :meth:`records`, decoded on the first call (raises CorruptRecordError for a damaged one)."""
+    :meth:`records`, decoded when called (raises CorruptRecordError for a damaged one). The
+    records come from ``response`` (a PullResponse message) or, when that is None, from the
+    serialized result at ``raw[start:end]``."""
 
-    __slots__ = ("_end", "_raw", "_response", "_start", "has_records", "next_offset", "queue_id", "skipped")
-
-    def __init__(
-        self,
-        queue_id: int,
-        next_offset: int,
-        skipped: int,
-        has_records: bool,
-        *,
-        response: Any = None,
-        raw: bytes = b"",
-        start: int = 0,
-        end: int = 0,
-    ) -> None:
-        self.queue_id = queue_id
-        self.next_offset = next_offset
-        self.skipped = skipped
-        self.has_records = has_records
-        self._response = response  # a PullResponse message, or None: the result is raw[start:end]
-        self._raw = raw
-        self._start = start
-        self._end = end
+    queue_id: int
+    next_offset: int
+    skipped: int
+    has_records: bool
+    response: Any = field(default=None, repr=False)
+    raw: bytes = field(default=b"", repr=False)
+    start: int = 0
+    end: int = 0
 
     @classmethod
     def of(cls, response: Any, queue_id: int | None = None) -> PulledQueue:
@@ -67,13 +58,14 @@ class PulledQueue:
         """The result's records, decoded (list of MessageRecord, in queue order)."""
         if not self.has_records:
             return []
-        if self._response is None:
+        response = self.response
+        if response is None:
             ext = native()
-            got = ext.pull_result_records(self._raw, self._start, self._end, True) if ext else NotImplemented
+            got = ext.pull_result_records(self.raw, self.start, self.end, True) if ext else NotImplemented
             if got is not NotImplemented:
                 return got
-            self._response = gateway_pb.PullResponse.FromString(self._raw[self._start : self._end])
-        return decode_records(list(self._response.records))
+            response = gateway_pb.PullResponse.FromString(self.raw[self.start : self.end])
+        return decode_records(list(response.records))
 
 
 def pull_many_results(raw: bytes) -> list[PulledQueue]:

@@ -152,3 +152,11 @@ def test_records_are_decoded_only_when_asked_for() -> None:
     first, second = pull_reply.pull_many_results(raw)
     assert (first.queue_id, first.has_records, second.has_records, second.skipped) == (0, True, False, 2)
     assert [r.tags for r in first.records()] == ["t0", "t1", "t2"] and second.records() == []
+    # A damaged record does not stop the positions from being read; asking for it raises.
+    record = gateway_pb.PullManyResponse.FromString(raw).results[0].records[0]
+    magic_at = raw.index(record) + 4  # the first record's magic code
+    damaged = raw[:magic_at] + bytes([raw[magic_at] ^ 0xFF]) + raw[magic_at + 1 :]
+    first, _ = pull_reply.pull_many_results(damaged)
+    assert (first.queue_id, first.next_offset, first.has_records) == (0, 4, True)
+    with pytest.raises(CorruptRecordError):
+        first.records()
