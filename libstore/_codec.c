@@ -3076,6 +3076,64 @@ error:
     return NULL;
 }
 
+PyDoc_STRVAR(record_cuts_doc,
+"record_cuts(buf, base_offset, every) -> list of positions\n\n"
+"services.spark.commitlog_source's cut points in C: walks the records of ``buf`` (one CommitLog\n"
+"file, from ``base_offset``) from its start, each checked as check_record checks it without the\n"
+"CRC and the properties (PHYSICALOFFSET included), and lists where the first record at or past\n"
+"``every`` bytes from the last cut (0 to begin with) starts. Stops at the zero tail, a blank END\n"
+"record, the first bytes that are not such a record, or once the next cut would fall past the\n"
+"end of ``buf``.");
+
+static PyObject *py_record_cuts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "record_cuts(buf, base_offset, every)");
+        return NULL;
+    }
+    if (need_configured() < 0) return NULL;
+    long long base = PyLong_AsLongLong(args[1]);
+    Py_ssize_t every = PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (every <= 0) {
+        PyErr_SetString(PyExc_ValueError, "record_cuts: every must be positive");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t len = view.len, pos = 0, due = every;
+    PyObject *cuts = PyList_New(0);
+    while (cuts != NULL && pos + 8 <= len) {
+        if (rd32(buf + pos) == 0 && rd32(buf + pos + 4) == 0) break; /* the unwritten tail */
+        Checked checked;
+        PyObject *res = check_one(buf, pos, len, 0, base + pos, 0, 0, 0, &checked, 0);
+        if (res == NULL) {
+            Py_CLEAR(cuts);
+            break;
+        }
+        if (res != Py_None) { /* not a record, or a blank END record (FALLBACK is borrowed) */
+            if (res != FALLBACK) Py_DECREF(res);
+            break;
+        }
+        Py_DECREF(res);
+        Py_DECREF(checked.topic);
+        if (pos >= due) {
+            PyObject *at = PyLong_FromSsize_t(pos);
+            if (at == NULL || PyList_Append(cuts, at) < 0) {
+                Py_XDECREF(at);
+                Py_CLEAR(cuts);
+                break;
+            }
+            Py_DECREF(at);
+            due = pos + every;
+            if (due >= len) break; /* no cut left to find */
+        }
+        pos += checked.header.total;
+    }
+    PyBuffer_Release(&view);
+    return cuts;
+}
+
 PyDoc_STRVAR(scan_run_doc,
 "scan_run(buf, pos, base_offset, decode_properties) -> (records, pos, state, bad)\n\n"
 "log_scanner.scan_buffer's loop in C, from ``pos`` of ``buf`` (CommitLog bytes from\n"
@@ -3166,6 +3224,7 @@ static PyMethodDef methods[] = {
     {"queue_runs", (PyCFunction)(void (*)(void))py_queue_runs, METH_FASTCALL, queue_runs_doc},
     {"index_entries", (PyCFunction)(void (*)(void))py_index_entries, METH_FASTCALL, index_entries_doc},
     {"scan_run", (PyCFunction)(void (*)(void))py_scan_run, METH_FASTCALL, scan_run_doc},
+    {"record_cuts", (PyCFunction)(void (*)(void))py_record_cuts, METH_FASTCALL, record_cuts_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
 """Spark jobs over a store's CommitLog files (services.spark.jobs, ``mqstore spark``): rebuild
-matches what dispatch built byte for byte, verify finds a planted bit flip, stats counts."""
+matches what dispatch built byte for byte, verify finds a planted bit flip, stats counts; files
+cut into runs of records read as whole files do."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,13 @@ import pytest
 from libstore import StoreConfig
 from services.client import Admin, OutgoingMessage, Producer
 from services.spark import jobs
-from services.spark.commitlog_source import commitlog_files, walk
+from services.spark.commitlog_source import (
+    CommitLogDataSource,
+    CommitLogReader,
+    commitlog_files,
+    commitlog_partitions,
+    walk,
+)
 from tests.service.conftest import embedded_options
 from tests.service.harness import SMALL_STORE, InProcessSuites, derived_files
 
@@ -153,3 +161,85 @@ def test_messages_view_and_a_record_that_is_not_where_it_says(
     assert first_file and all(r.crc_ok for r in first_file)
     report = jobs.verify(spark, damaged)
     assert not report.ok and report.unreadable == 1 and report.crc_failures == 0
+
+
+def _rows(folder: Path, view: str, max_partition_bytes: int) -> tuple[int, list[tuple[Any, ...]]]:
+    """(partitions, every row's (file, offset, size, crc_ok, topic)) as the reader's partitions
+    give them, read in the executors' code without Spark."""
+    reader = CommitLogReader(str(folder), view, max_partition_bytes)
+    parts = reader.partitions()
+    rows = [
+        (r["file"], r["commitlog_offset"], r["size"], r["crc_ok"], r["topic"])
+        for part in parts
+        for batch in reader.read(part)
+        for r in batch.to_pylist()
+    ]
+    return len(parts), rows
+
+
+@pytest.mark.parametrize("view", ["messages", "dispatch"])
+def test_files_cut_into_runs_read_as_whole_files_do(store: Path, view: str) -> None:
+    """Files larger than maxPartitionBytes are read as runs of records that tile them: the same
+    rows, in the same order, as one partition a file."""
+    folder = _commitlog(store)
+    files = commitlog_files(folder)
+    whole_parts, whole = _rows(folder, view, 1 << 40)
+    assert whole_parts == len(files)
+    runs = commitlog_partitions(folder, 1024 * 1024)
+    assert len(runs) > 2 * len(files)
+    for f in files:
+        mine = [r for r in runs if r.path == f.path]
+        assert mine[0].start == 0 and mine[-1].end == -1
+        assert all(a.end == b.start for a, b in pairwise(mine))
+    cut_parts, cut = _rows(folder, view, 1024 * 1024)
+    assert cut_parts == len(runs) and cut == whole and len(whole) > 5000
+
+
+def test_no_run_starts_past_bytes_that_are_not_a_record(store: Path, tmp_path: Path) -> None:
+    """A file whose tenth record says it is somewhere else: cut every 4 KiB, it still reads its
+    first nine records and one unreadable row, and nothing after (no run starts past it)."""
+    damaged = tmp_path / "commitlog"
+    shutil.copytree(_commitlog(store), damaged)
+    second = commitlog_files(damaged)[1]
+    tenth = [p for p, _, _ in walk(second.path, second.base_offset)][9]
+    with open(second.path, "r+b") as fh:  # PHYSICALOFFSET: header bytes 28..35
+        fh.seek(tenth + 35)
+        byte = fh.read(1)[0]
+        fh.seek(tenth + 35)
+        fh.write(bytes([byte ^ 0x01]))
+    runs = [r for r in commitlog_partitions(damaged, 4096) if r.path == second.path]
+    assert len(runs) > 1 and all(r.start <= tenth for r in runs)
+    for view in ("messages", "dispatch"):
+        _, whole = _rows(damaged, view, 1 << 40)
+        _, cut = _rows(damaged, view, 4096)
+        assert cut == whole
+        in_second = [r for r in cut if r[0] == Path(second.path).name]
+        assert [r[3] for r in in_second] == [True] * 9 + [False]
+
+
+def test_spark_reads_the_runs_and_refuses_a_bad_partition_size(spark: Any, store: Path) -> None:
+    folder = str(_commitlog(store))
+    read = spark.read.format("mqstore-commitlog")
+    whole = read.load(folder).select("commitlog_offset").collect()
+    cut = read.option("maxPartitionBytes", str(1024 * 1024)).load(folder)
+    assert cut.rdd.getNumPartitions() > 2 * len(commitlog_files(folder))
+    assert sorted(r[0] for r in cut.select("commitlog_offset").collect()) == sorted(r[0] for r in whole)
+    for bad in ("0", "-5", "lots"):
+        source = CommitLogDataSource({"path": folder, "maxPartitionBytes": bad})
+        with pytest.raises(ValueError, match="maxPartitionBytes must be a positive number of bytes"):
+            source.reader(source.schema())  # type: ignore[arg-type]
+
+
+def test_by_default_files_are_cut_only_when_fewer_than_the_cores(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.spark import commitlog_source
+
+    folder = _commitlog(store)
+    files = commitlog_files(folder)
+    monkeypatch.setattr(commitlog_source, "RUN_BYTES", 1024 * 1024)
+    assert commitlog_partitions(folder, 0, len(files)) == files  # enough files: one partition each
+    cut = commitlog_partitions(folder, 0, len(files) + 1)
+    assert cut == commitlog_partitions(folder, 1024 * 1024) and len(cut) > 2 * len(files)
+    monkeypatch.setattr(commitlog_source.os, "cpu_count", lambda: len(files) + 1)
+    assert CommitLogReader(str(folder), "messages").partitions() == cut

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -857,3 +858,49 @@ def test_scan_buffer_takes_back_a_record_the_c_loop_leaves_to_python(monkeypatch
     assert ([_slots(r) for r in records], end, bad) == expected
     third = second + int.from_bytes(buf[second : second + 4], "big")
     assert len(records) == 4 and calls == [0, third]  # the second one decoded in Python
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    st.integers(1, 20_000),
+    st.one_of(st.none(), st.tuples(st.integers(0, 39), st.sampled_from(["phy", "size", "magic", "topic"]))),
+    st.sampled_from(["zeros", "blank", "none"]),
+)
+def test_record_cuts_in_c_are_the_python_ones(
+    sizes: list[int], every: int, damage: tuple[int, str] | None, tail: str
+) -> None:
+    """services.spark.commitlog_source's cut points: the C walk (record_cuts) and the Python one
+    agree on files with a record that is not where it says, too large, not a record or with a
+    topic that is not UTF-8, and on each way a file ends; every cut is a record's start before
+    any damage, and the runs between cuts are at least ``every`` bytes."""
+    from services.spark.commitlog_source import _cut_points_py
+
+    base = 1 << 30
+    buf = bytearray(_encoded([Message("T", b"x" * n, 0) for n in sizes], base))
+    positions = []
+    pos = 0
+    while pos < len(buf):
+        positions.append(pos)
+        pos += int.from_bytes(buf[pos : pos + 4], "big")
+    bad_at = len(buf)
+    if damage is not None:
+        at = positions[damage[0] % len(positions)]
+        bad_at = at
+        if damage[1] == "phy":
+            buf[at + 35] ^= 0x01
+        elif damage[1] == "size":
+            buf[at : at + 4] = (len(buf) - at + 1).to_bytes(4, "big")
+        elif damage[1] == "magic":
+            buf[at + 4] ^= 0xFF
+        else:
+            _, _, props_at, _ = record_codec.record_parts(bytes(buf), at)
+            buf[props_at - 3] = 0xFF  # the topic's last byte
+    if tail == "zeros":
+        buf += bytes(500)
+    elif tail == "blank":
+        buf += encode_blank(64) + bytes(56)
+    got = EXT.record_cuts(bytes(buf), base, every)
+    assert got == _cut_points_py(bytes(buf), base, every)
+    assert all(c in positions and c < bad_at for c in got)
+    assert all(b - a >= every for a, b in pairwise([0, *got]))
