@@ -3077,13 +3077,13 @@ error:
 }
 
 PyDoc_STRVAR(record_cuts_doc,
-"record_cuts(buf, base_offset, every) -> list of positions\n\n"
+"record_cuts(buf, base_offset, every) -> (positions, end)\n\n"
 "services.spark.commitlog_source's cut points in C: walks the records of ``buf`` (one CommitLog\n"
 "file, from ``base_offset``) from its start, each checked as check_record checks it without the\n"
 "CRC and the properties (PHYSICALOFFSET included), and lists where the first record at or past\n"
 "``every`` bytes from the last cut (0 to begin with) starts. Stops at the zero tail, a blank END\n"
-"record, the first bytes that are not such a record, or once the next cut would fall past the\n"
-"end of ``buf``.");
+"record, the first bytes that are not such a record (``end``: where it stopped), or once the\n"
+"next cut would fall past the end of ``buf`` (``end``: where the last cut starts).");
 
 static PyObject *py_record_cuts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
@@ -3131,7 +3131,9 @@ static PyObject *py_record_cuts(PyObject *self, PyObject *const *args, Py_ssize_
         pos += checked.header.total;
     }
     PyBuffer_Release(&view);
-    return cuts;
+    if (cuts == NULL) return NULL;
+    PyObject *out = Py_BuildValue("(Nn)", cuts, pos);
+    return out;
 }
 
 PyDoc_STRVAR(scan_run_doc,

@@ -9,19 +9,21 @@ record whose CRC does not match is still decoded and returned with ``crc_ok`` fa
 are not a record at all give one row with ``size`` -1 and ``crc_ok`` false at their offset, and
 end that file's walk (nothing after them can be located).
 
-Partitions: one a file when there are at least as many files as the planning machine has
-cores; with fewer (a small store of one or two 1 GiB files, read by more cores), files are
-cut into runs of records of about RUN_BYTES (128 MiB, Spark's own default for file sources:
-a file's size says nothing of how much of it holds records, as the newest file is created
-at its full size); option ``maxPartitionBytes`` cuts every file larger than it into runs of
-about that many bytes instead. Records can only be found from the start of a file (each says where
-the next begins), so the planning process walks a file it cuts up to its last cut, reading
-every record's header (each record checked as the walk checks it, but for the CRC; reading
-the properties never fails): 0.3 s for a 1 GiB file of 1 KiB records in the page cache on the
-2-core benchmark host, and the whole file read once more from disk when it is not, which is
-why files are not cut by default once there are enough of them. It cuts only before records it
-has checked, so a run ends where the next one starts and the last run of a file ends where the
-whole file's walk would: the rows are the same as with one partition a file.
+Partitions: one a file, unless the store is small for the cores reading it: fewer than twice as
+many files holding records as the planning machine has cores, and one of them holding more
+than a core's share of all their record bytes (every file but the newest is full, as the log
+rolls only a full file; the newest one's records are walked to find their end, since its size
+is its full size from the start). Then files are cut into runs of records of about RUN_BYTES
+(128 MiB, Spark's own default for file sources). Option ``maxPartitionBytes`` cuts every file
+larger than it into runs of about that many bytes instead. Records can only be found from the
+start of a file (each says where the next begins), so the planning process walks a file it cuts
+up to its last cut, reading every record's header (each record checked as the walk checks it,
+but for the CRC; reading the properties never fails): 0.3 s for a 1 GiB file of 1 KiB records
+in the page cache on the 2-core benchmark host, and the whole file read once more from disk
+when it is not, which is why files are not cut by default once there are enough of them. It
+cuts only before records it has checked, so a run ends where the next one starts and the last
+run of a file ends where the whole file's walk would: the rows are the same as with one
+partition a file.
 
 Option ``view``:
 
@@ -89,12 +91,12 @@ def commitlog_partitions(
     folder: str | Path, max_partition_bytes: int = 0, parallelism: int = 1
 ) -> list[CommitLogFile]:
     """The files of ``folder`` as :func:`commitlog_files` gives them, those larger than
-    ``max_partition_bytes`` cut into runs of records of about that many bytes; with 0, cut into
-    runs of RUN_BYTES when there are fewer files than ``parallelism`` (module docstring), else
+    ``max_partition_bytes`` cut into runs of records of about that many bytes; with 0, into runs
+    of RUN_BYTES when the store is small for ``parallelism`` cores (module docstring), else
     whole. Raises like :func:`commitlog_files`."""
     files = commitlog_files(folder)
     if max_partition_bytes <= 0:
-        if len(files) >= parallelism:
+        if not _small_for(files, parallelism):
             return files
         max_partition_bytes = RUN_BYTES
     out: list[CommitLogFile] = []
@@ -102,18 +104,40 @@ def commitlog_partitions(
         if os.path.getsize(f.path) <= max_partition_bytes:
             out.append(f)
             continue
-        starts = [0, *_cut_points(f.path, f.base_offset, max_partition_bytes)]
+        starts = [0, *_cut_points(f.path, f.base_offset, max_partition_bytes)[0]]
         ends = [*starts[1:], -1]
         out += [CommitLogFile(f.path, f.base_offset, a, b) for a, b in zip(starts, ends, strict=True)]
     return out
 
 
-def _cut_points(path: str, base_offset: int, every: int) -> list[int]:
+def _small_for(files: list[CommitLogFile], parallelism: int) -> bool:
+    """Whether ``files`` are few for ``parallelism`` cores and one holds more than a core's share
+    of their records (module docstring)."""
+    holding = [f for f in files if _holds_records(f.path)]
+    if not holding or len(holding) >= 2 * parallelism:
+        return False
+    newest = holding[-1]
+    sizes = [os.path.getsize(f.path) for f in holding[:-1]]
+    sizes.append(_cut_points(newest.path, newest.base_offset, os.path.getsize(newest.path) + 1)[1])
+    return max(sizes) * parallelism > sum(sizes)
+
+
+def _holds_records(path: str) -> bool:
+    """Whether the file starts with something other than its unwritten (zero) tail."""
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    return len(head) == 8 and head != bytes(8)
+
+
+def _cut_points(path: str, base_offset: int, every: int) -> tuple[list[int], int]:
     """Where runs of records of about ``every`` bytes start in one file, past its first: before
     records that check out (check_record without the CRC, PHYSICALOFFSET included: what either
     view's walk takes for a record, since reading the properties never fails), found by walking
-    from the start; none past the first bytes that are not such a record. In C when the
-    extension is built (libstore._codec.record_cuts: about 0.1 µs a record against 2)."""
+    from the start; none past the first bytes that are not such a record. Also where the walk
+    stopped: the end of the records, or where the last cut starts when no further cut fits
+    before the end of the file. In C when the
+    extension is built (libstore._codec.record_cuts: about 0.3 µs a 1 KiB record in the page
+    cache, page faults included, against 2 µs)."""
     with _mapped(path) as buf:
         ext = native()
         if ext is not None:
@@ -121,7 +145,7 @@ def _cut_points(path: str, base_offset: int, every: int) -> list[int]:
         return _cut_points_py(buf, base_offset, every)
 
 
-def _cut_points_py(buf: Any, base_offset: int, every: int) -> list[int]:
+def _cut_points_py(buf: Any, base_offset: int, every: int) -> tuple[list[int], int]:
     """:func:`_cut_points` over the bytes ``buf`` of a file, in Python."""
     cuts: list[int] = []
     pos, length, due = 0, len(buf), every
@@ -138,7 +162,7 @@ def _cut_points_py(buf: Any, base_offset: int, every: int) -> list[int]:
             if due >= length:  # no cut left to find
                 break
         pos += req.msg_size
-    return cuts
+    return cuts, pos
 
 
 @contextmanager

@@ -230,16 +230,21 @@ def test_spark_reads_the_runs_and_refuses_a_bad_partition_size(spark: Any, store
             source.reader(source.schema())  # type: ignore[arg-type]
 
 
-def test_by_default_files_are_cut_only_when_fewer_than_the_cores(
+def test_by_default_files_are_cut_only_when_the_store_is_small_for_the_cores(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The fixture's store has a full file of 8 MiB and a newer one holding less: one core has
+    enough files (two); for two, the full file holds more than a core's share, and files are cut
+    into runs of RUN_BYTES."""
     from services.spark import commitlog_source
 
     folder = _commitlog(store)
     files = commitlog_files(folder)
+    holding = [f for f in files if commitlog_source._holds_records(f.path)]
+    assert len(holding) == 2
     monkeypatch.setattr(commitlog_source, "RUN_BYTES", 1024 * 1024)
-    assert commitlog_partitions(folder, 0, len(files)) == files  # enough files: one partition each
-    cut = commitlog_partitions(folder, 0, len(files) + 1)
+    assert commitlog_partitions(folder, 0, 1) == files
+    cut = commitlog_partitions(folder, 0, 2)
     assert cut == commitlog_partitions(folder, 1024 * 1024) and len(cut) > 2 * len(files)
-    monkeypatch.setattr(commitlog_source.os, "cpu_count", lambda: len(files) + 1)
+    monkeypatch.setattr(commitlog_source.os, "cpu_count", lambda: 2)
     assert CommitLogReader(str(folder), "messages").partitions() == cut

@@ -873,7 +873,8 @@ def test_record_cuts_in_c_are_the_python_ones(
     """services.spark.commitlog_source's cut points: the C walk (record_cuts) and the Python one
     agree on files with a record that is not where it says, too large, not a record or with a
     topic that is not UTF-8, and on each way a file ends; every cut is a record's start before
-    any damage, and the runs between cuts are at least ``every`` bytes."""
+    any damage, the runs between cuts are at least ``every`` bytes, and a walk that finds no cut
+    ends where the records end."""
     from services.spark.commitlog_source import _cut_points_py
 
     base = 1 << 30
@@ -902,5 +903,9 @@ def test_record_cuts_in_c_are_the_python_ones(
         buf += encode_blank(64) + bytes(56)
     got = EXT.record_cuts(bytes(buf), base, every)
     assert got == _cut_points_py(bytes(buf), base, every)
-    assert all(c in positions and c < bad_at for c in got)
-    assert all(b - a >= every for a, b in pairwise([0, *got]))
+    cuts, end = got
+    assert all(c in positions and c < bad_at for c in cuts)
+    assert all(b - a >= every for a, b in pairwise([0, *cuts]))
+    assert end == (cuts[-1] if cuts and cuts[-1] + every >= len(buf) else bad_at)
+    whole = EXT.record_cuts(bytes(buf), base, len(buf) + 1)  # no cut: where the records end
+    assert whole == _cut_points_py(bytes(buf), base, len(buf) + 1) == ([], bad_at)
