@@ -10,17 +10,18 @@ are not a record at all give one row with ``size`` -1 and ``crc_ok`` false at th
 end that file's walk (nothing after them can be located).
 
 Partitions: one a file, unless the store is small for the cores reading it: fewer than twice as
-many files holding records as the planning machine has cores, and one of them holding more
-than a core's share of all their record bytes (every file but the newest is full, as the log
-rolls only a full file; the newest one's records are walked to find their end, since its size
-is its full size from the start). Then files are cut into runs of records of about RUN_BYTES
-(128 MiB, Spark's own default for file sources). Option ``maxPartitionBytes`` cuts every file
-larger than it into runs of about that many bytes instead. Records can only be found from the
+many files holding records as the planning process may run on cores, one of them holding more
+than 1.5 times a core's share of all their record bytes (every file but the newest is full, as
+the log rolls only a full file; the newest one's records are walked to find their end, since its
+size is its full size from the start), and the files to cut holding at most
+DEFAULT_WALK_MAX_BYTES (4 GiB) in all. Then files are cut into runs of records of about
+RUN_BYTES (128 MiB, Spark's own default for file sources). Option ``maxPartitionBytes`` cuts
+every file larger than it into runs of about that many bytes instead. Records can only be found from the
 start of a file (each says where the next begins), so the planning process walks a file it cuts
 up to its last cut, reading every record's header (each record checked as the walk checks it,
 but for the CRC; reading the properties never fails): 0.3 s for a 1 GiB file of 1 KiB records
 in the page cache on the 2-core benchmark host, and the whole file read once more from disk
-when it is not, which is why files are not cut by default once there are enough of them. It
+when it is not, which is why the default cuts only small stores. It
 cuts only before records it has checked, so a run ends where the next one starts and the last
 run of a file ends where the whole file's walk would: the rows are the same as with one
 partition a file.
@@ -53,8 +54,9 @@ from pyspark.sql.types import StructType
 
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import CorruptRecordError
+from libstore.log_scanner import record_cuts
 from libstore.message import MessageRecord, MessageSysFlag
-from libstore.record_codec import check_record, decode_record, native
+from libstore.record_codec import check_record, decode_record
 from services.spark.rows import FILE_SCHEMA, ROWS_PER_BATCH, BatchBuilder
 
 DISPATCH_SCHEMA = (
@@ -64,6 +66,7 @@ DISPATCH_SCHEMA = (
 )
 _ZERO = struct.Struct(">ii")
 RUN_BYTES = 128 * 1024 * 1024  # the runs the default partitioning cuts files into
+DEFAULT_WALK_MAX_BYTES = 4 * 1024 * 1024 * 1024  # the most of the files it cuts may hold
 
 
 @dataclass(frozen=True)
@@ -111,15 +114,24 @@ def commitlog_partitions(
 
 
 def _small_for(files: list[CommitLogFile], parallelism: int) -> bool:
-    """Whether ``files`` are few for ``parallelism`` cores and one holds more than a core's share
-    of their records (module docstring)."""
+    """Whether ``files`` are few for ``parallelism`` cores, one of them holds more than half as
+    much again as a core's share of their records, and what cutting them would walk is at most
+    DEFAULT_WALK_MAX_BYTES (module docstring)."""
     holding = [f for f in files if _holds_records(f.path)]
     if not holding or len(holding) >= 2 * parallelism:
         return False
+    sizes = [os.path.getsize(f.path) for f in holding]
+    if sum(size for size in sizes if size > RUN_BYTES) > DEFAULT_WALK_MAX_BYTES:
+        return False
     newest = holding[-1]
-    sizes = [os.path.getsize(f.path) for f in holding[:-1]]
-    sizes.append(_cut_points(newest.path, newest.base_offset, os.path.getsize(newest.path) + 1)[1])
-    return max(sizes) * parallelism > sum(sizes)
+    sizes[-1] = _cut_points(newest.path, newest.base_offset, sizes[-1] + 1)[1]  # its records' end
+    return _uneven(sizes, parallelism)
+
+
+def _uneven(sizes: list[int], parallelism: int) -> bool:
+    """Whether the largest of ``sizes`` (bytes of records, one a file) is more than 1.5 times a
+    core's share of them all: one partition a file would leave cores idle while it is read."""
+    return 2 * max(sizes) * parallelism > 3 * sum(sizes)
 
 
 def _holds_records(path: str) -> bool:
@@ -130,39 +142,12 @@ def _holds_records(path: str) -> bool:
 
 
 def _cut_points(path: str, base_offset: int, every: int) -> tuple[list[int], int]:
-    """Where runs of records of about ``every`` bytes start in one file, past its first: before
-    records that check out (check_record without the CRC, PHYSICALOFFSET included: what either
-    view's walk takes for a record, since reading the properties never fails), found by walking
-    from the start; none past the first bytes that are not such a record. Also where the walk
-    stopped: the end of the records, or where the last cut starts when no further cut fits
-    before the end of the file. In C when the
-    extension is built (libstore._codec.record_cuts: about 0.3 µs a 1 KiB record in the page
-    cache, page faults included, against 2 µs)."""
+    """libstore.log_scanner.record_cuts over one file: where runs of records of about ``every``
+    bytes start, before records that check out as either view's walk checks them (reading the
+    properties never fails), none past bytes that are not such a record; and where the walk
+    stopped."""
     with _mapped(path) as buf:
-        ext = native()
-        if ext is not None:
-            return ext.record_cuts(buf, base_offset, every)
-        return _cut_points_py(buf, base_offset, every)
-
-
-def _cut_points_py(buf: Any, base_offset: int, every: int) -> tuple[list[int], int]:
-    """:func:`_cut_points` over the bytes ``buf`` of a file, in Python."""
-    cuts: list[int] = []
-    pos, length, due = 0, len(buf), every
-    while not _data_ends(buf, pos):
-        expected = base_offset + pos
-        req = check_record(
-            buf, pos, length, check_crc=False, expected_phy_offset=expected, decode_properties=False
-        )
-        if not req.success or req.msg_size == 0:
-            break
-        if pos >= due:
-            cuts.append(pos)
-            due = pos + every
-            if due >= length:  # no cut left to find
-                break
-        pos += req.msg_size
-    return cuts, pos
+        return record_cuts(buf, base_offset, every)
 
 
 @contextmanager
@@ -220,11 +205,13 @@ def walk(
 
 
 def _default_parallelism() -> int:
-    """The cores of the machine planning the read: Spark plans a Python data source's read in a
+    """The cores the planning process may run on: Spark plans a Python data source's read in a
     Python worker of the driver, where no session can be asked for its parallelism; on one
-    machine (``local[*]``) they are the executors' cores, and a store on a cluster has files
-    of 1 GiB enough to go round."""
-    return os.cpu_count() or 1
+    machine (``local[*]``) they are the executors' cores."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 class CommitLogDataSource(DataSource):

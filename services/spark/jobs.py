@@ -1,6 +1,7 @@
 """Spark jobs over a store's CommitLog files (``mqstore spark verify|rebuild|stats``), so heavy
 scans run on a Spark cluster instead of on the broker. Each reads the files through the
-``mqstore-commitlog`` source (one partition per file; services.spark.commitlog_source).
+``mqstore-commitlog`` source (a partition a file, or runs of records of one for a small store;
+services.spark.commitlog_source).
 
 * :func:`verify`: per file, records, bytes, CRC failures, unreadable bytes and the offset range;
   and whether each file's first record starts at the file's base offset.

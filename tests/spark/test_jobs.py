@@ -233,9 +233,10 @@ def test_spark_reads_the_runs_and_refuses_a_bad_partition_size(spark: Any, store
 def test_by_default_files_are_cut_only_when_the_store_is_small_for_the_cores(
     store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fixture's store has a full file of 8 MiB and a newer one holding less: one core has
-    enough files (two); for two, the full file holds more than a core's share, and files are cut
-    into runs of RUN_BYTES."""
+    """The fixture's store has a full file of 8 MiB and a newer one holding under a third of
+    that: one core has enough files (two); for three, the full file holds more than 1.5 times a
+    core's share, and files are cut into runs of RUN_BYTES, unless they hold more than the walk
+    may read."""
     from services.spark import commitlog_source
 
     folder = _commitlog(store)
@@ -244,7 +245,49 @@ def test_by_default_files_are_cut_only_when_the_store_is_small_for_the_cores(
     assert len(holding) == 2
     monkeypatch.setattr(commitlog_source, "RUN_BYTES", 1024 * 1024)
     assert commitlog_partitions(folder, 0, 1) == files
-    cut = commitlog_partitions(folder, 0, 2)
+    cut = commitlog_partitions(folder, 0, 3)
     assert cut == commitlog_partitions(folder, 1024 * 1024) and len(cut) > 2 * len(files)
-    monkeypatch.setattr(commitlog_source.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(commitlog_source, "_default_parallelism", lambda: 3)
     assert CommitLogReader(str(folder), "messages").partitions() == cut
+    monkeypatch.setattr(commitlog_source, "DEFAULT_WALK_MAX_BYTES", 4 * 1024 * 1024)
+    assert commitlog_partitions(folder, 0, 3) == files
+
+
+def test_one_partition_a_file_is_kept_while_the_files_are_even() -> None:
+    from services.spark.commitlog_source import _uneven
+
+    gib = 1 << 30
+    assert not _uneven([gib, gib], 2)  # as many full files as cores
+    assert not _uneven([gib, gib - 4_000_000], 2)  # the newest's end of records, short of its size
+    assert not _uneven([gib], 1)
+    assert _uneven([gib], 2)  # one file, two cores
+    assert _uneven([gib, 150_000_000], 2)  # the benchmark's store: a full file and a little more
+    assert not _uneven([gib] * 3 + [150_000_000], 4)
+
+
+def test_a_record_failing_its_crc_inside_a_cut_file_is_read_past(store: Path, tmp_path: Path) -> None:
+    """A body byte flipped in a record of the second file (the tenth or the next with a body of
+    2,000 bytes): the runs go on past it, and read it with crc_ok false and the rest of the file
+    as a whole-file walk does."""
+    damaged = tmp_path / "commitlog"
+    shutil.copytree(_commitlog(store), damaged)
+    second = commitlog_files(damaged)[1]
+    walked = list(walk(second.path, second.base_offset))
+    data = Path(second.path).read_bytes()
+    # The first record from the tenth on with an Orders body (2,000 bytes of b"x"): flip one.
+    tenth, at = next(
+        (pos, pos + found + 1000)
+        for pos, req, _ in walked[9:]
+        if req is not None and (found := data.find(b"x" * 2000, pos, pos + req.msg_size)) >= 0
+    )
+    with open(second.path, "r+b") as fh:
+        fh.seek(at)
+        fh.write(bytes([data[at] ^ 0x01]))
+    runs = [r for r in commitlog_partitions(damaged, 4096) if r.path == second.path]
+    assert any(r.start > tenth for r in runs)
+    for view in ("messages", "dispatch"):
+        _, whole = _rows(damaged, view, 1 << 40)
+        _, cut = _rows(damaged, view, 4096)
+        assert cut == whole
+        in_second = [r for r in cut if r[0] == Path(second.path).name]
+        assert [r[3] for r in in_second].count(False) == 1 and len(in_second) == len(walked)

@@ -870,13 +870,12 @@ def test_scan_buffer_takes_back_a_record_the_c_loop_leaves_to_python(monkeypatch
 def test_record_cuts_in_c_are_the_python_ones(
     sizes: list[int], every: int, damage: tuple[int, str] | None, tail: str
 ) -> None:
-    """services.spark.commitlog_source's cut points: the C walk (record_cuts) and the Python one
+    """log_scanner.record_cuts (services.spark.commitlog_source's cut points): the C walk and the
+    Python one
     agree on files with a record that is not where it says, too large, not a record or with a
     topic that is not UTF-8, and on each way a file ends; every cut is a record's start before
     any damage, the runs between cuts are at least ``every`` bytes, and a walk that finds no cut
     ends where the records end."""
-    from services.spark.commitlog_source import _cut_points_py
-
     base = 1 << 30
     buf = bytearray(_encoded([Message("T", b"x" * n, 0) for n in sizes], base))
     positions = []
@@ -902,10 +901,17 @@ def test_record_cuts_in_c_are_the_python_ones(
     elif tail == "blank":
         buf += encode_blank(64) + bytes(56)
     got = EXT.record_cuts(bytes(buf), base, every)
-    assert got == _cut_points_py(bytes(buf), base, every)
+    assert got == log_scanner._record_cuts_py(bytes(buf), base, every)
     cuts, end = got
     assert all(c in positions and c < bad_at for c in cuts)
     assert all(b - a >= every for a, b in pairwise([0, *cuts]))
     assert end == (cuts[-1] if cuts and cuts[-1] + every >= len(buf) else bad_at)
     whole = EXT.record_cuts(bytes(buf), base, len(buf) + 1)  # no cut: where the records end
-    assert whole == _cut_points_py(bytes(buf), base, len(buf) + 1) == ([], bad_at)
+    assert whole == log_scanner._record_cuts_py(bytes(buf), base, len(buf) + 1) == ([], bad_at)
+
+
+def test_record_cuts_refuses_runs_of_no_bytes() -> None:
+    for cuts in (log_scanner.record_cuts, EXT.record_cuts):
+        with pytest.raises(ValueError, match="every must be positive"):
+            cuts(bytes(64), 0, 0)
+    assert log_scanner.record_cuts(b"", 0, 10) == ([], 0)
