@@ -3131,9 +3131,7 @@ static PyObject *py_record_cuts(PyObject *self, PyObject *const *args, Py_ssize_
         pos += checked.header.total;
     }
     PyBuffer_Release(&view);
-    if (cuts == NULL) return NULL;
-    PyObject *out = Py_BuildValue("(Nn)", cuts, pos);
-    return out;
+    return cuts == NULL ? NULL : Py_BuildValue("(Nn)", cuts, pos);
 }
 
 PyDoc_STRVAR(scan_run_doc,

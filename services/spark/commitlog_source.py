@@ -12,18 +12,19 @@ end that file's walk (nothing after them can be located).
 Partitions: one a file, unless the store is small for the cores reading it: fewer than twice as
 many files holding records as the planning process may run on cores, one of them holding more
 than 1.5 times a core's share of all their record bytes (every file but the newest is full, as
-the log rolls only a full file; the newest one's records are walked to find their end, since its
-size is its full size from the start), and the files to cut holding at most
-DEFAULT_WALK_MAX_BYTES (4 GiB) in all. Then files are cut into runs of records of about
-RUN_BYTES (128 MiB, Spark's own default for file sources). Option ``maxPartitionBytes`` cuts
-every file larger than it into runs of about that many bytes instead. Records can only be found from the
-start of a file (each says where the next begins), so the planning process walks a file it cuts
-up to its last cut, reading every record's header (each record checked as the walk checks it,
-but for the CRC; reading the properties never fails): 0.3 s for a 1 GiB file of 1 KiB records
-in the page cache on the 2-core benchmark host, and the whole file read once more from disk
-when it is not, which is why the default cuts only small stores. It
-cuts only before records it has checked, so a run ends where the next one starts and the last
-run of a file ends where the whole file's walk would: the rows are the same as with one
+the log rolls only a full file; the newest one's records are walked to find their end, since
+its size is its full size from the start, and that walk's cuts are kept), and the files to cut
+holding at most DEFAULT_WALK_MAX_BYTES (4 GiB) in all. Then files are cut into runs of records
+of about RUN_BYTES (128 MiB, Spark's own default for file sources). Option ``maxPartitionBytes``
+cuts every file larger than it into runs of about that many bytes instead.
+
+Records can only be found from the start of a file (each says where the next begins), so the
+planning process walks a file it cuts up to its last cut, reading every record's header (each
+record checked as the walk checks it, but for the CRC; reading the properties never fails):
+0.3 s for a 1 GiB file of 1 KiB records in the page cache on the 2-core benchmark host, and the
+whole file read once more from disk when it is not, which is why the default cuts only small
+stores. It cuts only before records it has checked, so a run ends where the next one starts and
+the last run of a file ends where the whole file's walk would: the rows are the same as with one
 partition a file.
 
 Option ``view``:
@@ -98,8 +99,9 @@ def commitlog_partitions(
     of RUN_BYTES when the store is small for ``parallelism`` cores (module docstring), else
     whole. Raises like :func:`commitlog_files`."""
     files = commitlog_files(folder)
+    walked: dict[str, list[int]] = {}  # cuts at RUN_BYTES that deciding already found, by path
     if max_partition_bytes <= 0:
-        if not _small_for(files, parallelism):
+        if not _small_for(files, parallelism, walked):
             return files
         max_partition_bytes = RUN_BYTES
     out: list[CommitLogFile] = []
@@ -107,16 +109,20 @@ def commitlog_partitions(
         if os.path.getsize(f.path) <= max_partition_bytes:
             out.append(f)
             continue
-        starts = [0, *_cut_points(f.path, f.base_offset, max_partition_bytes)[0]]
+        cuts = walked.get(f.path)
+        if cuts is None:
+            cuts = _cut_points(f.path, f.base_offset, max_partition_bytes)[0]
+        starts = [0, *cuts]
         ends = [*starts[1:], -1]
         out += [CommitLogFile(f.path, f.base_offset, a, b) for a, b in zip(starts, ends, strict=True)]
     return out
 
 
-def _small_for(files: list[CommitLogFile], parallelism: int) -> bool:
+def _small_for(files: list[CommitLogFile], parallelism: int, walked: dict[str, list[int]]) -> bool:
     """Whether ``files`` are few for ``parallelism`` cores, one of them holds more than half as
     much again as a core's share of their records, and what cutting them would walk is at most
-    DEFAULT_WALK_MAX_BYTES (module docstring)."""
+    DEFAULT_WALK_MAX_BYTES (module docstring). The newest file's cuts at RUN_BYTES, found on the
+    way to its end of records, go into ``walked``, so that it is not walked twice."""
     holding = [f for f in files if _holds_records(f.path)]
     if not holding or len(holding) >= 2 * parallelism:
         return False
@@ -124,7 +130,10 @@ def _small_for(files: list[CommitLogFile], parallelism: int) -> bool:
     if sum(size for size in sizes if size > RUN_BYTES) > DEFAULT_WALK_MAX_BYTES:
         return False
     newest = holding[-1]
-    sizes[-1] = _cut_points(newest.path, newest.base_offset, sizes[-1] + 1)[1]  # its records' end
+    cuts, stop = _cut_points(newest.path, newest.base_offset, RUN_BYTES)
+    walked[newest.path] = cuts
+    if not cuts or cuts[-1] + RUN_BYTES < sizes[-1]:  # else it stopped at its last cut: nearly full
+        sizes[-1] = stop  # its records' end
     return _uneven(sizes, parallelism)
 
 
