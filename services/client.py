@@ -449,7 +449,11 @@ def _queue_sets(queues: Sequence[int]) -> list[tuple[int, ...]]:
     return [tuple(queues[i : i + size]) for i in range(0, len(queues), size)]
 
 
-QUEUES_PER_PULL_MANY = 4
+# 8 rather than 4: each PullMany carries twice the records for the same per-call cost in the
+# client and in every service it crosses. 200,000 messages over 16 queues, 7 interleaved rounds
+# each (2026-11-29), medians, 8 over 4: embedded 1.09x the msgs/s, 0.91x the server's CPU a
+# message and 0.81x the client's; split 1.04x, 0.89x the four servers' and 0.77x the client's.
+QUEUES_PER_PULL_MANY = 8
 PULL_MANY_METHOD = "/mqstore.v1.Gateway/PullMany"
 
 
