@@ -325,6 +325,7 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
             f"{m.p50:.1f} | {m.p99:.1f} | {m.server_us_per_msg:.1f} | {m.server_write_bytes_per_msg:,.0f} |"
         )
 
+    paired: list[str] = []
     for topology in ("embedded", "split"):
         for flush in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             with (
@@ -377,7 +378,11 @@ def _services_suite(console: Console, data_dir: Path, facts: dict[str, str]) -> 
                             run += f"{pushed})"
                             row(topology, flush, run, paced)
                         # Last: the transient store they fill would weigh on the rows above.
-                        paired = _transient_rows(gw, pids, per_process, row)
+                        paired += _transient_rows(gw, pids, per_process, row)
+                elif topology == "embedded":
+                    # A durable broker's puts wait for the group commit's fsync; its transient
+                    # ones do not: what choosing durability per message buys there.
+                    paired += ["", *_transient_rows(gw, pids, per_process, row, broker_flush=flush)]
     lines += ["", *paired]
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "services-latest.md").write_text("\n".join(lines) + "\n")
@@ -389,31 +394,48 @@ def _transient_rows(
     pids: Sequence[int],
     per_process: int,
     row: Callable[[str, str, str, service_bench.Medians], None],
+    broker_flush: str = "ASYNC_FLUSH",
 ) -> list[str]:
-    """Transient produce next to ASYNC_FLUSH in the same suite's life (issue "Durability
-    classes"): batches of 256 and one message per call, to a persistent and to a transient
-    topic, the runs interleaved: in each round each shape runs both topics back to back, the
-    persistent one first in odd rounds and the transient one first in even rounds (the
-    uncounted round 0 included), so that both meet the same store and the same machine.
-    Transient messages are for consumers that keep up: after each transient run (not timed) a
-    group reads what it put and the store frees it, as it would in use; without that the runs'
-    400 MB would be paged out to scratch. One round first, not counted, so that the transient
-    store's first fill of the heap (pages the kernel zero-fills on first touch, reused from then
-    on) is not taken for its steady cost; then TRANSIENT_RUNS rounds, the server's CPU per
-    message measured in each. Returns the lines
-    that compare the two round by round (each transient run over the persistent run of its
-    round, just before or after it: the pairs that met the same moment of the machine)."""
-    shapes = {"batches of 256": (per_process, 256), "single messages": (4000, 1)}
-    topics = {"ASYNC_FLUSH": service_bench.TOPIC, "transient": service_bench.TRANSIENT_TOPIC}
+    """Transient produce next to persistent in the same suite's life (issue "Durability
+    classes"), on a broker of ``broker_flush``: batches of 256, and one message per call (on
+    ASYNC_FLUSH 2 clients with 4 calls in flight each; on another broker one client sending one
+    at a time, where what a persistent put waits for, an fsync, shows), to a persistent and to
+    a transient topic, the runs interleaved: in each round each shape runs
+    both topics back to back, the persistent one first in odd rounds and the transient one
+    first in even rounds (the uncounted round 0 included), so that both meet the same store
+    and the same machine. Transient messages are for consumers that keep up: after each
+    transient run (not timed) a group reads what it put and the store frees it, as it would in
+    use; without that the runs' 400 MB would be paged out to scratch. One round first, not
+    counted, so that the transient store's first fill of the heap (pages the kernel zero-fills
+    on first touch, reused from then on) is not taken for its steady cost; then TRANSIENT_RUNS
+    rounds, the server's CPU per message measured in each. Returns the lines that compare the
+    two round by round (each transient run over the persistent run of its round, just before
+    or after it: the pairs that met the same moment of the machine)."""
+    # shape -> (the run's words, producer processes, messages a process, batch, calls in flight)
+    shapes = {"batches of 256": ("2 clients x 4 batches of 256 in flight", 2, per_process, 256, 4)}
+    if broker_flush == "ASYNC_FLUSH":
+        shapes["single messages"] = ("2 clients x 4 single messages in flight", 2, 4000, 1, 4)
+    else:  # where a persistent put waits for its fsync, and a transient one does not
+        shapes["one message at a time"] = ("1 client, one message at a time", 1, 2000, 1, 1)
+    # The transient rows' flush column: "transient" on the ASYNC_FLUSH broker, as since the
+    # table's first run; the broker named on another.
+    transient = "transient" if broker_flush == "ASYNC_FLUSH" else f"transient, {broker_flush} broker"
+    topics = {broker_flush: service_bench.TOPIC, transient: service_bench.TRANSIENT_TOPIC}
     runs: dict[tuple[str, str], list[service_bench.LoadResult]] = {}
     for round_no, counted in enumerate([False] + [True] * TRANSIENT_RUNS):
-        for shape, (count, batch) in shapes.items():
+        for shape, (_, processes, count, batch, inflight) in shapes.items():
             # Which goes first alternates round by round: whatever one run leaves the next (the
             # flush of its dirty pages, a release round) then weighs on both alike.
             order = list(topics.items()) if round_no % 2 else list(topics.items())[::-1]
             for name, topic in order:
                 result = service_bench.produce(
-                    gw, processes=2, per_process=count, batch=batch, inflight=4, topic=topic, server_pids=pids
+                    gw,
+                    processes=processes,
+                    per_process=count,
+                    batch=batch,
+                    inflight=inflight,
+                    topic=topic,
+                    server_pids=pids,
                 )
                 if counted:
                     runs.setdefault((shape, name), []).append(result)
@@ -421,15 +443,10 @@ def _transient_rows(
                     service_bench.consume(gw, "bench-transient-readers", result.messages, topic=topic)
                     time.sleep(2 * RELEASE_INTERVAL_S)  # a release round frees what it read
     for (shape, name), results in runs.items():
-        row(
-            "embedded",
-            name,
-            f"produce, 2 clients x 4 {shape} in flight (interleaved)",
-            service_bench.Medians.of(results),
-        )
-    out = ["Transient over ASYNC_FLUSH, round by round (median, lowest-highest of the rounds):", ""]
+        row("embedded", name, f"produce, {shapes[shape][0]} (interleaved)", service_bench.Medians.of(results))
+    out = [f"Transient over {broker_flush}, round by round (median, lowest-highest of the rounds):", ""]
     for shape in shapes:
-        pairs = list(zip(runs[(shape, "ASYNC_FLUSH")], runs[(shape, "transient")], strict=True))
+        pairs = list(zip(runs[(shape, broker_flush)], runs[(shape, transient)], strict=True))
         cpu = [_ratio(t.server_us_per_msg, p.server_us_per_msg) for p, t in pairs]
         rate = [_ratio(t.msgs_per_s, p.msgs_per_s) for p, t in pairs]
         written = [_ratio(t.server_write_bytes_per_msg, p.server_write_bytes_per_msg) for p, t in pairs]
