@@ -145,9 +145,8 @@ def _uneven(sizes: list[int], parallelism: int) -> bool:
 
 def _holds_records(path: str) -> bool:
     """Whether the file starts with something other than its unwritten (zero) tail."""
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-    return len(head) == 8 and head != bytes(8)
+    with _mapped(path) as buf:
+        return not _data_ends(buf, 0)
 
 
 def _cut_points(path: str, base_offset: int, every: int) -> tuple[list[int], int]:
@@ -277,8 +276,8 @@ class CommitLogReader(DataSourceReader):
         name = Path(partition.path).name
         builder = BatchBuilder(with_file=True)
         good: list[MessageRecord] = []  # records that checked out, added to the builder in runs
-        run = (partition.path, partition.base_offset, partition.start, partition.end)
-        for pos, rec, crc_ok in _records(*run):
+        records = _records(partition.path, partition.base_offset, partition.start, partition.end)
+        for pos, rec, crc_ok in records:
             if rec is not None and crc_ok:
                 good.append(rec)
                 if len(builder) + len(good) < ROWS_PER_BATCH:
@@ -362,8 +361,14 @@ def _dispatch_batches(partition: CommitLogFile) -> Iterator[Any]:
             col.clear()
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    run = {"start": partition.start, "end": partition.end}
-    for pos, req, crc_ok in walk(partition.path, partition.base_offset, decode_properties=True, **run):
+    records = walk(
+        partition.path,
+        partition.base_offset,
+        decode_properties=True,
+        start=partition.start,
+        end=partition.end,
+    )
+    for pos, req, crc_ok in records:
         if req is None:
             offset = partition.base_offset + pos
             row: tuple[Any, ...] = (offset, -1, *[None] * 11, False, name)
