@@ -23,6 +23,7 @@
 #define BORNHOST_V6 0x10
 #define STOREHOST_V6 0x20
 #define TX_NO_QUEUE_OFFSET 0x4 /* PREPARED 0x4 and ROLLBACK 0xC share it */
+#define TRANSIENT_STUB 0x100000 /* MessageSysFlag.TRANSIENT_STUB_FLAG (libstore.durability) */
 #define SYS_FLAG_POSITION 36
 #define QUEUE_ID_POSITION 12
 #define BORN_TS_POSITION 40
@@ -2315,6 +2316,7 @@ error:
 
 /* Stub properties: the raw entries whose name is one of these (libstore.durability). */
 static const char *const STUB_NAMES[] = {"TAGS\x01", "KEYS\x01", "UNIQ_KEY\x01"};
+static const Py_ssize_t STUB_NAME_LENS[] = {sizeof "TAGS\x01" - 1, sizeof "KEYS\x01" - 1, sizeof "UNIQ_KEY\x01" - 1};
 #define STUB_NAME_COUNT 3
 
 /* Bytes the kept entries of properties [p, p + n) take (each with its \x02); with ``out`` set,
@@ -2325,7 +2327,7 @@ static Py_ssize_t stub_properties(const unsigned char *p, Py_ssize_t n, unsigned
         const unsigned char *end = memchr(p + at, 0x02, (size_t)(n - at));
         Py_ssize_t len = end ? (Py_ssize_t)(end - (p + at)) : n - at;
         for (int k = 0; k < STUB_NAME_COUNT; k++) {
-            Py_ssize_t name_len = (Py_ssize_t)strlen(STUB_NAMES[k]);
+            Py_ssize_t name_len = STUB_NAME_LENS[k];
             if (len >= name_len && memcmp(p + at, STUB_NAMES[k], (size_t)name_len) == 0) {
                 if (out) {
                     memcpy(out + kept, p + at, (size_t)len);
@@ -2944,7 +2946,7 @@ static PyObject *py_queue_runs(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_ssize_t n = PyList_GET_SIZE(members);
         PyObject *units = NULL;
         unsigned char *w = NULL;
-        long long first = 0, last = 0, first_end = 0, last_end = 0;
+        long long first = 0, last = 0, first_end = 0, last_end = 0, last_stub = -1;
         int consecutive = 1;
         if (with_units) {
             units = PyBytes_FromStringAndSize(NULL, n * 20);
@@ -2953,8 +2955,8 @@ static PyObject *py_queue_runs(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         for (Py_ssize_t k = 0; k < n; k++) {
             PyObject *req = PyList_GET_ITEM(members, k);
-            long long qoff, phy = 0, size = 0, code = 0;
-            if (req_int(req, F_CONSUME_QUEUE_OFFSET, &qoff) < 0
+            long long qoff, flag, phy = 0, size = 0, code = 0;
+            if (req_int(req, F_CONSUME_QUEUE_OFFSET, &qoff) < 0 || req_int(req, F_SYS_FLAG, &flag) < 0
                 || (with_units
                     && (req_int(req, F_COMMIT_LOG_OFFSET, &phy) < 0 || req_int(req, F_MSG_SIZE, &size) < 0
                         || req_int(req, F_TAGS_CODE, &code) < 0 || size < INT32_MIN || size > INT32_MAX))) {
@@ -2969,6 +2971,7 @@ static PyObject *py_queue_runs(PyObject *self, PyObject *const *args, Py_ssize_t
             }
             last = qoff;
             last_end = phy + size;
+            if (flag & TRANSIENT_STUB) last_stub = qoff;
             if (w != NULL) {
                 wr64(w, (int64_t)phy);
                 wr32(w + 8, (int32_t)size);
@@ -2977,8 +2980,8 @@ static PyObject *py_queue_runs(PyObject *self, PyObject *const *args, Py_ssize_t
             }
         }
         if (!consecutive) Py_CLEAR(units);
-        PyObject *run = Py_BuildValue("(OLLLLLNO)", runs[r].topic, runs[r].queue_id, first, last, first_end,
-                                      last_end, units != NULL ? units : Py_NewRef(Py_None), members);
+        PyObject *run = Py_BuildValue("(OLLLLLNOL)", runs[r].topic, runs[r].queue_id, first, last, first_end,
+                                      last_end, units != NULL ? units : Py_NewRef(Py_None), members, last_stub);
         if (run == NULL) goto error;
         PyList_SET_ITEM(out, r, run);
     }

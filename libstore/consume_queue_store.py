@@ -25,7 +25,7 @@ from pathlib import Path
 from libstore.consume_queue import ConsumeQueue
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
-from libstore.queue_runs import queue_runs
+from libstore.queue_runs import QueueRun, queue_runs
 from libstore.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
@@ -135,8 +135,13 @@ class ConsumeQueueStore:
 
         Raises StoreIOError when a queue cannot be written.
         """
+        self.dispatch_runs(queue_runs(requests))
+
+    def dispatch_runs(self, runs: Sequence[QueueRun]) -> None:
+        """:meth:`dispatch_batch` for records already grouped by queue (libstore.queue_runs,
+        units included). Raises StoreIOError."""
         queues = self._queues
-        for topic, queue_id, first, _, first_end, last_end, units, members in queue_runs(requests):
+        for topic, queue_id, first, _, first_end, last_end, units, members, _ in runs:
             cq = queues.get((topic, queue_id)) or self.find_or_create(topic, queue_id)
             if units is not None and cq.put_packed(units, first, first_end, last_end):
                 continue

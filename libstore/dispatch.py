@@ -26,7 +26,7 @@ from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreIOError
 from libstore.index_service import IndexService
-from libstore.queue_runs import queue_runs
+from libstore.queue_runs import QueueRun, queue_runs
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,10 @@ class CommitLogDispatcher(Protocol):
     """Something built from CommitLog records (ConsumeQueueStore, IndexService).
 
     ``dispatch_batch`` gets consecutive records in log order and must be idempotent: the same
-    records may be handed in again after a restart.
+    records may be handed in again after a restart. A dispatcher that works queue by queue (the
+    ConsumeQueues, the transient release) also has ``dispatch_runs(runs)``, which
+    :func:`apply_chunk` calls instead with the chunk's :func:`~libstore.queue_runs.queue_runs`
+    (units included), grouped once for all of them and for the arrivals.
     """
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None: ...
@@ -103,11 +106,19 @@ def apply_chunk(
     """Hand consecutive records to every dispatcher; return {(topic, queue id): new max queue
     offset} of the queues they reached (for long polling; {} without ``arrivals``, for a caller
     that wakes no consumers). Raises what a dispatcher raises."""
+    runs: list[QueueRun] | None = None
     for dispatcher in dispatchers:
-        dispatcher.dispatch_batch(chunk)
+        by_queue = getattr(dispatcher, "dispatch_runs", None)
+        if by_queue is None:
+            dispatcher.dispatch_batch(chunk)
+            continue
+        if runs is None:
+            runs = queue_runs(chunk)
+        by_queue(runs)
     if not arrivals:
         return {}
-    runs = queue_runs(chunk, with_units=False)
+    if runs is None:
+        runs = queue_runs(chunk, with_units=False)
     return {(topic, queue_id): last + 1 for topic, queue_id, _, last, *_ in runs}
 
 

@@ -21,16 +21,18 @@ from libstore.message import MessageSysFlag
 _UNIT = struct.Struct(">qiq")  # a ConsumeQueue unit: CommitLog offset, size, tags code
 # PREPARED (0x4) and ROLLBACK (0xC) records take no queue offset, hence no unit.
 _NO_QUEUE_OFFSET = MessageSysFlag.TRANSACTION_PREPARED_TYPE
+_STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
 
 
 # One queue's records in a chunk, in log order: (topic, queue id, first, last, first_end,
-# last_end, units, members). ``first`` and ``last``: their first and last queue offsets. With
-# units asked for: ``first_end`` and ``last_end`` are the CommitLog offsets where the first and
-# the last record end, and ``units`` their ConsumeQueue units, packed (20 bytes each,
-# big-endian), when their queue offsets are consecutive (None otherwise: a hole or a replay,
-# written record by record). Without: 0, 0 and None. A plain tuple: a chunk makes one per
-# queue, unpacked at once.
-QueueRun = tuple[str, int, int, int, int, int, bytes | None, list[DispatchRequest]]
+# last_end, units, members, last_stub). ``first`` and ``last``: their first and last queue
+# offsets. With units asked for: ``first_end`` and ``last_end`` are the CommitLog offsets where
+# the first and the last record end, and ``units`` their ConsumeQueue units, packed (20 bytes
+# each, big-endian), when their queue offsets are consecutive (None otherwise: a hole or a
+# replay, written record by record). Without: 0, 0 and None. ``last_stub``: the queue offset of
+# the last (in log order) transient message's stub among them, -1 for none (libstore.durability;
+# what the transient release notes). A plain tuple: a chunk makes one per queue, unpacked at once.
+QueueRun = tuple[str, int, int, int, int, int, bytes | None, list[DispatchRequest], int]
 
 
 def queue_runs(requests: Sequence[DispatchRequest], *, with_units: bool = True) -> list[QueueRun]:
@@ -60,6 +62,7 @@ def _queue_runs_py(requests: Sequence[DispatchRequest], with_units: bool) -> lis
         head, tail = members[0], members[-1]
         first = head.consume_queue_offset
         consecutive = all(r.consume_queue_offset == first + k for k, r in enumerate(members))
+        last_stub = next((r.consume_queue_offset for r in reversed(members) if r.sys_flag & _STUB), -1)
         units = None
         first_end = last_end = 0
         if with_units:
@@ -67,5 +70,6 @@ def _queue_runs_py(requests: Sequence[DispatchRequest], with_units: bool) -> lis
             last_end = tail.commit_log_offset + tail.msg_size
             if consecutive:
                 units = b"".join(_UNIT.pack(r.commit_log_offset, r.msg_size, r.tags_code) for r in members)
-        out.append((topic, queue_id, first, tail.consume_queue_offset, first_end, last_end, units, members))
+        last = tail.consume_queue_offset
+        out.append((topic, queue_id, first, last, first_end, last_end, units, members, last_stub))
     return out

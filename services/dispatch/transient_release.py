@@ -9,7 +9,7 @@ queue's consumer acknowledged it; the equivalent here is a message that every co
 reading its queue has consumed.
 
 This dispatch-side part notes, as records are dispatched, the last queue offset of a transient
-stub in each queue (:meth:`TransientRelease.dispatch_batch`), and every ``RELEASE_INTERVAL_S``
+stub in each queue (:meth:`TransientRelease.dispatch_runs`), and every ``RELEASE_INTERVAL_S``
 computes a *release point* and a *keep list* (:meth:`TransientRelease.release_plan`): the
 commitlog frees the transient messages whose stubs lie before the point, except those the keep
 list names (CommitLogPort.release_transient); a pull or receive that asks for a freed one later
@@ -40,8 +40,9 @@ dispatch service would not know the queues whose transient messages the commitlo
 holds and would free them. After a cut of the log, the noted offsets are clamped to the
 queues' new ends (:meth:`TransientRelease.clamp`).
 
-Thread-safety: ``dispatch_batch`` may run on a worker thread (a large chunk); the rest runs on
-the dispatch service's event loop; the noted stubs are shared under a lock.
+Thread-safety: ``dispatch_batch`` and ``dispatch_runs`` may run on a worker thread (a large
+chunk); the rest runs on the dispatch service's event loop; the noted stubs are shared under a
+lock.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
 from libstore.dispatch_request import DispatchRequest
 from libstore.errors import StoreError, StoreIOError
-from libstore.message import MessageSysFlag
+from libstore.queue_runs import QueueRun, queue_runs
 from services.ports import CommitLogPort
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,6 @@ log = logging.getLogger(__name__)
 RELEASE_INTERVAL_S = 1.0  # how often a release point is computed and handed to the commitlog
 KEEP_MAX = 4096  # units a round may name to keep (8 bytes each on the wire) instead of capping the point
 STUBS_FILE = "transientStubs.json"
-_STUB = MessageSysFlag.TRANSIENT_STUB_FLAG
 
 
 class TransientRelease:
@@ -103,12 +103,17 @@ class TransientRelease:
 
     def dispatch_batch(self, requests: Sequence[DispatchRequest]) -> None:
         """CommitLogDispatcher: note the transient stubs among ``requests`` (idempotent)."""
-        # Each queue's last stub: requests come in log order, so its queue offsets ascend.
-        seen = {(r.topic, r.queue_id): r.consume_queue_offset for r in requests if r.sys_flag & _STUB}
+        self.dispatch_runs(queue_runs(requests, with_units=False))
+
+    def dispatch_runs(self, runs: Sequence[QueueRun]) -> None:
+        """:meth:`dispatch_batch` for records grouped by queue (libstore.queue_runs gives each
+        queue's last stub: a look per queue, not per record)."""
+        seen = [(topic, queue_id, stub) for topic, queue_id, *_, stub in runs if stub >= 0]
         if seen:
             with self._lock:
                 last = self._last_stub
-                for key, offset in seen.items():
+                for topic, queue_id, offset in seen:
+                    key = (topic, queue_id)
                     if offset > last.get(key, -1):
                         last[key] = offset
                         self._changes += 1

@@ -66,7 +66,7 @@ def _chunks(draw: st.DrawFn) -> list[DispatchRequest]:
                 queue_id,
                 phy,
                 max(qoff, 0),
-                draw(st.sampled_from(_TYPES)) | draw(st.sampled_from([0, 0x100, 0x10])),
+                draw(st.sampled_from(_TYPES)) | draw(st.sampled_from([0, 0x100, 0x10, 0x100000])),
                 0,
                 draw(st.integers(0, 1 << 42)),
                 0,

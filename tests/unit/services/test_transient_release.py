@@ -16,6 +16,7 @@ from libstore import CommitLog, Message
 from libstore.consume_queue import CQ_STORE_UNIT_SIZE
 from libstore.consume_queue_store import ConsumeQueueStore
 from libstore.consumer_offset_manager import ConsumerOffsetManager
+from libstore.dispatch import apply_chunk
 from libstore.dispatch_request import DispatchRequest
 from libstore.message import MessageSysFlag
 from services.commitlog.local import LocalCommitLog
@@ -54,10 +55,24 @@ def _release(
     queues = ConsumeQueueStore(tmp_path / "cq", 64 * CQ_STORE_UNIT_SIZE)
     offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
     records = _records(layout)
-    queues.dispatch_batch(records)
     release = TransientRelease(queues, offsets, Port(), lambda: (SIZE * len(records), "log", 1))  # type: ignore[arg-type]
-    release.dispatch_batch(records)
+    apply_chunk([queues, release], records, arrivals=False)  # as dispatch does: grouped once for both
     return release, offsets
+
+
+def test_stubs_are_noted_the_same_from_a_chunk_grouped_once_and_from_the_records(tmp_path: Path) -> None:
+    """Dispatch hands the release each queue's last stub from the runs it grouped for the
+    ConsumeQueues; dispatch_batch, from the records, notes the same; a replay of older records
+    moves nothing back."""
+    layout = [("T", True), ("U", False), ("T", False), ("U", True), ("T", True), ("U", False), ("P", False)]
+    release, _ = _release(tmp_path / "grouped", layout)
+    direct = TransientRelease(release.queues, release.offsets, Port(), release._position)  # type: ignore[arg-type]
+    direct.dispatch_batch(_records(layout))
+    assert release._last_stub == direct._last_stub == {("T", 0): 2, ("U", 0): 1}
+    replay = _records(layout)[:2]
+    apply_chunk([release.queues, release], replay, arrivals=False)
+    direct.dispatch_batch(replay)
+    assert release._last_stub == direct._last_stub == {("T", 0): 2, ("U", 0): 1}
 
 
 def test_nobody_consumed_then_the_slowest_group_decides(tmp_path: Path) -> None:
