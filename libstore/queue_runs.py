@@ -1,9 +1,10 @@
 """Queue runs: a dispatched chunk's records grouped by the queue they go to.
 
 Dispatch hands each CommitLogDispatcher consecutive records in log order (libstore.dispatch).
-The ConsumeQueues write one run of units per queue (ConsumeQueue.put_packed), and the
-follower reports each queue's new max offset to the held pulls; both need the records grouped
-by queue. :func:`queue_runs` does that grouping once per call, in C when libstore._codec is
+The ConsumeQueues write one run of units per queue (ConsumeQueue.put_packed), the transient
+release notes each queue's last stub, and the follower reports each queue's new max offset to
+the held pulls; all need the records grouped by queue, and apply_chunk groups a chunk once for
+all of them. :func:`queue_runs` does that grouping, in C when libstore._codec is
 built (one pass, no Python per record: the per-record loop cost ~1.7 µs a record in the
 ConsumeQueues and ~0.3 in the arrivals), else in Python, the reference the tests hold the C
 code to.
