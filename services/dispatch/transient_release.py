@@ -108,12 +108,11 @@ class TransientRelease:
     def dispatch_runs(self, runs: Sequence[QueueRun]) -> None:
         """:meth:`dispatch_batch` for records grouped by queue (libstore.queue_runs gives each
         queue's last stub: a look per queue, not per record)."""
-        seen = [(topic, queue_id, stub) for topic, queue_id, *_, stub in runs if stub >= 0]
+        seen = [((topic, queue_id), stub) for topic, queue_id, *_, stub in runs if stub >= 0]
         if seen:
             with self._lock:
                 last = self._last_stub
-                for topic, queue_id, offset in seen:
-                    key = (topic, queue_id)
+                for key, offset in seen:
                     if offset > last.get(key, -1):
                         last[key] = offset
                         self._changes += 1
