@@ -173,11 +173,13 @@ class StoreConfig:
         "bound by maxMessageSize",
     )
     offload_validation_bytes: int = _f(
-        256 * 1024,
+        2 * 1024 * 1024,
         "offloadValidationBytes",
         "bytes",
-        "mqstore: client-encoded record batches larger than this are validated on a worker thread, "
-        "so the event loop keeps serving other calls meanwhile",
+        "mqstore: client-encoded record batches larger than this are validated on a worker thread; "
+        "validating holds the GIL, so the event loop gets it back every switch interval (5 ms) "
+        "instead of waiting for the whole batch. Smaller ones (at most maxMessagesPerRequest "
+        "records: a few ms) are validated on the loop, which the hop would only slow",
     )
     max_read_ranges_per_call: int = _f(
         1024,

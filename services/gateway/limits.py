@@ -35,7 +35,7 @@ class GatewayLimits:
     max_held_polls_per_client: int = 64
     telemetry_outbox_max_commands: int = 64
     telemetry_max_streams_per_client: int = 16
-    offload_validation_bytes: int = 256 * 1024
+    offload_validation_bytes: int = 2 * 1024 * 1024
     wait_time_mills_in_send_queue: int = 200
     max_inflight_produce_bytes: int = 256 * 1024 * 1024
 
