@@ -3200,6 +3200,178 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------ dedup index */
+
+/* The key index of services.commitlog.dedup_window (its _DictIndex is the reference): which
+   ring slot holds a key's newest put. Open addressing with linear probing over a bytearray of
+   8-byte slots, a power of two of them, at most half full: the low 32 bits of the key's hash
+   (its tag, which also gives its home slot) and the ring slot, DEDUP_EMPTY when free. A miss
+   costs one or two probes in adjacent slots (one or two cache lines) where a dict of the
+   window's 200,000 keys, with the dummies its deletions leave, took several; a tag that
+   matches is confirmed by comparing the key with the ring's. Deletion shifts the entries
+   after it back (no tombstones), so probe runs stay as short as the load allows. */
+#define DEDUP_EMPTY 0xFFFFFFFFu
+
+typedef struct {
+    uint32_t tag;
+    uint32_t slot;
+} DedupSlot;
+
+static int dedup_args(PyObject *table, PyObject *ring_keys, DedupSlot **t, uint32_t *mask) {
+    if (!PyByteArray_Check(table) || !PyList_Check(ring_keys)) {
+        PyErr_SetString(PyExc_TypeError, "the dedup index takes a bytearray table and the ring's key list");
+        return -1;
+    }
+    Py_ssize_t n = PyByteArray_GET_SIZE(table) / (Py_ssize_t)sizeof(DedupSlot);
+    Py_ssize_t cap = PyList_GET_SIZE(ring_keys);
+    if (n < 2 || (n & (n - 1)) != 0 || n > ((Py_ssize_t)1 << 31) || cap * 2 > n
+        || PyByteArray_GET_SIZE(table) != n * (Py_ssize_t)sizeof(DedupSlot)) {
+        PyErr_SetString(PyExc_ValueError, "the dedup table must hold a power of two slots, at least twice the ring's");
+        return -1;
+    }
+    *t = (DedupSlot *)PyByteArray_AS_STRING(table);
+    *mask = (uint32_t)(n - 1);
+    return 0;
+}
+
+static int dedup_tag(PyObject *key, uint32_t *tag) {
+    Py_hash_t h = PyObject_Hash(key);
+    if (h == -1) return -1;
+    *tag = (uint32_t)(uint64_t)h;
+    return 0;
+}
+
+/* The table index of ``key``'s entry, -1 when it has none, -2 on an error. */
+static Py_ssize_t dedup_probe(const DedupSlot *t, uint32_t mask, uint32_t tag, PyObject *key, PyObject *ring_keys) {
+    Py_ssize_t cap = PyList_GET_SIZE(ring_keys);
+    for (uint32_t i = tag & mask;; i = (i + 1) & mask) {
+        DedupSlot s = t[i];
+        if (s.slot == DEDUP_EMPTY) return -1;
+        if (s.tag != tag || (Py_ssize_t)s.slot >= cap) continue;
+        PyObject *held = PyList_GET_ITEM(ring_keys, s.slot);
+        if (held == key) return i;
+        if (held == Py_None) continue;
+        Py_INCREF(held);
+        int eq = PyObject_RichCompareBool(held, key, Py_EQ);
+        Py_DECREF(held);
+        if (eq < 0) return -2;
+        if (eq) return i;
+    }
+}
+
+static void dedup_delete(DedupSlot *t, uint32_t mask, uint32_t j) {
+    t[j].slot = DEDUP_EMPTY;
+    for (uint32_t k = (j + 1) & mask; t[k].slot != DEDUP_EMPTY; k = (k + 1) & mask) {
+        uint32_t home = t[k].tag & mask;
+        if (((k - home) & mask) >= ((k - j) & mask)) { /* its home is not in (j, k]: fill the gap */
+            t[j] = t[k];
+            t[k].slot = DEDUP_EMPTY;
+            j = k;
+        }
+    }
+}
+
+PyDoc_STRVAR(dedup_find_doc,
+"dedup_find(table, keys, ring_keys) -> list\n\n"
+"For each of ``keys`` (str, or None: found nowhere) the ring slot holding its newest put, or\n"
+"None. ``table``: the index's bytearray (module comment); ``ring_keys``: the window's key column.");
+
+static PyObject *py_dedup_find(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "dedup_find(table: bytearray, keys: list, ring_keys: list)");
+        return NULL;
+    }
+    DedupSlot *t;
+    uint32_t mask;
+    PyObject *keys = args[1], *ring_keys = args[2];
+    if (dedup_args(args[0], ring_keys, &t, &mask) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *key = PyList_GET_ITEM(keys, j), *found = Py_None;
+        if (key != Py_None) {
+            uint32_t tag;
+            if (dedup_tag(key, &tag) < 0) goto fail;
+            Py_ssize_t i = dedup_probe(t, mask, tag, key, ring_keys);
+            if (i == -2) goto fail;
+            if (i >= 0) {
+                found = PyLong_FromUnsignedLong(t[i].slot);
+                if (found == NULL) goto fail;
+                PyList_SET_ITEM(out, j, found);
+                continue;
+            }
+        }
+        PyList_SET_ITEM(out, j, Py_NewRef(found));
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(dedup_put_doc,
+"dedup_put(table, keys, start, ring_keys, ring_tags) -> int\n\n"
+"Put ``keys`` (str, none None) into ring slots start, start + 1, ... (wrapping around the\n"
+"ring): each slot's old key leaves the index unless its newest put is elsewhere, the new key\n"
+"points at the slot (a key already indexed moves to it), and the slot's key (``ring_keys``) and\n"
+"tag (``ring_tags``, a bytearray of 4 bytes a slot) are written. Returns the change in how\n"
+"many keys the index holds.");
+
+static PyObject *py_dedup_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[1]) || !PyByteArray_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dedup_put(table: bytearray, keys: list, start: int, ring_keys: list, ring_tags: bytearray)");
+        return NULL;
+    }
+    DedupSlot *t;
+    uint32_t mask;
+    PyObject *keys = args[1], *ring_keys = args[3], *tags_obj = args[4];
+    if (dedup_args(args[0], ring_keys, &t, &mask) < 0) return NULL;
+    Py_ssize_t cap = PyList_GET_SIZE(ring_keys), start = PyLong_AsSsize_t(args[2]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    if (cap <= 0 || start < 0 || start >= cap || PyByteArray_GET_SIZE(tags_obj) != cap * 4) {
+        PyErr_SetString(PyExc_ValueError, "dedup_put: start outside the ring, or tags not 4 bytes a slot");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys), change = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *key = PyList_GET_ITEM(keys, j);
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "dedup_put: every key must be a str");
+            return NULL;
+        }
+        uint32_t tag;
+        if (dedup_tag(key, &tag) < 0) return NULL;
+        uint32_t r = (uint32_t)((start + j) % cap);
+        uint32_t *tags = (uint32_t *)PyByteArray_AS_STRING(tags_obj);
+        if (PyList_GET_ITEM(ring_keys, r) != Py_None) { /* the slot's old key, if its newest put is here */
+            uint32_t old_tag = tags[r];
+            for (uint32_t i = old_tag & mask; t[i].slot != DEDUP_EMPTY; i = (i + 1) & mask) {
+                if (t[i].slot == r) {
+                    dedup_delete(t, mask, i);
+                    change--;
+                    break;
+                }
+            }
+        }
+        Py_ssize_t i = dedup_probe(t, mask, tag, key, ring_keys);
+        if (i == -2) return NULL;
+        if (i >= 0) {
+            t[i].slot = r;
+        } else {
+            uint32_t k = tag & mask;
+            while (t[k].slot != DEDUP_EMPTY) k = (k + 1) & mask;
+            t[k].tag = tag;
+            t[k].slot = r;
+            change++;
+        }
+        tags[r] = tag;
+        PyList_SetItem(ring_keys, r, Py_NewRef(key)); /* drops the old key */
+    }
+    return PyLong_FromSsize_t(change);
+}
+
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))py_configure, METH_FASTCALL, configure_doc},
     {"check_record", (PyCFunction)(void (*)(void))py_check_record, METH_FASTCALL, check_record_doc},
@@ -3228,6 +3400,8 @@ static PyMethodDef methods[] = {
     {"index_entries", (PyCFunction)(void (*)(void))py_index_entries, METH_FASTCALL, index_entries_doc},
     {"scan_run", (PyCFunction)(void (*)(void))py_scan_run, METH_FASTCALL, scan_run_doc},
     {"record_cuts", (PyCFunction)(void (*)(void))py_record_cuts, METH_FASTCALL, record_cuts_doc},
+    {"dedup_find", (PyCFunction)(void (*)(void))py_dedup_find, METH_FASTCALL, dedup_find_doc},
+    {"dedup_put", (PyCFunction)(void (*)(void))py_dedup_put, METH_FASTCALL, dedup_put_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libstore import BrokerRole, CommitLog, Message, MessageConst, StoreConfig
+from libstore.record_codec import native
 from services.client import OutgoingMessage, Producer
 from services.commitlog.dedup_window import (
     DedupWindow,
@@ -303,8 +304,12 @@ def test_batches_keep_what_record_by_record_puts_keep(capacity: int, batches) ->
     """put_many writes a batch of 16 records or more that all have keys column by column when
     its slots do not wrap around the ring, else record by record; either way the window holds
     what a model of the ring holds: a key is there while its newest put is among the last
-    ``capacity``."""
-    _holds_what_the_model_holds(capacity, batches)
+    ``capacity``. So does the C index (a table of 2-256 slots here: home slots shared, probe
+    runs wrapping past the table's end, deletions shifting entries back), and it answers every
+    lookup as the dict does."""
+    assert native() is not None, "make install builds libstore._codec"
+    for use_native in (False, True):
+        _holds_what_the_model_holds(capacity, batches, native=use_native)
 
 
 def test_a_column_written_batch_evicts_the_slots_it_takes_over() -> None:
@@ -313,11 +318,77 @@ def test_a_column_written_batch_evicts_the_slots_it_takes_over() -> None:
     first = [("T", k) for k in _KEYS] + [("U", k) for k in _KEYS[:6]]
     second = [("U", k) for k in _KEYS[6:]] + [("T", k + k) for k in _KEYS] + [("U", "zz"), ("U", "yy")]
     third = [("U", k + k) for k in _KEYS] + [("U", "zz")] + [("T", k + k) for k in _KEYS[:5]]
-    _holds_what_the_model_holds(32, [first, second, third], extra_keys=[k + k for k in _KEYS] + ["zz", "yy"])
+    extra = [k + k for k in _KEYS] + ["zz", "yy"]
+    for use_native in (False, True):
+        _holds_what_the_model_holds(32, [first, second, third], extra_keys=extra, native=use_native)
 
 
-def _holds_what_the_model_holds(capacity: int, batches, extra_keys: list[str] | tuple[str, ...] = ()) -> None:
-    window = DedupWindow(capacity=capacity, ttl_ms=60_000)
+@settings(max_examples=100, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    steps=st.lists(
+        st.one_of(
+            st.lists(st.sampled_from([*_KEYS, *(k.upper() for k in _KEYS), None]), max_size=90),
+            st.just("clear"),
+            st.just("reload"),
+        ),
+        max_size=12,
+    ),
+)
+def test_the_c_index_answers_as_the_dict_does(capacity: int, steps) -> None:
+    """Both indexes through the same puts (batches longer than the ring, keys repeated in a
+    batch, records without keys), clears and reloads from a copy: after each step the same
+    hits, the same count and the same ring."""
+    assert native() is not None, "make install builds libstore._codec"
+    now = time.time_ns() // 1_000_000
+    windows = [DedupWindow(capacity=capacity, ttl_ms=60_000, native=flag) for flag in (False, True)]
+    everything = [*_KEYS, *(k.upper() for k in _KEYS)]
+    phy = 0
+    for step in steps:
+        for window in windows:
+            if step == "clear":
+                window.clear()
+            elif step == "reload":
+                window._load(*window.snapshot().columns())
+            else:
+                n = len(step)
+                window.put_many(["T"] * n, step, list(range(phy, phy + n)), [1] * n, list(range(n)), now)
+        if isinstance(step, list):
+            phy += len(step)
+        plain, fast = windows
+        assert fast.get_many(["T"] * len(everything), everything) == plain.get_many(
+            ["T"] * len(everything), everything
+        )
+        assert len(fast) == len(plain)
+        assert fast.snapshot().columns() == plain.snapshot().columns()
+
+
+def test_the_c_index_refuses_what_it_cannot_hold() -> None:
+    ext = native()
+    assert ext is not None, "make install builds libstore._codec"
+    ring: list[str | None] = [None] * 4
+    with pytest.raises(ValueError, match="power of two"):
+        ext.dedup_find(bytearray(b"\xff" * 8 * 6), ["a"], ring)  # 6 slots
+    with pytest.raises(ValueError, match="twice the ring"):
+        ext.dedup_find(bytearray(b"\xff" * 8 * 4), ["a"], ring)  # 4 slots for 4 keys
+    table, tags = bytearray(b"\xff" * 8 * 8), bytearray(16)
+    with pytest.raises(TypeError, match="str"):
+        ext.dedup_put(table, [None], 0, ring, tags)
+    with pytest.raises(ValueError, match="start"):
+        ext.dedup_put(table, ["a"], 4, ring, tags)
+    assert ext.dedup_put(table, ["a", "b", "a"], 3, ring, tags) == 2
+    assert ring == ["b", "a", None, "a"] and ext.dedup_find(table, ["a", "b", "c", None], ring) == [
+        1,
+        0,
+        None,
+        None,
+    ]
+
+
+def _holds_what_the_model_holds(
+    capacity: int, batches, extra_keys: list[str] | tuple[str, ...] = (), *, native: bool = True
+) -> None:
+    window = DedupWindow(capacity=capacity, ttl_ms=60_000, native=native)
     now = time.time_ns() // 1_000_000
     slots: list[tuple[str, Placed]] = []  # every keyed put so far, oldest first
     phy = 0
