@@ -136,9 +136,11 @@ class _NativeIndex:
     """_DictIndex in C (libstore._codec's dedup_find and dedup_put): an open-addressing table
     of (hash tag, ring slot) pairs at most half full, where a lookup that misses, as nearly every
     lookup does, reads one or two adjacent slots instead of probing a dict of the window's keys
-    and the dummies its deletions leave (a batch of 256 against a full window of 200,000 keys:
-    0.68 us a key to find and 0.81 to put with the dict). The ring's key column stays the truth:
-    a tag that matches is confirmed against the key there."""
+    and the dummies its deletions leave. Batches of 256 fresh keys against a full window of
+    200,000: to find 0.26 us a key against the dict's 0.68, to put 0.47 against 0.81 (columns
+    included); the embedded suite's produce, 2 clients x 4 batches of 256 in flight, 6
+    interleaved rounds: 78,838 -> 90,944 msgs/s, 13.8 -> 12.0 server us a message. The ring's
+    key column stays the truth: a tag that matches is confirmed against the key there."""
 
     def __init__(self, capacity: int) -> None:
         slots = 2
