@@ -3288,6 +3288,14 @@ static PyObject *py_dedup_find(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *out = PyList_New(n);
     if (out == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) { /* exact str keys only: no Python code runs in here */
+        PyObject *key = PyList_GET_ITEM(keys, j);
+        if (key != Py_None && !PyUnicode_CheckExact(key)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "dedup_find: every key must be a str or None");
+            return NULL;
+        }
+    }
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *key = PyList_GET_ITEM(keys, j), *found = Py_None;
         if (key != Py_None) {
@@ -3335,12 +3343,16 @@ static PyObject *py_dedup_put(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(keys), change = 0;
+    /* Checked before anything changes, so a refused call leaves the index as it was; with exact
+       str keys (and the ring's, which only this writes) no Python code runs below. */
     for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *key = PyList_GET_ITEM(keys, j);
-        if (!PyUnicode_Check(key)) {
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(keys, j))) {
             PyErr_SetString(PyExc_TypeError, "dedup_put: every key must be a str");
             return NULL;
         }
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *key = PyList_GET_ITEM(keys, j);
         uint32_t tag;
         if (dedup_tag(key, &tag) < 0) return NULL;
         uint32_t r = (uint32_t)((start + j) % cap);
@@ -3367,7 +3379,7 @@ static PyObject *py_dedup_put(PyObject *self, PyObject *const *args, Py_ssize_t 
             change++;
         }
         tags[r] = tag;
-        PyList_SetItem(ring_keys, r, Py_NewRef(key)); /* drops the old key */
+        if (PyList_SetItem(ring_keys, r, Py_NewRef(key)) < 0) return NULL; /* drops the old key */
     }
     return PyLong_FromSsize_t(change);
 }

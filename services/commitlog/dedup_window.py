@@ -242,7 +242,8 @@ class DedupWindow:
             return
         n = len(phy_offsets)
         batch_keys = window_keys(topics[:n], uniq_keys[:n]) if keys is None else keys[:n]
-        sizes, queue_offsets = sizes[:n], queue_offsets[:n]
+        n = len(batch_keys)  # (never more offsets than records)
+        phy_offsets, sizes, queue_offsets = phy_offsets[:n], sizes[:n], queue_offsets[:n]
         if not all(batch_keys):
             rows = [i for i, key in enumerate(batch_keys) if key]
             batch_keys = [batch_keys[i] for i in rows]

@@ -374,6 +374,15 @@ def test_the_c_index_refuses_what_it_cannot_hold() -> None:
     table, tags = bytearray(b"\xff" * 8 * 8), bytearray(16)
     with pytest.raises(TypeError, match="str"):
         ext.dedup_put(table, [None], 0, ring, tags)
+
+    class Key(str):  # its hash or comparison could run Python code in the middle of a call
+        pass
+
+    with pytest.raises(TypeError, match="str"):
+        ext.dedup_put(table, ["a", Key("b")], 0, ring, tags)
+    assert ring == [None] * 4 and table == bytearray(b"\xff" * 8 * 8)  # nothing put
+    with pytest.raises(TypeError, match="str or None"):
+        ext.dedup_find(table, [Key("a")], ring)
     with pytest.raises(ValueError, match="start"):
         ext.dedup_put(table, ["a"], 4, ring, tags)
     assert ext.dedup_put(table, ["a", "b", "a"], 3, ring, tags) == 2
@@ -532,3 +541,25 @@ def test_a_partly_retried_batch_gets_first_results_and_appends_only_the_rest(
     end = log.max_offset
     again = asyncio.run(port.append_records(producer._request(msgs[::-1]).records))
     assert again.phy_offsets == both.phy_offsets[::-1] and log.max_offset == end
+
+
+def test_offsets_past_the_batch_are_not_written() -> None:
+    """More offsets than records (outside the caller's contract): each record keeps its own
+    offset, in the column path that wraps around the ring too, with either index."""
+    now = time.time_ns() // 1_000_000
+    for use_native in (False, True):
+        window = DedupWindow(capacity=24, ttl_ms=60_000, native=use_native)
+        window.put_many(["T"] * 10, [f"w{i}" for i in range(10)], list(range(10)), [1] * 10, [0] * 10, now)
+        n = 20  # slots 10..23, then 0..5
+        window.put_many(
+            ["T"] * n,
+            [f"a{i}" for i in range(n)],
+            list(range(100, 100 + n + 7)),
+            [1] * (n + 7),
+            [0] * (n + 7),
+            now,
+        )
+        assert [window.get("T", f"a{i}") for i in (0, 5, 13, 14, 19)] == [
+            Placed(100 + i, 1, 0, now) for i in (0, 5, 13, 14, 19)
+        ]
+        assert window.get("T", "w6") == Placed(6, 1, 0, now) and window.get("T", "w5") is None
