@@ -1294,6 +1294,13 @@ static PyObject *pulled_queue(const unsigned char *b, Py_ssize_t start, Py_ssize
             else queue_id = v;
         } else if (field == 5 || field == 0) { /* messages (the non-raw form), or no field */
             Py_RETURN_NOTIMPLEMENTED;
+        } else if (field == 7 && wt == 2) { /* queue_offsets, packed: protobuf reads every varint */
+            if (wire_varint(b, end, &p, &v) < 0 || v > (uint64_t)(end - p)) Py_RETURN_NOTIMPLEMENTED;
+            Py_ssize_t stop = p + (Py_ssize_t)v;
+            while (p < stop) {
+                uint64_t offset;
+                if (wire_varint(b, stop, &p, &offset) < 0) Py_RETURN_NOTIMPLEMENTED; /* cut short */
+            }
         } else if (wire_skip(b, end, &p, wt) < 0) { /* status, min/max offset, queue_offsets, unknown */
             Py_RETURN_NOTIMPLEMENTED;
         }

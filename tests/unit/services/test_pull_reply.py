@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from libstore import record_codec
@@ -130,6 +130,8 @@ def test_the_c_module_reads_pull_many_replies() -> None:
     st.integers(0, 1000),
     st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), max_size=2),
 )
+# A packed queue_offsets whose last varint the damage leaves unfinished: protobuf refuses it.
+@example(results=[(-1, 1, 128, 2, 0, b"")], outer=b"%\x00\x00\x00\x00", seed=1, edits=[(16612, 128)])
 def test_a_reply_read_in_place_matches_the_protobuf_runtime(results, outer, seed, edits) -> None:
     raw = bytearray(_reply(results, outer, seed))
     clean = bytes(raw)
